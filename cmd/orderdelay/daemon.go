@@ -1,0 +1,315 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/config"
+	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/httpapi"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/producer"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+func cmdRun(ctx context.Context, args []string, stderr io.Writer, getenv func(string) (string, bool)) error {
+	var migrateFirst bool
+	cfg, pos, err := parse("run", args, stderr, getenv, func(fs *flag.FlagSet) {
+		fs.BoolVar(&migrateFirst, "migrate", false, "apply the reference schema migrations before starting")
+	})
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("run takes no arguments, got %q", pos)
+	}
+	log := newLogger(cfg, stderr)
+	defer log.Sync() //nolint:errcheck // stderr
+	return runDaemon(ctx, cfg, log, daemonOptions{migrate: migrateFirst})
+}
+
+type daemonOptions struct {
+	migrate bool
+	// started, if set, runs once PostgreSQL is ready and the consumer is
+	// about to start (the demo's simulated checkout).
+	started func(ctx context.Context, d *daemon)
+}
+
+// daemon is the wired process.
+type daemon struct {
+	cfg   config.Config
+	log   *zap.Logger
+	rdb   redis.UniversalClient
+	db    *sqlx.DB
+	store *orders.Store
+	m     *metrics.Metrics
+	prod  *producer.Producer
+	cons  *consumer.Consumer
+	api   *httpapi.Server
+}
+
+// liveness is how long the scan loop may be silent before /healthz fails.
+func liveness(cfg config.Config) time.Duration { return 3*cfg.ScanInterval + 30*time.Second }
+
+// runDaemon runs until ctx ends. Unreachable Redis or PostgreSQL is not
+// fatal: the daemon reports it (readiness, dependency_up) and retries. A
+// statement that fails verification is (exit 2).
+func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts daemonOptions) error {
+	log.Info("starting orderdelay", zap.String("version", version), zap.String("revision", revision),
+		zap.String("redis_url", config.Mask(cfg.RedisURL)), zap.String("redis_mode", cfg.RedisMode),
+		zap.String("database_url", config.Mask(cfg.DatabaseURL)), zap.String("queue_key", cfg.QueueKey),
+		zap.Int("workers", cfg.Workers), zap.Int("batch_size", cfg.BatchSize), zap.Duration("lease", cfg.Lease),
+		zap.Duration("scan_interval", cfg.ScanInterval), zap.Bool("api_auth", len(cfg.APITokens) > 0))
+	d := &daemon{cfg: cfg, log: log}
+	var err error
+	if d.rdb, err = newRedis(cfg); err != nil {
+		return usageError{redactErr(err, cfg)}
+	}
+	defer d.rdb.Close()
+	// Workers, the reconciler and start-up checks each need a connection.
+	if d.db, err = openDB(cfg, cfg.Workers+2); err != nil {
+		return usageError{err}
+	}
+	defer d.db.Close()
+	keys := queue.NewKeys(cfg.QueueKey)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewDBStatsCollector(d.db.DB, "orderdelay"))
+	d.m = metrics.New(reg, version, revision)
+	reg.MustRegister(consumer.NewStatsCollector(d.rdb, keys, func(err error) {
+		log.Debug("queue gauges unavailable for this scrape", zap.Error(err))
+	}))
+	d.store = orders.NewStore(d.db, cfg.Statements())
+	cl, err := client.New(d.rdb, cfg.QueueKey)
+	if err != nil {
+		return usageError{err}
+	}
+	d.prod = producer.New(cl, d.m, nil)
+	d.cons = consumer.New(consumer.Config{
+		Keys: keys, Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
+		Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, DrainTimeout: cfg.DrainTimeout,
+		MaxAttempts: cfg.MaxAttempts, BackoffMax: cfg.BackoffMax, Owner: replicaName(),
+	}, d.rdb, d.store, d.m, log)
+	live := liveness(cfg)
+	d.api = httpapi.New(httpapi.Config{
+		Tokens: cfg.APITokens,
+		Live: func() error {
+			if since := time.Since(d.cons.LastBeat()); since > live {
+				return fmt.Errorf("scan loop silent for %s", since.Round(time.Second))
+			}
+			return nil
+		},
+		Ping: func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() },
+	}, d.prod, d.m, reg, log)
+
+	stopHTTP, err := d.serveHTTP()
+	if err != nil {
+		return err
+	}
+	// Shutdown, step 1: readiness answers 503 as soon as the signal arrives,
+	// before anything else stops, so load balancers move producers away.
+	go func() { <-ctx.Done(); d.api.SetStopping() }()
+	go d.checkRedis(ctx)
+
+	err = d.prepareDB(ctx, opts.migrate)
+	if err == nil {
+		if opts.started != nil {
+			go opts.started(ctx, d)
+		}
+		var rec *consumer.Reconciler
+		if cfg.ReconcileInterval > 0 {
+			rec = consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Interval: cfg.ReconcileInterval,
+				Grace: cfg.ReconcileGrace}, d.rdb, d.store, d.m, log)
+		}
+		recDone := make(chan struct{})
+		go func() {
+			defer close(recDone)
+			if rec != nil {
+				rec.Run(ctx) //nolint:errcheck // returns nil when ctx ends
+			}
+		}()
+		// Steps 2-4: stop claiming, finish in-flight batches within the
+		// drain timeout, hand back what is left (consumer.Run, in order).
+		d.cons.Run(ctx) //nolint:errcheck // returns nil when ctx ends
+		<-recDone
+	}
+	// Step 5: stop HTTP. Step 6: close the clients (deferred above).
+	stopHTTP()
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// serveHTTP starts the API listener and the opt-in pprof listener. A port
+// that cannot be bound is fatal: another process owns it.
+func (d *daemon) serveHTTP() (stop func(), err error) {
+	var servers []*http.Server
+	start := func(addr string, h http.Handler, what string) error {
+		if addr == "" {
+			return nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s listener: %w", what, err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
+			ErrorLog: zap.NewStdLog(d.log)}
+		servers = append(servers, srv)
+		d.log.Info("listening", zap.String("what", what), zap.String("addr", ln.Addr().String()))
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				d.log.Error("http server stopped", zap.String("what", what), zap.Error(err))
+			}
+		}()
+		return nil
+	}
+	stop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(ctx) // best effort: the process is ending
+		}
+	}
+	if err := start(d.cfg.HTTPAddr, d.api.Handler(), "http"); err != nil {
+		return stop, err
+	}
+	if d.cfg.PprofAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if err := start(d.cfg.PprofAddr, mux, "pprof"); err != nil {
+			stop()
+			return stop, err
+		}
+	}
+	return stop, nil
+}
+
+// prepareDB waits for PostgreSQL (retrying with backoff, never fatal),
+// migrates when asked, and verifies the statements (fatal when wrong).
+func (d *daemon) prepareDB(ctx context.Context, migrate bool) error {
+	b := backoff.NewExponentialBackOff()
+	b.MaxInterval = 10 * time.Second
+	for {
+		err := d.tryPrepareDB(ctx, migrate)
+		if err == nil {
+			d.m.SetUp(metrics.DepPostgres, true)
+			return nil
+		}
+		var se *orders.StatementError
+		if errors.As(err, &se) {
+			return usageError{fmt.Errorf("%w", redactErr(se, d.cfg))}
+		}
+		d.m.SetUp(metrics.DepPostgres, false)
+		wait := b.NextBackOff()
+		d.log.Warn("postgresql not ready; retrying", zap.Error(redactErr(err, d.cfg)), zap.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (d *daemon) tryPrepareDB(ctx context.Context, migrate bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := d.db.PingContext(ctx); err != nil {
+		return err
+	}
+	if migrate {
+		v, err := orders.Migrate(d.cfg.DatabaseURL)
+		if err != nil {
+			return err
+		}
+		d.log.Info("schema migrated", zap.Uint("version", v))
+	}
+	return d.store.Verify(ctx)
+}
+
+// checkRedis warns, once Redis answers, about settings that can lose the
+// queue: eviction (the whole queue is one key), no persistence, old Redis.
+func (d *daemon) checkRedis(ctx context.Context) {
+	for {
+		if err := d.redisWarnings(ctx); err == nil || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+func (d *daemon) redisWarnings(ctx context.Context) error {
+	info, err := d.rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	if v := infoField(info, "redis_version"); v != "" && versionBelow(v, 6, 2) {
+		d.log.Warn("redis is older than 6.2; orderdelay needs ZRANGE BYSCORE and ZMSCORE", zap.String("redis_version", v))
+	}
+	cfgs, err := d.rdb.ConfigGet(ctx, "*").Result()
+	if err != nil {
+		d.log.Info("cannot read redis CONFIG (managed Redis?); check maxmemory-policy and persistence yourself", zap.Error(err))
+		return nil
+	}
+	if p := cfgs["maxmemory-policy"]; p != "" && p != "noeviction" {
+		d.log.Warn("redis maxmemory-policy is not noeviction: under memory pressure Redis may evict the whole queue",
+			zap.String("maxmemory-policy", p))
+	}
+	if cfgs["save"] == "" && cfgs["appendonly"] != "yes" {
+		d.log.Warn("redis persists nothing (no RDB snapshots, no AOF): a restart empties the queue and only the reconciler recovers it")
+	}
+	return nil
+}
+
+func infoField(info, name string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func versionBelow(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma < major || (ma == major && mi < minor)
+}

@@ -1,0 +1,352 @@
+// Package config owns orderdelay's settings: their names, defaults, help
+// texts and validation. Every setting has an environment variable and a
+// flag; a flag given on the command line wins over the variable, which wins
+// over the default. Load refuses invalid values and inconsistent
+// combinations with an error that names the setting; the command exits 2.
+//
+// The README's configuration table is generated from Settings (and a test
+// keeps the two equal), so documentation cannot drift from the code.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lib/pq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Config is the daemon's configuration, defaults applied and validated.
+type Config struct {
+	RedisURL          string
+	RedisMode         string // standalone | sentinel | cluster
+	DatabaseURL       string
+	QueueKey          string
+	ScanInterval      time.Duration
+	Workers           int
+	BatchSize         int
+	Lease             time.Duration
+	StatementTimeout  time.Duration
+	DrainTimeout      time.Duration
+	MaxAttempts       int
+	BackoffMax        time.Duration
+	ReconcileInterval time.Duration // 0 disables the reconciler
+	ReconcileGrace    time.Duration
+	HTTPAddr          string // empty disables the HTTP server
+	PprofAddr         string // empty: pprof off
+	APITokens         []string
+	LogLevel          zapcore.Level
+	LogFormat         string // json | console
+	CloseSQL          string
+	LookupSQL         string
+	OverdueSQL        string
+}
+
+// Setting describes one setting.
+type Setting struct {
+	Env     string
+	Default string
+	Help    string
+	Secret  bool // masked wherever it is shown
+	set     func(c *Config, v string) error
+}
+
+// Flag is the flag name of the setting: the variable without its prefix,
+// lower-cased, underscores as dashes.
+func (s Setting) Flag() string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.Env, "ORDERDELAY_")), "_", "-")
+}
+
+// Settings lists every setting, in the order the README shows them.
+var Settings = []Setting{
+	{Env: "ORDERDELAY_REDIS_URL", Default: "redis://127.0.0.1:6379/0", Secret: true,
+		Help: "Redis URL (`redis://` or `rediss://`, user and password in the URL); for sentinel and cluster see `ORDERDELAY_REDIS_MODE`",
+		set:  func(c *Config, v string) error { c.RedisURL = v; return nil }},
+	{Env: "ORDERDELAY_REDIS_MODE", Default: "standalone",
+		Help: "`standalone`, `sentinel` (URL: `redis://[user:pass@]sentinel:26379?master_name=NAME&addr=sentinel2:26379`) or `cluster` (URL: `redis://node1:6379?addr=node2:6379`)",
+		set:  func(c *Config, v string) error { c.RedisMode = v; return nil }},
+	{Env: "ORDERDELAY_DATABASE_URL", Default: "postgres://127.0.0.1:5432/orderdelay?sslmode=disable", Secret: true,
+		Help: "PostgreSQL URL or key=value DSN; `sslmode` is honoured",
+		set:  func(c *Config, v string) error { c.DatabaseURL = v; return nil }},
+	{Env: "ORDERDELAY_QUEUE_KEY", Default: queue.DefaultKey,
+		Help: "the queue's sorted set; companions are named `{KEY}:suffix`",
+		set:  func(c *Config, v string) error { c.QueueKey = v; return queue.ValidateKey(v) }},
+	{Env: "ORDERDELAY_SCAN_INTERVAL", Default: "5s", Help: "longest sleep between scans",
+		set: durationIn(func(c *Config) *time.Duration { return &c.ScanInterval }, 10*time.Millisecond, time.Hour)},
+	{Env: "ORDERDELAY_WORKERS", Default: "4", Help: "batches closed concurrently (= database connections in use)",
+		set: intIn(func(c *Config) *int { return &c.Workers }, 1, 256)},
+	{Env: "ORDERDELAY_BATCH_SIZE", Default: "500", Help: "serials per claim and per close",
+		set: intIn(func(c *Config) *int { return &c.BatchSize }, 1, 5000)},
+	{Env: "ORDERDELAY_LEASE", Default: "60s", Help: "how long a claim is held before another replica may take it",
+		set: durationIn(func(c *Config) *time.Duration { return &c.Lease }, time.Second, 24*time.Hour)},
+	{Env: "ORDERDELAY_STATEMENT_TIMEOUT", Default: "10s", Help: "deadline of one batch; must be below the lease",
+		set: durationIn(func(c *Config) *time.Duration { return &c.StatementTimeout }, 10*time.Millisecond, 24*time.Hour)},
+	{Env: "ORDERDELAY_DRAIN_TIMEOUT", Default: "20s", Help: "how long in-flight batches may finish on SIGTERM; must be below the lease",
+		set: durationIn(func(c *Config) *time.Duration { return &c.DrainTimeout }, 0, 24*time.Hour)},
+	{Env: "ORDERDELAY_MAX_ATTEMPTS", Default: "10", Help: "attempts before an order without a row is dead-lettered",
+		set: intIn(func(c *Config) *int { return &c.MaxAttempts }, 1, 1000)},
+	{Env: "ORDERDELAY_BACKOFF_MAX", Default: "5m", Help: "cap of the exponential retry backoff (with jitter)",
+		set: durationIn(func(c *Config) *time.Duration { return &c.BackoffMax }, time.Second, 24*time.Hour)},
+	{Env: "ORDERDELAY_RECONCILE_INTERVAL", Default: "1m", Help: "reconciler period (`0` disables it)",
+		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileInterval }, 0, 24*time.Hour)},
+	{Env: "ORDERDELAY_RECONCILE_GRACE", Default: "5m", Help: "how long past its deadline a pending order missing from the queue must be before the reconciler closes it; must exceed the lease",
+		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileGrace }, time.Second, 30*24*time.Hour)},
+	{Env: "ORDERDELAY_HTTP_ADDR", Default: ":8080", Help: "API, metrics and health listener (empty: off)",
+		set: addr(func(c *Config) *string { return &c.HTTPAddr })},
+	{Env: "ORDERDELAY_PPROF_ADDR", Default: "", Help: "separate, opt-in pprof listener, e.g. `127.0.0.1:6060` (empty: off)",
+		set: addr(func(c *Config) *string { return &c.PprofAddr })},
+	{Env: "ORDERDELAY_API_TOKEN", Default: "", Secret: true, Help: "bearer token(s) for `/v1`, comma-separated for rotation, each at least 16 bytes (empty: no auth)",
+		set: setTokens},
+	{Env: "ORDERDELAY_LOG_LEVEL", Default: "info", Help: "`debug`, `info`, `warn` or `error`",
+		set: func(c *Config, v string) error {
+			l, err := zapcore.ParseLevel(v)
+			if err != nil || l > zapcore.ErrorLevel {
+				return errors.New("want debug, info, warn or error")
+			}
+			c.LogLevel = l
+			return nil
+		}},
+	{Env: "ORDERDELAY_LOG_FORMAT", Default: "json", Help: "`json`, or `console` for people",
+		set: oneOf(func(c *Config) *string { return &c.LogFormat }, "json", "console")},
+	{Env: "ORDERDELAY_CLOSE_SQL", Default: "", Help: "close statement: `$1 text[]` → the serials it closed (empty: reference schema)",
+		set: func(c *Config, v string) error { c.CloseSQL = v; return nil }},
+	{Env: "ORDERDELAY_LOOKUP_SQL", Default: "", Help: "lookup statement: `$1 text[]` → the serials that exist (empty: reference schema)",
+		set: func(c *Config, v string) error { c.LookupSQL = v; return nil }},
+	{Env: "ORDERDELAY_OVERDUE_SQL", Default: "", Help: "reconciler statement: `$1 bigint` grace ms, `$2 bigint` limit → pending serials past deadline + grace (empty: reference schema)",
+		set: func(c *Config, v string) error { c.OverdueSQL = v; return nil }},
+}
+
+// Error is a refused setting; the command exits 2 on it.
+type Error struct {
+	Setting string // e.g. "ORDERDELAY_WORKERS (--workers)"
+	Msg     string
+}
+
+func (e *Error) Error() string { return e.Setting + ": " + e.Msg }
+
+// Register adds a flag per setting to fs and returns a function that loads
+// the configuration after fs.Parse: defaults, then env (via getenv), then
+// the flags given.
+func Register(fs *flag.FlagSet, getenv func(string) (string, bool)) func() (Config, error) {
+	vals := make([]*string, len(Settings))
+	for i, s := range Settings {
+		def := s.Default
+		if s.Secret && def != "" {
+			def = Mask(def)
+		}
+		vals[i] = fs.String(s.Flag(), "", fmt.Sprintf("%s (env %s, default %q)", stripMD(s.Help), s.Env, def))
+	}
+	return func() (Config, error) {
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		var c Config
+		var errs []error
+		for i, s := range Settings {
+			v, src := s.Default, s.Env
+			if e, ok := getenv(s.Env); ok {
+				v = e
+			}
+			if given[s.Flag()] {
+				v = *vals[i]
+			}
+			v = strings.TrimSpace(v)
+			if err := s.set(&c, v); err != nil {
+				errs = append(errs, &Error{Setting: fmt.Sprintf("%s (--%s)", src, s.Flag()), Msg: err.Error()})
+			}
+		}
+		if len(errs) == 0 {
+			errs = append(errs, c.validate()...)
+		}
+		return c, errors.Join(errs...)
+	}
+}
+
+// validate checks combinations and the connection strings.
+func (c *Config) validate() []error {
+	var errs []error
+	bad := func(env, msg string) {
+		errs = append(errs, &Error{Setting: env, Msg: msg})
+	}
+	if c.StatementTimeout >= c.Lease {
+		bad("ORDERDELAY_STATEMENT_TIMEOUT", fmt.Sprintf("%s must be below ORDERDELAY_LEASE (%s): a batch must end before its lease does", c.StatementTimeout, c.Lease))
+	}
+	if c.DrainTimeout >= c.Lease {
+		bad("ORDERDELAY_DRAIN_TIMEOUT", fmt.Sprintf("%s must be below ORDERDELAY_LEASE (%s)", c.DrainTimeout, c.Lease))
+	}
+	if c.ReconcileInterval > 0 && c.ReconcileGrace <= c.Lease {
+		bad("ORDERDELAY_RECONCILE_GRACE", fmt.Sprintf("%s must exceed ORDERDELAY_LEASE (%s), or the reconciler races the fast path", c.ReconcileGrace, c.Lease))
+	}
+	switch c.RedisMode {
+	case "standalone":
+		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			bad("ORDERDELAY_REDIS_URL", "not a valid redis:// or rediss:// URL: "+Redact(err.Error(), c.RedisURL))
+		}
+	case "sentinel":
+		if _, err := redis.ParseFailoverURL(c.RedisURL); err != nil {
+			bad("ORDERDELAY_REDIS_URL", "not a valid sentinel URL (redis://host:26379?master_name=NAME): "+Redact(err.Error(), c.RedisURL))
+		}
+	case "cluster":
+		if _, err := redis.ParseClusterURL(c.RedisURL); err != nil {
+			bad("ORDERDELAY_REDIS_URL", "not a valid cluster URL: "+Redact(err.Error(), c.RedisURL))
+		}
+	default:
+		bad("ORDERDELAY_REDIS_MODE", fmt.Sprintf("want standalone, sentinel or cluster, got %q", c.RedisMode))
+	}
+	if _, err := pq.NewConnector(c.DatabaseURL); err != nil {
+		bad("ORDERDELAY_DATABASE_URL", "not a valid PostgreSQL URL or DSN: "+Redact(err.Error(), c.DatabaseURL))
+	}
+	if c.HTTPAddr != "" && c.HTTPAddr == c.PprofAddr {
+		bad("ORDERDELAY_PPROF_ADDR", "must differ from ORDERDELAY_HTTP_ADDR: pprof never shares the public port")
+	}
+	return errs
+}
+
+// Statements returns the configured SQL statements (empty: defaults).
+func (c *Config) Statements() orders.Statements {
+	return orders.Statements{Close: c.CloseSQL, Lookup: c.LookupSQL, Overdue: c.OverdueSQL}
+}
+
+func intIn(field func(*Config) *int, lo, hi int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < lo || n > hi {
+			return fmt.Errorf("want an integer from %d to %d, got %q", lo, hi, v)
+		}
+		*field(c) = n
+		return nil
+	}
+}
+
+func durationIn(field func(*Config) *time.Duration, lo, hi time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("want a duration such as 500ms, 5s or 2m, got %q", v)
+		}
+		if d < lo || d > hi {
+			return fmt.Errorf("want a duration from %s to %s, got %s", lo, hi, d)
+		}
+		*field(c) = d
+		return nil
+	}
+}
+
+func oneOf(field func(*Config) *string, allowed ...string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		for _, a := range allowed {
+			if v == a {
+				*field(c) = v
+				return nil
+			}
+		}
+		return fmt.Errorf("want one of %s, got %q", strings.Join(allowed, ", "), v)
+	}
+}
+
+func addr(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		if v != "" {
+			if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+				return fmt.Errorf("want host:port or :port, got %q", v)
+			}
+		}
+		*field(c) = v
+		return nil
+	}
+}
+
+func setTokens(c *Config, v string) error {
+	c.APITokens = nil
+	if v == "" {
+		return nil
+	}
+	for t := range strings.SplitSeq(v, ",") {
+		t = strings.TrimSpace(t)
+		if len(t) < 16 {
+			return errors.New("each token must be at least 16 bytes (a short token is guessable)")
+		}
+		c.APITokens = append(c.APITokens, t)
+	}
+	return nil
+}
+
+var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// Mask hides the password of a URL (scheme://user:pass@host) or key=value
+// DSN (password=...), for logs and messages.
+func Mask(s string) string {
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return dsnPassword.ReplaceAllString(s, "${1}xxxxx")
+}
+
+// Redact removes from msg every password found in the connection strings.
+func Redact(msg string, conns ...string) string {
+	for _, c := range conns {
+		for _, p := range passwords(c) {
+			if p != "" {
+				msg = strings.ReplaceAll(msg, p, "xxxxx")
+				msg = strings.ReplaceAll(msg, url.QueryEscape(p), "xxxxx")
+			}
+		}
+	}
+	return dsnPassword.ReplaceAllString(msg, "${1}xxxxx")
+}
+
+// passwords finds the password parts of a connection string, even one that
+// does not parse as a URL.
+func passwords(c string) []string {
+	var out []string
+	if u, err := url.Parse(c); err == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok {
+			out = append(out, p)
+		}
+	} else if i := strings.Index(c, "://"); i >= 0 {
+		rest := c[i+3:]
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if colon := strings.Index(rest[:at], ":"); colon >= 0 {
+				out = append(out, rest[colon+1:at])
+			}
+		}
+	}
+	for _, m := range dsnPassword.FindAllStringSubmatch(c, -1) {
+		out = append(out, strings.Trim(m[2], "'"))
+	}
+	return out
+}
+
+func stripMD(s string) string { return strings.ReplaceAll(s, "`", "") }
+
+// Markdown renders the settings as the README's configuration table.
+func Markdown() string {
+	var b strings.Builder
+	b.WriteString("| variable | flag | default | meaning |\n|---|---|---|---|\n")
+	for _, s := range Settings {
+		def := "*(empty)*"
+		if s.Default != "" {
+			def = "`" + s.Default + "`"
+		}
+		fmt.Fprintf(&b, "| `%s` | `--%s` | %s | %s |\n", s.Env, s.Flag(), def, strings.ReplaceAll(s.Help, "|", "\\|"))
+	}
+	return b.String()
+}

@@ -1,0 +1,436 @@
+// Package consumer is the heart of orderdelay: it claims due order serials
+// from the Redis queue under a lease, closes the unpaid orders in PostgreSQL
+// in batches on a bounded pool of workers, and removes from the queue only
+// what is settled, only after the close has committed, and only if the
+// entry is still the one it leased.
+//
+// The scanner sleeps until the earliest deadline, measured on Redis's clock
+// and never longer than the scan interval; the producer script publishes
+// earlier deadlines so a sleeping scanner wakes for them, and a cheap head
+// check between scans notices entries written by raw ZADD producers.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Defaults of Config; each applies when its field is zero.
+const (
+	DefaultWorkers          = 4
+	DefaultBatchSize        = 500
+	DefaultScanInterval     = 5 * time.Second
+	DefaultLease            = 60 * time.Second
+	DefaultStatementTimeout = 10 * time.Second
+	DefaultDrainTimeout     = 20 * time.Second
+	DefaultMaxAttempts      = 10
+	DefaultBackoffMax       = 5 * time.Minute
+	// DefaultHeadCheck is the idle poll of the queue head that notices
+	// deadlines written by raw ZADD producers (about 4 commands a second).
+	DefaultHeadCheck = 250 * time.Millisecond
+
+	// retryBase is the first delay before an order without a row is looked
+	// for again; it doubles per attempt up to BackoffMax.
+	retryBase = time.Second
+	// dependencyBackoffMax caps the wait after a failed Redis or PostgreSQL
+	// call, so the daemon catches up quickly when the dependency returns.
+	dependencyBackoffMax = 10 * time.Second
+	// bookkeepingTimeout bounds the Redis calls that record the outcome of a
+	// batch; they run even after the drain timeout cancelled the SQL.
+	bookkeepingTimeout = 5 * time.Second
+	// sleepFloor is the shortest sleep before a deadline.
+	sleepFloor = time.Millisecond
+)
+
+// Config configures a Consumer. Zero values take the defaults above.
+type Config struct {
+	Keys             queue.Keys
+	Workers          int           // batches closed concurrently
+	BatchSize        int           // serials per claim and per close
+	ScanInterval     time.Duration // longest sleep between scans
+	Lease            time.Duration // how long a claim is held
+	StatementTimeout time.Duration // deadline of one batch; below Lease
+	DrainTimeout     time.Duration // how long in-flight batches may finish on shutdown
+	MaxAttempts      int           // attempts before an order without a row is dead-lettered
+	BackoffMax       time.Duration // cap of the per-entry retry backoff
+	CloseDelay       time.Duration // an entry is due this long after its deadline (0: at it)
+	HeadCheck        time.Duration // idle poll of the queue head; negative disables it
+	Owner            string        // replica name in lease tokens; default host-pid
+}
+
+func (c *Config) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.Workers, DefaultWorkers)
+	def(&c.BatchSize, DefaultBatchSize)
+	def(&c.MaxAttempts, DefaultMaxAttempts)
+	defD(&c.ScanInterval, DefaultScanInterval)
+	defD(&c.Lease, DefaultLease)
+	defD(&c.StatementTimeout, DefaultStatementTimeout)
+	defD(&c.DrainTimeout, DefaultDrainTimeout)
+	defD(&c.BackoffMax, DefaultBackoffMax)
+	if c.HeadCheck == 0 {
+		c.HeadCheck = DefaultHeadCheck
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+}
+
+// Store is what the consumer needs from the database.
+type Store interface {
+	Close(ctx context.Context, serials []string) ([]string, error)
+	Lookup(ctx context.Context, serials []string) ([]string, error)
+}
+
+// Consumer claims and closes due orders. Build it with New; run it with Run.
+type Consumer struct {
+	cfg    Config
+	rdb    redis.UniversalClient
+	store  Store
+	m      *metrics.Metrics
+	log    *zap.Logger
+	now    func() time.Time
+	seq    atomic.Uint64
+	beat   atomic.Int64 // Unix ns of the scan loop's last heartbeat
+	pgBack *backoff.ExponentialBackOff
+	pgMu   sync.Mutex
+	// stopping is closed when shutdown begins; it cuts backoff waits.
+	stopping <-chan struct{}
+}
+
+// New returns a Consumer.
+func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
+	cfg.setDefaults()
+	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff()}
+	c.beat.Store(time.Now().UnixNano())
+	return c
+}
+
+func newDependencyBackoff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = dependencyBackoffMax
+	return b
+}
+
+// Config returns the configuration in effect, defaults applied.
+func (c *Consumer) Config() Config { return c.cfg }
+
+// LastBeat is when the scan loop last showed it is alive. It beats while
+// it waits for workers or backs off, so a slow dependency does not make a
+// healthy process look dead.
+func (c *Consumer) LastBeat() time.Time { return time.Unix(0, c.beat.Load()) }
+
+func (c *Consumer) heartbeat() { c.beat.Store(c.now().UnixNano()) }
+
+// item is one claimed entry.
+type item struct {
+	token    string // lease token of the claim that took it
+	serial   string
+	deadline int64 // Unix ms
+	attempts int
+}
+
+type claimResult struct {
+	now, nextQueue, nextExpiry int64
+	items                      []item
+	reclaimed                  int
+	dead                       map[string]int
+}
+
+// Run scans and closes until ctx is cancelled, then shuts down in this
+// order (each step happens before the next):
+//
+//  1. stop claiming (the scan loop returns);
+//  2. let in-flight batches finish, for at most DrainTimeout;
+//  3. cancel what is still running; each such batch hands its claims back
+//     to the queue with their true deadlines, on a fresh, bounded context;
+//  4. return.
+//
+// Closing Redis and PostgreSQL clients is the caller's job, after Run.
+func (c *Consumer) Run(ctx context.Context) error {
+	c.stopping = ctx.Done()
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	var wg sync.WaitGroup
+	wake := make(chan int64, 64)
+	subDone := c.subscribe(ctx, wake)
+
+	c.scan(ctx, workCtx, &wg, wake)
+
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	timer := time.NewTimer(c.cfg.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		c.log.Warn("drain timeout passed; handing back unfinished claims", zap.Duration("drain_timeout", c.cfg.DrainTimeout))
+		cancelWork()
+		<-done
+	}
+	<-subDone
+	return nil
+}
+
+// subscribe forwards deadlines published by producers to wake until ctx
+// ends. Dropped messages are harmless: the head check catches up.
+func (c *Consumer) subscribe(ctx context.Context, wake chan<- int64) <-chan struct{} {
+	done := make(chan struct{})
+	ps := c.rdb.Subscribe(ctx, c.cfg.Keys.Wake)
+	go func() {
+		defer close(done)
+		defer ps.Close()
+		ch := ps.Channel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case msg, ok := <-ch:
+				if !ok {
+					return
+				}
+				d, err := strconv.ParseInt(msg.Payload, 10, 64)
+				if err != nil {
+					continue
+				}
+				select {
+				case wake <- d:
+				default:
+				}
+			}
+		}
+	}()
+	return done
+}
+
+func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <-chan int64) {
+	sem := make(chan struct{}, c.cfg.Workers)
+	redisBack := newDependencyBackoff()
+	beat := time.NewTicker(time.Second)
+	defer beat.Stop()
+	for {
+		c.heartbeat()
+		// A claim never takes more than a free worker can close.
+	acquire:
+		for {
+			select {
+			case sem <- struct{}{}:
+				break acquire
+			case <-beat.C:
+				c.heartbeat()
+			case <-ctx.Done():
+				return
+			}
+		}
+		res, err := c.claim(ctx)
+		if err != nil {
+			<-sem
+			if ctx.Err() != nil {
+				return
+			}
+			c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
+			c.m.SetUp(metrics.DepRedis, false)
+			d := redisBack.NextBackOff()
+			c.log.Warn("claim failed; backing off", zap.Error(err), zap.Duration("retry_in", d))
+			if !sleepCtx(ctx, d) {
+				return
+			}
+			continue
+		}
+		redisBack.Reset()
+		c.m.SetUp(metrics.DepRedis, true)
+		c.m.LastScan.Set(float64(c.now().UnixNano()) / 1e9)
+		if len(res.items) > 0 {
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				c.process(workCtx, res.items)
+			}()
+		} else {
+			<-sem
+		}
+		next := earliest(res.nextQueue+c.cfg.CloseDelay.Milliseconds(), res.nextExpiry, res.nextQueue >= 0)
+		if len(res.items) == c.cfg.BatchSize || (next >= 0 && next <= res.now) {
+			continue // more is due now
+		}
+		if !c.wait(ctx, res.now, next, wake) {
+			return
+		}
+	}
+}
+
+// earliest returns the smaller of two Unix-ms instants, -1 standing for
+// "none"; q counts only if qValid.
+func earliest(q, expiry int64, qValid bool) int64 {
+	switch {
+	case !qValid:
+		return expiry
+	case expiry < 0:
+		return q
+	default:
+		return min(q, expiry)
+	}
+}
+
+// wait sleeps until the Redis-clock instant next (or at most ScanInterval),
+// waking earlier for a published deadline or one the head check finds.
+// redisNow is Redis's clock when the last claim ran. It reports false when
+// ctx ended.
+func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan int64) bool {
+	start := time.Now()
+	sleepFor := func(target int64) time.Duration {
+		if target < 0 {
+			return c.cfg.ScanInterval
+		}
+		d := time.Duration(target-redisNow)*time.Millisecond - time.Since(start)
+		return min(max(d, sleepFloor), c.cfg.ScanInterval)
+	}
+	timer := time.NewTimer(sleepFor(next))
+	defer timer.Stop()
+	var head <-chan time.Time
+	if c.cfg.HeadCheck > 0 {
+		head = time.After(jitter(c.cfg.HeadCheck))
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		case d := <-wake:
+			if next < 0 || d+c.cfg.CloseDelay.Milliseconds() < next {
+				next = d + c.cfg.CloseDelay.Milliseconds()
+				timer.Reset(sleepFor(next))
+			}
+		case <-head:
+			c.heartbeat()
+			head = time.After(jitter(c.cfg.HeadCheck))
+			vals, err := c.rdb.ZRangeWithScores(ctx, c.cfg.Keys.Queue, 0, 0).Result()
+			if err != nil || len(vals) == 0 {
+				continue
+			}
+			d := int64(vals[0].Score) + c.cfg.CloseDelay.Milliseconds()
+			if next < 0 || d < next {
+				next = d
+				timer.Reset(sleepFor(next))
+			}
+		}
+	}
+}
+
+// jitter spreads d by ±20% so replicas do not poll in lockstep.
+func jitter(d time.Duration) time.Duration {
+	return d - d/5 + rand.N(2*d/5+1)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (c *Consumer) token() string {
+	return c.cfg.Owner + ":" + strconv.FormatUint(c.seq.Add(1), 36)
+}
+
+// claim runs claimScript once and accounts for what it did.
+func (c *Consumer) claim(ctx context.Context) (claimResult, error) {
+	k := c.cfg.Keys
+	tok := c.token()
+	raw, err := claimScript.Run(ctx, c.rdb,
+		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo},
+		c.cfg.BatchSize, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
+		c.cfg.CloseDelay.Milliseconds()).Slice()
+	if err != nil {
+		return claimResult{}, fmt.Errorf("claim: %w", err)
+	}
+	res, err := parseClaim(raw)
+	if err != nil {
+		return claimResult{}, fmt.Errorf("claim: %w", err)
+	}
+	for i := range res.items {
+		res.items[i].token = tok
+	}
+	c.m.Claimed.Add(float64(len(res.items)))
+	c.m.Reclaimed.Add(float64(res.reclaimed))
+	c.m.Inflight.Add(float64(len(res.items)))
+	for reason, n := range res.dead {
+		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
+		c.log.Warn("dead-lettered malformed entries", zap.String("reason", reason), zap.Int("count", n))
+	}
+	return res, nil
+}
+
+var errReply = errors.New("unexpected reply")
+
+func parseClaim(raw []any) (claimResult, error) {
+	var r claimResult
+	if len(raw) != 5 {
+		return r, fmt.Errorf("%w: %d fields, want 5", errReply, len(raw))
+	}
+	ints := [3]*int64{&r.now, &r.nextQueue, &r.nextExpiry}
+	for i, p := range ints {
+		v, ok := raw[i].(int64)
+		if !ok {
+			return r, fmt.Errorf("%w: field %d is %T", errReply, i, raw[i])
+		}
+		*p = v
+	}
+	claimed, ok1 := raw[3].([]any)
+	dead, ok2 := raw[4].([]any)
+	if !ok1 || !ok2 || len(claimed)%4 != 0 || len(dead)%2 != 0 {
+		return r, fmt.Errorf("%w: malformed claimed or dead list", errReply)
+	}
+	r.items = make([]item, 0, len(claimed)/4)
+	for i := 0; i < len(claimed); i += 4 {
+		s, ok := claimed[i].(string)
+		d, ok2 := claimed[i+1].(int64)
+		a, ok3 := claimed[i+2].(int64)
+		again, ok4 := claimed[i+3].(int64)
+		if !ok || !ok2 || !ok3 || !ok4 {
+			return r, fmt.Errorf("%w: malformed claimed entry %d", errReply, i/4)
+		}
+		r.items = append(r.items, item{serial: s, deadline: d, attempts: int(a)})
+		if again == 1 {
+			r.reclaimed++
+		}
+	}
+	if len(dead) > 0 {
+		r.dead = map[string]int{}
+		for i := 1; i < len(dead); i += 2 {
+			reason, _ := dead[i].(string)
+			r.dead[reason]++
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,170 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Defaults of ReconcilerConfig.
+const (
+	DefaultReconcileInterval = time.Minute
+	DefaultReconcileGrace    = 5 * time.Minute
+	DefaultReconcilePage     = 500
+	// maxPagesPerRun bounds one pass, so a huge backlog is worked off over
+	// several passes instead of one long transaction chain.
+	maxPagesPerRun = 20
+)
+
+// ReconcilerConfig configures a Reconciler. Zero values take the defaults.
+type ReconcilerConfig struct {
+	Keys     queue.Keys
+	Interval time.Duration // time between passes (jittered ±20%)
+	Grace    time.Duration // how long past its deadline an order must be
+	PageSize int           // orders per transaction
+}
+
+// Reconciler closes pending orders that are past their deadline by more
+// than the grace and missing from the queue: Redis lost them, or the
+// checkout died between its commit and its ZADD. The orders table is the
+// source of truth; this is the safety net under the fast path.
+//
+// One replica at a time does a page, under a transaction-level advisory lock
+// derived from the queue key; rows are read with FOR UPDATE SKIP LOCKED so a
+// payment in progress is never waited for, and serials still in Redis
+// (queued, leased or backing off) are skipped, so a long backlog or a
+// reschedule never triggers it. If Redis cannot be asked, the pass is
+// skipped: a rescheduled deadline lives only there.
+type Reconciler struct {
+	cfg   ReconcilerConfig
+	rdb   redis.Cmdable
+	store *orders.Store
+	m     *metrics.Metrics
+	log   *zap.Logger
+	lock  int64
+}
+
+// NewReconciler returns a Reconciler.
+func NewReconciler(cfg ReconcilerConfig, rdb redis.Cmdable, store *orders.Store, m *metrics.Metrics, log *zap.Logger) *Reconciler {
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultReconcileInterval
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultReconcileGrace
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = DefaultReconcilePage
+	}
+	h := fnv.New64a()
+	h.Write([]byte("orderdelay reconcile " + cfg.Keys.Queue))
+	return &Reconciler{cfg: cfg, rdb: rdb, store: store, m: m, log: log, lock: int64(h.Sum64())}
+}
+
+// Run reconciles every Interval until ctx ends.
+func (r *Reconciler) Run(ctx context.Context) error {
+	for {
+		wait := jitter(r.cfg.Interval)
+		if !sleepCtx(ctx, wait) {
+			return nil
+		}
+		n, err := r.RunOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
+			r.log.Warn("reconcile pass failed", zap.Error(err))
+		case n > 0:
+			r.log.Warn("reconciler closed orders the queue had lost", zap.Int("orders", n))
+		}
+	}
+}
+
+// RunOnce does one pass and returns how many orders it closed.
+func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
+	total := 0
+	for range maxPagesPerRun {
+		n, more, err := r.page(ctx)
+		total += n
+		if err != nil || !more {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+func (r *Reconciler) page(ctx context.Context) (closed int, more bool, err error) {
+	tx, err := r.store.DB().BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, false, fmt.Errorf("reconcile: %w", err)
+	}
+	defer func() {
+		if err != nil || closed == 0 {
+			tx.Rollback() //nolint:errcheck // nothing to keep
+		}
+	}()
+	var got bool
+	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", r.lock).Scan(&got); err != nil {
+		return 0, false, fmt.Errorf("reconcile lock: %w", err)
+	}
+	if !got {
+		return 0, false, nil // another replica is reconciling
+	}
+	serials, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(r.cfg.PageSize))
+	if err != nil {
+		return 0, false, fmt.Errorf("reconcile overdue: %w", err)
+	}
+	if len(serials) == 0 {
+		return 0, false, nil
+	}
+	lost, err := r.missing(ctx, serials)
+	if err != nil {
+		return 0, false, err
+	}
+	if len(lost) > 0 {
+		done, err := r.store.CloseOn(ctx, tx, lost)
+		if err != nil {
+			return 0, false, fmt.Errorf("reconcile close: %w", err)
+		}
+		closed = len(done)
+		if closed > 0 {
+			if err := tx.Commit(); err != nil {
+				return 0, false, fmt.Errorf("reconcile commit: %w", err)
+			}
+			r.m.Reconciled.Add(float64(closed))
+		}
+	}
+	return closed, len(serials) == r.cfg.PageSize, nil
+}
+
+// missing returns the serials that are nowhere in the queue's keys.
+func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, error) {
+	k := r.cfg.Keys
+	var scores *redis.FloatSliceCmd
+	var leased *redis.SliceCmd
+	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		scores = p.ZMScore(ctx, k.Queue, serials...)
+		leased = p.HMGet(ctx, k.Lease, serials...)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: check queue: %w", err)
+	}
+	sc, ls := scores.Val(), leased.Val()
+	if len(sc) != len(serials) || len(ls) != len(serials) {
+		return nil, fmt.Errorf("reconcile: check queue: %w", errReply)
+	}
+	var out []string
+	for i, s := range serials {
+		if sc[i] == 0 && ls[i] == nil {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}

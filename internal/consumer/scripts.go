@@ -1,0 +1,317 @@
+package consumer
+
+import "github.com/redis/go-redis/v9"
+
+// The lease mechanism: a claim MOVES an entry out of the queue key into the
+// same-slot companions {Q}:inflight (scored by lease expiry), {Q}:deadlines
+// (scored by the true deadline) and {Q}:lease (a record
+// "deadline|attempts|token|last error"). So:
+//
+//   - GET, inspect and the overdue gauges read the true deadline from
+//     {Q}:deadlines while an entry is leased; a hand-back puts it back into
+//     the queue key with that deadline.
+//   - A producer that re-adds or reschedules a leased serial writes the queue
+//     key (or drops the lease record); the replica holding the lease only
+//     ever removes companion entries whose record still carries its token,
+//     so the producer's entry survives.
+//   - An entry whose lease expired is found again by the next claim on any
+//     replica (re-claim); a backing-off entry is the same thing with token
+//     "-" and an expiry at its retry time.
+//
+// Every script takes all its keys in KEYS, in one slot, so it is safe on
+// Redis Cluster. Scripts do bounded work (at most the batch size); Go loops.
+
+// luaValidSerial is the claim script's copy of queue.ValidateSerial: 1..128
+// bytes of UTF-8 without control characters (C0, DEL, C1). Tests hold the
+// two in agreement.
+const luaValidSerial = `
+local function valid_serial(s)
+  local len = #s
+  if len == 0 or len > 128 then return false end
+  if not string.find(s, '[^\32-\126]') then return true end
+  local i = 1
+  while i <= len do
+    local c = string.byte(s, i)
+    if c < 32 or c == 127 then return false end
+    if c < 128 then
+      i = i + 1
+    else
+      local n, lo, cp
+      if c >= 0xC2 and c <= 0xDF then n = 1; lo = 0x80; cp = c - 0xC0
+      elseif c >= 0xE0 and c <= 0xEF then n = 2; lo = 0x800; cp = c - 0xE0
+      elseif c >= 0xF0 and c <= 0xF4 then n = 3; lo = 0x10000; cp = c - 0xF0
+      else return false end
+      if i + n > len then return false end
+      for j = 1, n do
+        local cc = string.byte(s, i + j)
+        if cc < 0x80 or cc > 0xBF then return false end
+        cp = cp * 64 + (cc - 0x80)
+      end
+      if cp < lo or cp > 0x10FFFF or (cp >= 0xD800 and cp <= 0xDFFF) then return false end
+      if cp >= 0x80 and cp <= 0x9F then return false end
+      i = i + n + 1
+    end
+  end
+  return true
+end
+`
+
+// luaHelpers are shared by the scripts below: the Redis clock in integer
+// milliseconds, lease-record parsing, and chunked variadic calls (unpack of
+// thousands of arguments would overflow Lua's C stack).
+const luaHelpers = `
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function parse(rec)
+  if not rec then return nil end
+  local d, a, tok, e = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|?(.*)$')
+  return tonumber(d), tonumber(a) or 0, tok, e
+end
+local function bulk(cmd, key, args)
+  for i = 1, #args, 500 do
+    redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
+  end
+end
+`
+
+// claimScript leases due entries.
+//
+//	KEYS[1] -> queue            KEYS[2] -> {queue}:inflight
+//	KEYS[3] -> {queue}:deadlines KEYS[4] -> {queue}:lease
+//	KEYS[5] -> {queue}:dead      KEYS[6] -> {queue}:deadinfo
+//	ARGV[1] -> limit: most entries to lease
+//	ARGV[2] -> lease duration, ms
+//	ARGV[3] -> lease token (unique per claim; no '|')
+//	ARGV[4] -> how far ahead a deadline may lie, ms (larger: dead-lettered)
+//	ARGV[5] -> close delay, ms: an entry is due at deadline + delay
+//
+// First it takes back entries whose lease or backoff expired, then due
+// entries from the queue. Members that are not valid serials, scores that are
+// not integers or lie outside [2000-01-01, now + ARGV[4]] go to the
+// dead-letter set instead. "Now" is Redis's clock, so all replicas agree and
+// nothing is claimed before its deadline.
+//
+// Returns {now, next queue deadline or -1, next expiry or -1, claimed, dead}
+// where claimed is a flat array of serial, deadline, attempts, re-claimed
+// (1 if a lease of a replica expired, else 0) and dead a flat array of
+// serial, reason.
+var claimScript = redis.NewScript(luaValidSerial + luaHelpers + `
+local now = now_ms()
+local limit = tonumber(ARGV[1])
+local expiry = now + tonumber(ARGV[2])
+local token = ARGV[3]
+local maxScore = now + tonumber(ARGV[4])
+local cutoff = now - tonumber(ARGV[5])
+local claimed, dead = {}, {}
+local inflightArgs, deadlineArgs, leaseArgs = {}, {}, {}
+local deadArgs, deadInfoArgs = {}, {}
+local n = 0
+
+local function lease(s, d, a)
+  n = n + 1
+  inflightArgs[#inflightArgs+1] = expiry; inflightArgs[#inflightArgs+1] = s
+  deadlineArgs[#deadlineArgs+1] = d; deadlineArgs[#deadlineArgs+1] = s
+  leaseArgs[#leaseArgs+1] = s; leaseArgs[#leaseArgs+1] = d .. '|' .. a .. '|' .. token .. '|'
+end
+local function bury(s, reason, score)
+  dead[#dead+1] = s; dead[#dead+1] = reason
+  deadArgs[#deadArgs+1] = now; deadArgs[#deadArgs+1] = s
+  deadInfoArgs[#deadInfoArgs+1] = s
+  deadInfoArgs[#deadInfoArgs+1] = reason .. '|0|' .. score .. '|'
+end
+
+-- 1. expired leases and finished backoffs
+local exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+for i = 1, #exp, 2 do
+  local s = exp[i]
+  local d, a, tok = parse(redis.call('HGET', KEYS[4], s))
+  if not d then d = tonumber(redis.call('ZSCORE', KEYS[3], s)) or tonumber(exp[i+1]) end
+  lease(s, d, a or 0)
+  local again = 0
+  if tok and tok ~= '-' then again = 1 end
+  claimed[#claimed+1] = s; claimed[#claimed+1] = d
+  claimed[#claimed+1] = a or 0; claimed[#claimed+1] = again
+end
+
+-- 2. due entries of the queue
+local room = limit - n
+if room > 0 then
+  local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
+  local rem = {}
+  for i = 1, #due, 2 do
+    local s, raw = due[i], due[i+1]
+    local d = tonumber(raw)
+    rem[#rem+1] = s
+    if not valid_serial(s) or d ~= math.floor(d) then
+      bury(s, 'malformed', raw)
+    elseif d < 946684800000 then
+      bury(s, 'score_out_of_range', raw)
+    else
+      local _, a = parse(redis.call('HGET', KEYS[4], s))
+      lease(s, d, a or 0)
+      claimed[#claimed+1] = s; claimed[#claimed+1] = d
+      claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
+    end
+  end
+  if #rem > 0 then bulk('ZREM', KEYS[1], rem) end
+end
+
+-- 3. deadlines too far ahead never become due: dead-letter them now
+local far = redis.call('ZRANGE', KEYS[1], '(' .. maxScore, '+inf', 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+if #far > 0 then
+  local rem = {}
+  for i = 1, #far, 2 do
+    rem[#rem+1] = far[i]
+    bury(far[i], 'score_out_of_range', far[i+1])
+  end
+  bulk('ZREM', KEYS[1], rem)
+end
+
+if #inflightArgs > 0 then
+  bulk('ZADD', KEYS[2], inflightArgs)
+  bulk('ZADD', KEYS[3], deadlineArgs)
+  bulk('HSET', KEYS[4], leaseArgs)
+end
+if #deadArgs > 0 then
+  bulk('ZADD', KEYS[5], deadArgs)
+  bulk('HSET', KEYS[6], deadInfoArgs)
+end
+
+local nextQ, nextI = -1, -1
+local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if h[2] then nextQ = tonumber(h[2]) end
+h = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if h[2] then nextI = tonumber(h[2]) end
+return {now, nextQ, nextI, claimed, dead}
+`)
+
+// finishScript removes settled entries (closed, or paid/closed already).
+//
+//	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
+//	ARGV[1] -> lease token; ARGV[2..] -> serials
+//
+// Compare-and-set: only entries whose lease record still carries the token
+// are removed; an entry a producer rescheduled meanwhile is left alone.
+// Returns the number removed.
+var finishScript = redis.NewScript(luaHelpers + `
+local token = ARGV[1]
+local rem = {}
+for i = 2, #ARGV do
+  local _, _, tok = parse(redis.call('HGET', KEYS[3], ARGV[i]))
+  if tok == token then rem[#rem+1] = ARGV[i] end
+end
+if #rem > 0 then
+  bulk('HDEL', KEYS[3], rem)
+  bulk('ZREM', KEYS[1], rem)
+  bulk('ZREM', KEYS[2], rem)
+end
+return #rem
+`)
+
+// retryScript turns leases into backoffs: the entry stays out of the queue,
+// its expiry becomes now + delay, its token "-" and, when ARGV[3] is 1, its
+// attempt count grows by one.
+//
+//	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:lease
+//	ARGV[1] -> lease token; ARGV[2] -> delay ms; ARGV[3] -> 1 to spend an
+//	attempt, 0 not to; ARGV[4] -> last error; ARGV[5..] -> serials
+//
+// Compare-and-set as finishScript. Returns the number moved.
+var retryScript = redis.NewScript(luaHelpers + `
+local token = ARGV[1]
+local at = now_ms() + tonumber(ARGV[2])
+local spend = tonumber(ARGV[3])
+local err = string.gsub(ARGV[4], '|', '/')
+local moved = 0
+for i = 5, #ARGV do
+  local s = ARGV[i]
+  local d, a, tok = parse(redis.call('HGET', KEYS[2], s))
+  if tok == token then
+    redis.call('HSET', KEYS[2], s, d .. '|' .. (a + spend) .. '|-|' .. err)
+    redis.call('ZADD', KEYS[1], at, s)
+    moved = moved + 1
+  end
+end
+return moved
+`)
+
+// buryScript dead-letters leased entries.
+//
+//	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
+//	KEYS[4] -> {queue}:dead     KEYS[5] -> {queue}:deadinfo
+//	ARGV[1] -> lease token; ARGV[2] -> reason; ARGV[3] -> last error;
+//	ARGV[4..] -> serials
+//
+// Compare-and-set as finishScript. The dead-letter record keeps reason,
+// attempts (including the one that failed), deadline and last error.
+// Returns the number moved.
+var buryScript = redis.NewScript(luaHelpers + `
+local token = ARGV[1]
+local now = now_ms()
+local err = string.gsub(ARGV[3], '|', '/')
+local moved = 0
+for i = 4, #ARGV do
+  local s = ARGV[i]
+  local d, a, tok = parse(redis.call('HGET', KEYS[3], s))
+  if tok == token then
+    redis.call('HDEL', KEYS[3], s)
+    redis.call('ZREM', KEYS[1], s)
+    redis.call('ZREM', KEYS[2], s)
+    redis.call('ZADD', KEYS[4], now, s)
+    redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. (a + 1) .. '|' .. d .. '|' .. err)
+    moved = moved + 1
+  end
+end
+return moved
+`)
+
+// handBackScript returns leased entries to the queue with their true
+// deadline, so another replica can take them at once.
+//
+//	KEYS[1] -> queue KEYS[2] -> {queue}:inflight KEYS[3] -> {queue}:deadlines
+//	KEYS[4] -> {queue}:lease
+//	ARGV[1] -> lease token; ARGV[2..] -> serials
+//
+// Compare-and-set as finishScript; ZADD NX keeps an entry a producer wrote
+// meanwhile. Returns the number handed back.
+var handBackScript = redis.NewScript(luaHelpers + `
+local token = ARGV[1]
+local n = 0
+for i = 2, #ARGV do
+  local s = ARGV[i]
+  local d, _, tok = parse(redis.call('HGET', KEYS[4], s))
+  if tok == token then
+    redis.call('HDEL', KEYS[4], s)
+    redis.call('ZREM', KEYS[2], s)
+    redis.call('ZREM', KEYS[3], s)
+    redis.call('ZADD', KEYS[1], 'NX', d, s)
+    n = n + 1
+  end
+end
+return n
+`)
+
+// statsScript reads the queue gauges in one consistent step, on Redis's
+// clock. All reads are O(log n).
+//
+//	KEYS[1] -> queue KEYS[2] -> {queue}:inflight KEYS[3] -> {queue}:deadlines
+//	KEYS[4] -> {queue}:dead
+//
+// Returns {now, depth, overdue, oldest deadline or -1, dead depth,
+// next deadline or -1}.
+var statsScript = redis.NewScript(luaHelpers + `
+local now = now_ms()
+local depth = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[3], '-inf', now)
+local oldest = -1
+local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if h[2] then oldest = tonumber(h[2]) end
+h = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if h[2] and (oldest == -1 or tonumber(h[2]) < oldest) then oldest = tonumber(h[2]) end
+local nextD = -1
+h = redis.call('ZRANGE', KEYS[1], '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+if h[2] then nextD = tonumber(h[2]) end
+return {now, depth, overdue, oldest, redis.call('ZCARD', KEYS[4]), nextD}
+`)

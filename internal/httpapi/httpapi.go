@@ -1,0 +1,250 @@
+// Package httpapi serves orderdelay's HTTP surface: Prometheus metrics,
+// liveness and readiness, and the producer API under /v1/timeouts.
+//
+//	PUT    /v1/timeouts/{serial}  {"after":"30m"} or {"at":"<RFC 3339>"}
+//	                              [+ "reschedule":true | "only_later":true]
+//	GET    /v1/timeouts/{serial}
+//	DELETE /v1/timeouts/{serial}
+//
+// Errors are JSON ({"error": "..."}): 400 for bad input, 401 without a valid
+// bearer token when tokens are configured, 404 for an unknown serial, 503
+// when Redis cannot be reached or the daemon is shutting down.
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/producer"
+)
+
+// MaxBodyBytes bounds a request body.
+const MaxBodyBytes = 16 << 10
+
+// Config configures a Server.
+type Config struct {
+	// Tokens are the accepted bearer tokens for /v1; none means no auth.
+	// More than one allows rotation without downtime.
+	Tokens []string
+	// Live reports whether the scan loop is alive (for /healthz).
+	Live func() error
+	// Ping checks that Redis answers (for /readyz and API 503s).
+	Ping func(ctx context.Context) error
+}
+
+// Server is the HTTP handler set.
+type Server struct {
+	cfg      Config
+	p        *producer.Producer
+	m        *metrics.Metrics
+	log      *zap.Logger
+	gatherer prometheus.Gatherer
+	stopping atomic.Bool
+}
+
+// New returns a Server.
+func New(cfg Config, p *producer.Producer, m *metrics.Metrics, g prometheus.Gatherer, log *zap.Logger) *Server {
+	return &Server{cfg: cfg, p: p, m: m, log: log, gatherer: g}
+}
+
+// SetStopping makes /readyz answer 503 from now on: the first step of
+// shutdown, so load balancers stop sending producers here.
+func (s *Server) SetStopping() { s.stopping.Store(true) }
+
+// Handler returns the routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(s.log)}))
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("PUT /v1/timeouts/{serial}", s.auth(s.put))
+	mux.HandleFunc("GET /v1/timeouts/{serial}", s.auth(s.get))
+	mux.HandleFunc("DELETE /v1/timeouts/{serial}", s.auth(s.del))
+	mux.HandleFunc("/v1/", s.auth(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	}))
+	return mux
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Live != nil {
+		if err := s.cfg.Live(); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.stopping.Load() {
+		writeError(w, http.StatusServiceUnavailable, "shutting down")
+		return
+	}
+	if s.cfg.Ping != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := s.cfg.Ping(ctx); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "redis unreachable")
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	if len(s.cfg.Tokens) == 0 {
+		return next
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		valid := 0
+		for _, t := range s.cfg.Tokens {
+			// Compare against every token, so timing says nothing about
+			// which one (if any) matched.
+			valid |= subtle.ConstantTimeCompare([]byte(got), []byte(t))
+		}
+		if !ok || valid != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="orderdelay"`)
+			writeError(w, http.StatusUnauthorized, "missing or invalid bearer token")
+			return
+		}
+		next(w, r)
+	}
+}
+
+// putBody is the PUT request body.
+type putBody struct {
+	After      string `json:"after"`
+	At         string `json:"at"`
+	Reschedule bool   `json:"reschedule"`
+	OnlyLater  bool   `json:"only_later"`
+}
+
+// DecodePut turns a PUT body into a request for serial. It is strict:
+// unknown fields, trailing data, bad durations and bad times are errors.
+func DecodePut(serial string, body io.Reader) (producer.Request, error) {
+	var b putBody
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return producer.Request{}, fmt.Errorf("body: %w", err)
+	}
+	if dec.More() {
+		return producer.Request{}, errors.New("body: more than one JSON value")
+	}
+	req := producer.Request{Serial: serial, Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
+	if b.After != "" {
+		d, err := time.ParseDuration(b.After)
+		if err != nil {
+			return req, fmt.Errorf("after: %w", err)
+		}
+		if d <= 0 {
+			return req, fmt.Errorf("after: must be positive, got %s", b.After)
+		}
+		req.After = d
+	}
+	if b.At != "" {
+		t, err := time.Parse(time.RFC3339Nano, b.At)
+		if err != nil {
+			return req, fmt.Errorf("at: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)
+		}
+		req.At = t
+	}
+	return req, nil
+}
+
+// entryJSON is the API's view of a queue entry.
+type entryJSON struct {
+	Serial     string    `json:"serial"`
+	Deadline   time.Time `json:"deadline"`
+	DeadlineMS int64     `json:"deadline_ms"`
+	State      string    `json:"state,omitempty"`
+	Result     string    `json:"result,omitempty"`
+	Attempts   int       `json:"attempts,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	LastError  string    `json:"last_error,omitempty"`
+}
+
+func (s *Server) put(w http.ResponseWriter, r *http.Request) {
+	serial := r.PathValue("serial")
+	req, err := DecodePut(serial, http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", MaxBodyBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	res, at, err := s.p.Put(r.Context(), req)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	code := http.StatusOK
+	if res == client.Created {
+		code = http.StatusCreated
+	}
+	writeJSON(w, code, entryJSON{Serial: serial, Deadline: at.UTC(), DeadlineMS: at.UnixMilli(), Result: res.String()})
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	serial := r.PathValue("serial")
+	e, err := s.p.Get(r.Context(), serial)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, entryJSON{Serial: serial, Deadline: e.Deadline.UTC(), DeadlineMS: e.Deadline.UnixMilli(),
+		State: string(e.State), Attempts: e.Attempts, Reason: e.Reason, LastError: e.LastError})
+}
+
+func (s *Server) del(w http.ResponseWriter, r *http.Request) {
+	if err := s.p.Cancel(r.Context(), r.PathValue("serial")); err != nil {
+		s.fail(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// fail maps an error to a status. Redis errors are 503 and are logged
+// without request data.
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, producer.ErrBadRequest):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, client.ErrNotFound):
+		writeError(w, http.StatusNotFound, "no timeout for that serial")
+	default:
+		s.m.Errors.WithLabelValues(metrics.StageAPI).Inc()
+		s.log.Warn("api: redis call failed", zap.Error(err))
+		writeError(w, http.StatusServiceUnavailable, "queue unavailable; retry later")
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v) // the client went away; nothing to do
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}

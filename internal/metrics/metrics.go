@@ -1,0 +1,140 @@
+// Package metrics owns the Prometheus metrics of the order queue: their
+// names, help texts, label sets and buckets. Every component receives the
+// same *Metrics, built once from a Registerer the caller passes in (never
+// the global registry), so tests use a fresh registry each.
+//
+// Label values come from fixed sets and are created at zero, so dashboards
+// and alerts see every series from the first scrape.
+package metrics
+
+import (
+	"runtime"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Stages label orderdelay_errors_total.
+const (
+	StageClaim     = "claim"
+	StageClose     = "close"
+	StageLookup    = "lookup"
+	StageRemove    = "remove"
+	StageReconcile = "reconcile"
+	StageAPI       = "api"
+)
+
+// Skip reasons label orderdelay_orders_skipped_total.
+const (
+	SkipSettled  = "settled"
+	SkipNotFound = "not_found"
+)
+
+// Dependencies label orderdelay_dependency_up.
+const (
+	DepRedis    = "redis"
+	DepPostgres = "postgres"
+)
+
+// Metrics are the order queue's metrics.
+type Metrics struct {
+	Enqueued     prometheus.Counter
+	Claimed      prometheus.Counter
+	Reclaimed    prometheus.Counter
+	Closed       prometheus.Counter
+	Reconciled   prometheus.Counter
+	Skipped      *prometheus.CounterVec
+	DeadLettered *prometheus.CounterVec
+	Errors       *prometheus.CounterVec
+	Lateness     prometheus.Histogram
+	Inflight     prometheus.Gauge
+	LastScan     prometheus.Gauge
+	DependencyUp *prometheus.GaugeVec
+}
+
+// New creates the metrics and registers them, with build information, on
+// reg.
+func New(reg prometheus.Registerer, version, revision string) *Metrics {
+	m := &Metrics{
+		Enqueued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_enqueued_total",
+			Help: "Entries added through this daemon's API or CLI.",
+		}),
+		Claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_claimed_total",
+			Help: "Entries claimed by this replica because they became due: the true arrival rate.",
+		}),
+		Reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_reclaimed_total",
+			Help: "Claims of entries whose earlier lease expired before the holder finished.",
+		}),
+		Closed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_orders_closed_total",
+			Help: "Orders closed by the fast path.",
+		}),
+		Reconciled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_orders_reconciled_total",
+			Help: "Orders closed by the reconciler; above zero means the fast path lost orders.",
+		}),
+		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderdelay_orders_skipped_total",
+			Help: "Due entries not closed, by reason: settled (paid or already closed) or not_found (no order row yet).",
+		}, []string{"reason"}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderdelay_dead_lettered_total",
+			Help: "Entries moved to the dead-letter set, by reason.",
+		}, []string{"reason"}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderdelay_errors_total",
+			Help: "Errors, by stage of the pipeline.",
+		}, []string{"stage"}),
+		Lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "orderdelay_close_lateness_seconds",
+			Help:    "Time from an order's deadline to the commit of its close.",
+			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200},
+		}),
+		Inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "orderdelay_inflight_orders",
+			Help: "Entries this replica holds under a lease right now.",
+		}),
+		LastScan: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "orderdelay_last_scan_timestamp_seconds",
+			Help: "Unix time at which this replica last completed a scan of the queue.",
+		}),
+		DependencyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "orderdelay_dependency_up",
+			Help: "Whether the last use of a dependency succeeded (1) or failed (0).",
+		}, []string{"dependency"}),
+	}
+	for _, r := range []string{SkipSettled, SkipNotFound} {
+		m.Skipped.WithLabelValues(r)
+	}
+	for _, r := range queue.DeadReasons {
+		m.DeadLettered.WithLabelValues(r)
+	}
+	for _, s := range []string{StageClaim, StageClose, StageLookup, StageRemove, StageReconcile, StageAPI} {
+		m.Errors.WithLabelValues(s)
+	}
+	for _, d := range []string{DepRedis, DepPostgres} {
+		m.DependencyUp.WithLabelValues(d)
+	}
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "orderdelay_build_info",
+		Help:        "Build information; the value is always 1.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
+	})
+	info.Set(1)
+	reg.MustRegister(m.Enqueued, m.Claimed, m.Reclaimed, m.Closed, m.Reconciled, m.Skipped,
+		m.DeadLettered, m.Errors, m.Lateness, m.Inflight, m.LastScan, m.DependencyUp, info)
+	return m
+}
+
+// SetUp records whether dependency dep answered.
+func (m *Metrics) SetUp(dep string, up bool) {
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.DependencyUp.WithLabelValues(dep).Set(v)
+}

@@ -1,0 +1,147 @@
+// Package queue owns the Redis layout of an orderdelay queue and the rules
+// every producer and consumer agree on: how companion keys are named, which
+// members are valid order serials, and which scores are valid deadlines.
+//
+// It has no dependencies beyond the standard library so that the public
+// client package can share it without inheriting the daemon's.
+//
+// Layout of a queue whose key is Q (default "delaytask:order"):
+//
+//	Q                  sorted set: serial -> deadline (Unix ms) of entries not leased
+//	{Q}:inflight       sorted set: serial -> lease (or backoff) expiry, Unix ms
+//	{Q}:deadlines      sorted set: serial -> true deadline of an inflight entry
+//	{Q}:lease          hash: serial -> "deadline|attempts|token|last error"
+//	{Q}:dead           sorted set: serial -> time it was dead-lettered, Unix ms
+//	{Q}:deadinfo       hash: serial -> "reason|attempts|deadline|last error"
+//	{Q}:wake           pub/sub channel: deadline of a newly added entry
+//
+// Redis Cluster hashes only the part in braces, so every companion lands in
+// the same slot as Q itself and one script may touch them all.
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// DefaultKey is the queue key used when none is configured.
+const DefaultKey = "delaytask:order"
+
+// MaxSerialLen is the longest serial, in bytes, that a queue accepts.
+const MaxSerialLen = 128
+
+// MinDeadline is the earliest deadline a queue accepts (2000-01-01 UTC), in
+// Unix milliseconds. Anything smaller is almost certainly a producer writing
+// seconds instead of milliseconds.
+const MinDeadline int64 = 946684800000
+
+// MaxAhead is how far in the future a deadline may lie.
+const MaxAhead = 10 * 365 * 24 * time.Hour
+
+// Keys holds the names of every Redis key of one queue. Build it with
+// NewKeys; it is the only place key names are made.
+type Keys struct {
+	Queue     string // the sorted set producers ZADD to
+	Inflight  string // leased and backing-off entries, scored by expiry
+	Deadlines string // the same entries, scored by their true deadline
+	Lease     string // per-entry lease record
+	Dead      string // dead-letter set, scored by time of death
+	DeadInfo  string // per-entry dead-letter record
+	Wake      string // pub/sub channel announcing new early deadlines
+}
+
+// NewKeys returns the keys of the queue named key. It does not validate key;
+// see ValidateKey.
+func NewKeys(key string) Keys {
+	tag := "{" + key + "}:"
+	return Keys{
+		Queue:     key,
+		Inflight:  tag + "inflight",
+		Deadlines: tag + "deadlines",
+		Lease:     tag + "lease",
+		Dead:      tag + "dead",
+		DeadInfo:  tag + "deadinfo",
+		Wake:      tag + "wake",
+	}
+}
+
+// ValidateKey reports whether key can name a queue. Braces are refused
+// because they would change which part of the key Redis Cluster hashes.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("queue key is empty")
+	case len(key) > 200:
+		return errors.New("queue key is longer than 200 bytes")
+	}
+	for _, r := range key {
+		if r == '{' || r == '}' || unicode.IsControl(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("queue key %q contains %q: use letters, digits and punctuation other than braces", key, r)
+		}
+	}
+	return nil
+}
+
+// Reasons an entry is refused or dead-lettered. They are stable strings:
+// metric labels and dead-letter records use them.
+const (
+	ReasonMalformed       = "malformed"
+	ReasonScoreOutOfRange = "score_out_of_range"
+	ReasonNotFound        = "not_found"
+	ReasonCloseFailed     = "close_failed"
+)
+
+// DeadReasons lists every dead-letter reason, for pre-creating metric labels.
+var DeadReasons = []string{ReasonMalformed, ReasonScoreOutOfRange, ReasonNotFound, ReasonCloseFailed}
+
+// ErrInvalidSerial is wrapped by every error ValidateSerial returns.
+var ErrInvalidSerial = errors.New("invalid serial")
+
+// ErrInvalidDeadline is wrapped by every error ValidateDeadline returns.
+var ErrInvalidDeadline = errors.New("invalid deadline")
+
+// ValidateSerial reports whether s is a valid order serial: 1 to 128 bytes of
+// UTF-8 without control characters. The claim script applies the same rule
+// to members written by raw ZADD producers (see the tests that hold the two
+// in agreement).
+func ValidateSerial(s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: empty", ErrInvalidSerial)
+	case len(s) > MaxSerialLen:
+		return fmt.Errorf("%w: %d bytes, at most %d allowed", ErrInvalidSerial, len(s), MaxSerialLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidSerial)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: contains control character %U", ErrInvalidSerial, r)
+		}
+	}
+	return nil
+}
+
+// DeadlineMillis converts t to Unix milliseconds, rounding up so that a
+// deadline is never moved earlier.
+func DeadlineMillis(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if time.UnixMilli(ms).Before(t) {
+		ms++
+	}
+	return ms
+}
+
+// ValidateDeadline reports whether ms is an acceptable deadline relative to
+// now: not before 2000-01-01 and not more than MaxAhead after now.
+func ValidateDeadline(ms int64, now time.Time) error {
+	if ms < MinDeadline {
+		return fmt.Errorf("%w: %d ms is before 2000-01-01 (seconds instead of milliseconds?)", ErrInvalidDeadline, ms)
+	}
+	if max := now.Add(MaxAhead).UnixMilli(); ms > max {
+		return fmt.Errorf("%w: %s is more than 10 years ahead", ErrInvalidDeadline, time.UnixMilli(ms).UTC().Format(time.RFC3339))
+	}
+	return nil
+}
