@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database/postgres"
@@ -52,4 +53,14 @@ func Migrate(dsn string) (uint, error) {
 		return v, fmt.Errorf("migrate: schema version %d is dirty: a migration failed halfway; fix it by hand", v)
 	}
 	return v, nil
+}
+
+// MigrationFiles returns the embedded migrations (for tests that build a
+// template database once per schema version).
+func MigrationFiles() fs.FS {
+	sub, err := fs.Sub(migrationFS, "migrations")
+	if err != nil {
+		panic(err) // the directory is embedded at build time
+	}
+	return sub
 }
