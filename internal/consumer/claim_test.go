@@ -1,0 +1,328 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+func TestClaimIsAtomicAcrossReplicas(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	now := e.redisNow()
+	serials := make([]string, 5000)
+	for i := range serials {
+		serials[i] = "atomic-" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + "-" + itoa(i)
+	}
+	e.enqueue(serials, now.Add(-time.Second))
+
+	const replicas = 4
+	seen := make([][]string, replicas)
+	var wg sync.WaitGroup
+	for r := range replicas {
+		c := e.consumer(Config{BatchSize: 97, Owner: "replica" + itoa(r)})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				res, err := c.claim(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(res.items) == 0 {
+					return
+				}
+				for _, it := range res.items {
+					seen[r] = append(seen[r], it.serial)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	owner := map[string]int{}
+	for r, ss := range seen {
+		for _, s := range ss {
+			if prev, dup := owner[s]; dup {
+				t.Fatalf("%s claimed by replica %d and replica %d", s, prev, r)
+			}
+			owner[s] = r
+		}
+	}
+	if len(owner) != len(serials) {
+		t.Fatalf("claimed %d distinct serials, want %d", len(owner), len(serials))
+	}
+	if n := e.card(e.keys.Queue); n != 0 {
+		t.Fatalf("queue holds %d entries after claiming all, want 0", n)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func orderStatements() orders.Statements { return orders.DefaultStatements() }
+
+func TestClaimTakesNothingBeforeItsDeadline(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	now := e.redisNow()
+	e.enqueue([]string{"future-1"}, now.Add(2*time.Second))
+	e.enqueue([]string{"due-1"}, now.Add(-time.Millisecond))
+	c := e.consumer(Config{})
+	res, err := c.claim(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.items) != 1 || res.items[0].serial != "due-1" {
+		t.Fatalf("claimed %+v, want only due-1", res.items)
+	}
+	want := queue.DeadlineMillis(now.Add(2 * time.Second))
+	if res.nextQueue != want {
+		t.Fatalf("next deadline %d, want %d (the future entry)", res.nextQueue, want)
+	}
+	if res.items[0].deadline > res.now {
+		t.Fatalf("claimed an entry due at %d when Redis's clock said %d", res.items[0].deadline, res.now)
+	}
+}
+
+func TestClaimDeadLettersMalformedEntries(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	now := e.redisNow()
+	dueMs := float64(queue.DeadlineMillis(now.Add(-time.Second)))
+	entries := []struct {
+		member string
+		score  float64
+		reason string // "" means claimed
+	}{
+		{"good-1", dueMs, ""},
+		{"", dueMs, queue.ReasonMalformed},
+		{strings.Repeat("a", 129), dueMs, queue.ReasonMalformed},
+		{"bad\xffutf8", dueMs, queue.ReasonMalformed},
+		{"ctl\x01char", dueMs, queue.ReasonMalformed},
+		{"c1\u0085char", dueMs, queue.ReasonMalformed},
+		{"fraction", dueMs + 0.5, queue.ReasonMalformed},
+		{"seconds-not-ms", float64(now.Unix()), queue.ReasonScoreOutOfRange},
+		{"micros-not-ms", float64(now.UnixMicro()), queue.ReasonScoreOutOfRange},
+		{"'; DROP TABLE orders; --", dueMs, ""},
+		{"日本語-注文", dueMs, ""},
+	}
+	for _, en := range entries {
+		if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: en.score, Member: en.member}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := e.consumer(Config{})
+	res, err := c.claim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := map[string]bool{}
+	for _, it := range res.items {
+		claimed[it.serial] = true
+	}
+	for _, en := range entries {
+		info, err := e.rdb.HGet(ctx, e.keys.DeadInfo, en.member).Result()
+		if en.reason == "" {
+			if !claimed[en.member] || !errors.Is(err, redis.Nil) {
+				t.Errorf("%q: claimed=%v dead=%q, want claimed and not dead", en.member, claimed[en.member], info)
+			}
+			continue
+		}
+		if claimed[en.member] {
+			t.Errorf("%q was claimed, want dead-lettered as %s", en.member, en.reason)
+		}
+		if !strings.HasPrefix(info, en.reason+"|") {
+			t.Errorf("%q dead-letter record %q, want reason %s", en.member, info, en.reason)
+		}
+	}
+	if got := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(queue.ReasonMalformed)); got != 6 {
+		t.Errorf("dead_lettered_total{malformed} = %v, want 6", got)
+	}
+	if got := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(queue.ReasonScoreOutOfRange)); got != 2 {
+		t.Errorf("dead_lettered_total{score_out_of_range} = %v, want 2", got)
+	}
+	if n := e.card(e.keys.Queue); n != 0 {
+		t.Errorf("queue still holds %d entries", n)
+	}
+}
+
+// The claim script's validation and queue.ValidateSerial must agree, or a
+// serial the API accepts could be dead-lettered (or the reverse).
+func TestLuaAndGoValidationAgree(t *testing.T) {
+	e := newRedisEnv(t)
+	cases := []string{"a", "ORD-2024-000001", strings.Repeat("é", 64), strings.Repeat("é", 65),
+		"\u00a0nbsp", "tab\t", "del\x7f", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "💳 pay",
+		"\xe2\x82", "z\u0080", "z\u009f", "z\u00a0", "\U0010FFFF"}
+	checkAgreement(t, e, cases)
+}
+
+func checkAgreement(t testing.TB, e *env, members []string) {
+	t.Helper()
+	ctx := context.Background()
+	due := float64(queue.DeadlineMillis(e.redisNow().Add(-time.Second)))
+	for _, m := range members {
+		if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: due, Member: m}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := e.consumer(Config{BatchSize: 5000})
+	res, err := c.claim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := map[string]bool{}
+	for _, it := range res.items {
+		claimed[it.serial] = true
+	}
+	for _, m := range members {
+		goOK := queue.ValidateSerial(m) == nil
+		if claimed[m] != goOK {
+			t.Errorf("%q: Lua claimed=%v, Go valid=%v", m, claimed[m], goOK)
+		}
+	}
+	testenvCleanup(e)
+}
+
+func testenvCleanup(e *env) {
+	e.rdb.Del(context.Background(), e.keys.Queue, e.keys.Inflight, e.keys.Deadlines, e.keys.Lease, e.keys.Dead, e.keys.DeadInfo)
+}
+
+func FuzzLuaAndGoValidationAgree(f *testing.F) {
+	for _, s := range []string{"a", "", "\x00", "é", "\xff", strings.Repeat("b", 128), "\u0085"} {
+		f.Add(s)
+	}
+	e := newRedisEnv(f)
+	f.Fuzz(func(t *testing.T, s string) {
+		e.t = t // one input at a time per process
+		checkAgreement(t, e, []string{s})
+	})
+}
+
+func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	deadline := e.redisNow().Add(-1500 * time.Millisecond)
+	e.enqueue([]string{"lease-1"}, deadline)
+	c := e.consumer(Config{Lease: time.Minute})
+	res, err := c.claim(ctx)
+	if err != nil || len(res.items) != 1 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	got, err := e.cl.Get(ctx, "lease-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != client.StateLeased || got.Deadline.UnixMilli() != queue.DeadlineMillis(deadline) {
+		t.Fatalf("while leased: state %s deadline %d, want leased %d", got.State, got.Deadline.UnixMilli(), queue.DeadlineMillis(deadline))
+	}
+	if !strings.HasPrefix(got.Owner, c.cfg.Owner+":") {
+		t.Errorf("owner %q, want the replica's token", got.Owner)
+	}
+	st, err := ReadStats(ctx, e.rdb, e.keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Depth != 1 || st.Overdue != 1 || st.OldestDue < time.Second {
+		t.Errorf("stats while leased %+v, want depth 1, overdue 1, oldest >= 1s", st)
+	}
+	c.handBack(res.items)
+	score, err := e.rdb.ZScore(ctx, e.keys.Queue, "lease-1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(score) != queue.DeadlineMillis(deadline) {
+		t.Fatalf("handed back with score %d, want the true deadline %d", int64(score), queue.DeadlineMillis(deadline))
+	}
+	if n := e.card(e.keys.Inflight); n != 0 {
+		t.Fatalf("%d entries still in flight after hand-back", n)
+	}
+}
+
+func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	e.enqueue([]string{"resched-1", "resched-2"}, e.redisNow().Add(-time.Second))
+	c := e.consumer(Config{})
+	res, err := c.claim(ctx)
+	if err != nil || len(res.items) != 2 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	later := time.Now().Add(time.Hour)
+	if r, _, err := e.cl.Enqueue(ctx, "resched-1", later, client.Reschedule); err != nil || r != client.Moved {
+		t.Fatalf("reschedule: %v %v", r, err)
+	}
+	// A raw producer re-adds the other one.
+	e.enqueue([]string{"resched-2"}, later)
+	c.finish(res.items)
+	for _, s := range []string{"resched-1", "resched-2"} {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil {
+			t.Fatalf("%s: %v (the producer's entry was removed)", s, err)
+		}
+		if got.State != client.StateQueued || got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
+			t.Errorf("%s: %s at %s, want queued at %s", s, got.State, got.Deadline, later)
+		}
+	}
+}
+
+func TestIdempotentEnqueueDuringLeaseDoesNotDuplicate(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	deadline := e.redisNow().Add(-time.Second)
+	e.enqueue([]string{"dup-1"}, deadline)
+	c := e.consumer(Config{})
+	if _, err := c.claim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, at, err := e.cl.Enqueue(ctx, "dup-1", time.Now().Add(time.Hour), client.Create)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r != client.Unchanged || at.UnixMilli() != queue.DeadlineMillis(deadline) {
+		t.Fatalf("retried create while leased: %s at %s, want unchanged at the true deadline", r, at)
+	}
+	if n := e.card(e.keys.Queue); n != 0 {
+		t.Fatalf("queue holds %d entries, want 0 (the entry is leased)", n)
+	}
+}
+
+func TestExpiredLeaseIsReclaimed(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	deadline := e.redisNow().Add(-time.Second)
+	e.enqueue([]string{"dead-replica-1"}, deadline)
+	a := e.consumer(Config{Owner: "a"})
+	if res, err := a.claim(ctx); err != nil || len(res.items) != 1 {
+		t.Fatalf("claim a: %v", err)
+	}
+	b := e.consumer(Config{Owner: "b"})
+	if res, err := b.claim(ctx); err != nil || len(res.items) != 0 {
+		t.Fatalf("b claimed %d entries while a's lease holds", len(res.items))
+	}
+	// Replica a dies; move its lease expiry into the past instead of waiting.
+	e.rdb.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: "dead-replica-1"})
+	res, err := b.claim(ctx)
+	if err != nil || len(res.items) != 1 {
+		t.Fatalf("claim b after expiry: %v, %d items", err, len(res.items))
+	}
+	if res.items[0].deadline != queue.DeadlineMillis(deadline) {
+		t.Errorf("re-claimed with deadline %d, want %d", res.items[0].deadline, queue.DeadlineMillis(deadline))
+	}
+	if got := testutil.ToFloat64(e.m.Reclaimed); got != 1 {
+		t.Errorf("reclaimed_total %v, want 1", got)
+	}
+	// a's late finish must not remove b's lease.
+	a.finish([]item{{token: "a:1", serial: "dead-replica-1"}})
+	if ok, _ := e.rdb.HExists(ctx, e.keys.Lease, "dead-replica-1").Result(); !ok {
+		t.Fatal("a stale holder removed an entry re-leased by another replica")
+	}
+}
