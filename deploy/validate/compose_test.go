@@ -1,0 +1,422 @@
+package validate
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	yaml "go.yaml.in/yaml/v3"
+)
+
+const composeFile = "docker-compose.yml"
+
+// Only the parts of the Compose spec this stack uses; the decoder rejects
+// anything else (a misspelt key is an error, not a silently ignored line).
+type composeProject struct {
+	Name     string                    `yaml:"name"`
+	Services map[string]composeService `yaml:"services"`
+	Volumes  map[string]any            `yaml:"volumes"`
+	Networks map[string]any            `yaml:"networks"`
+}
+
+type composeService struct {
+	Image       string         `yaml:"image"`
+	Build       *composeBuild  `yaml:"build"`
+	Command     []string       `yaml:"command"`
+	Entrypoint  []string       `yaml:"entrypoint"`
+	Environment map[string]any `yaml:"environment"`
+	EnvFile     []string       `yaml:"env_file"`
+	Ports       []string       `yaml:"ports"`
+	Volumes     []string       `yaml:"volumes"`
+	DependsOn   map[string]struct {
+		Condition string `yaml:"condition"`
+	} `yaml:"depends_on"`
+	Healthcheck map[string]any `yaml:"healthcheck"`
+	Restart     string         `yaml:"restart"`
+	ReadOnly    bool           `yaml:"read_only"`
+	User        string         `yaml:"user"`
+}
+
+type composeBuild struct {
+	Context    string            `yaml:"context"`
+	Dockerfile string            `yaml:"dockerfile"`
+	Args       map[string]string `yaml:"args"`
+}
+
+// UnmarshalYAML accepts depends_on as a list or a map, as Compose does.
+func (s *composeService) UnmarshalYAML(n *yaml.Node) error {
+	type plain composeService
+	if dep := mappingValue(n, "depends_on"); dep != nil && dep.Kind == yaml.SequenceNode {
+		m := &yaml.Node{Kind: yaml.MappingNode}
+		for _, item := range dep.Content {
+			m.Content = append(m.Content, item, &yaml.Node{Kind: yaml.MappingNode})
+		}
+		*dep = *m
+	}
+	dec := (*plain)(s)
+	return decodeStrict(n, dec)
+}
+
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// decodeStrict re-encodes a node (anchors and merge keys resolved) and
+// decodes it with unknown fields refused.
+func decodeStrict(n *yaml.Node, out any) error {
+	var generic any
+	if err := n.Decode(&generic); err != nil {
+		return err
+	}
+	b, err := yaml.Marshal(generic)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	return dec.Decode(out)
+}
+
+func loadCompose(t *testing.T) *composeProject {
+	t.Helper()
+	b, err := os.ReadFile(repoPath(composeFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generic map[string]any
+	if err := yaml.Unmarshal(b, &generic); err != nil {
+		t.Fatalf("%s does not parse as YAML: %v", composeFile, err)
+	}
+	for k := range generic {
+		if strings.HasPrefix(k, "x-") {
+			delete(generic, k) // extension fields (anchors)
+		}
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(b, &root); err != nil {
+		t.Fatal(err)
+	}
+	var p composeProject
+	// Top level: decode the document without the x- keys, strictly.
+	doc := root.Content[0]
+	filtered := &yaml.Node{Kind: yaml.MappingNode}
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		if !strings.HasPrefix(doc.Content[i].Value, "x-") {
+			filtered.Content = append(filtered.Content, doc.Content[i], doc.Content[i+1])
+		}
+	}
+	if err := decodeStrict(filtered, &p); err != nil {
+		t.Fatalf("%s: %v", composeFile, err)
+	}
+	return &p
+}
+
+// hostPath resolves a path from the compose file's directory.
+func hostPath(p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return repoPath(p)
+}
+
+// bindMounts returns container path -> host path of a service's binds;
+// named volumes must be declared.
+func bindMounts(t *testing.T, p *composeProject, name string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, v := range p.Services[name].Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 || len(parts) > 3 {
+			t.Errorf("service %s: volume %q is not src:dst[:mode]", name, v)
+			continue
+		}
+		src, dst := parts[0], parts[1]
+		if strings.HasPrefix(src, ".") || strings.HasPrefix(src, "/") {
+			if _, err := os.Stat(hostPath(src)); err != nil {
+				t.Errorf("service %s mounts %s, which does not exist", name, src)
+			}
+			out[dst] = hostPath(src)
+			continue
+		}
+		if _, ok := p.Volumes[src]; !ok {
+			t.Errorf("service %s uses volume %q, not declared under volumes:", name, src)
+		}
+	}
+	return out
+}
+
+// inContainer maps a container path to the host path behind it, through
+// the service's bind mounts ("" if none covers it).
+func inContainer(mounts map[string]string, p string) string {
+	best := ""
+	for dst := range mounts {
+		if (p == dst || strings.HasPrefix(p, dst+"/")) && len(dst) > len(best) {
+			best = dst
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return filepath.Join(mounts[best], strings.TrimPrefix(p, best))
+}
+
+// TestComposeStack: docker-compose.yml parses (strictly, for the keys it
+// uses), every file or directory it references exists, the services depend
+// on services that exist, the daemon's variables are real settings, and the
+// Prometheus and Grafana configs it mounts point at files that are mounted.
+func TestComposeStack(t *testing.T) {
+	p := loadCompose(t)
+	known := settings(t)
+	for _, need := range []string{"redis", "postgres", "migrate", "orderdelay", "prometheus", "grafana"} {
+		if _, ok := p.Services[need]; !ok {
+			t.Errorf("no service %q", need)
+		}
+	}
+	for name, s := range p.Services {
+		if s.Image == "" && s.Build == nil {
+			t.Errorf("service %s has neither image nor build", name)
+		}
+		if b := s.Build; b != nil {
+			ctx := hostPath(b.Context)
+			if st, err := os.Stat(ctx); err != nil || !st.IsDir() {
+				t.Errorf("service %s: build context %s is not a directory", name, b.Context)
+			}
+			df := b.Dockerfile
+			if df == "" {
+				df = "Dockerfile"
+			}
+			if _, err := os.Stat(filepath.Join(ctx, df)); err != nil {
+				t.Errorf("service %s: %v", name, err)
+			}
+		}
+		for _, f := range s.EnvFile {
+			if _, err := os.Stat(hostPath(f)); err != nil {
+				t.Errorf("service %s: env_file: %v", name, err)
+			}
+		}
+		for dep, d := range s.DependsOn {
+			if _, ok := p.Services[dep]; !ok {
+				t.Errorf("service %s depends on unknown service %s", name, dep)
+			}
+			switch d.Condition {
+			case "", "service_started", "service_healthy", "service_completed_successfully":
+			default:
+				t.Errorf("service %s: depends_on %s condition %q", name, dep, d.Condition)
+			}
+			if d.Condition == "service_healthy" && p.Services[dep].Healthcheck == nil {
+				t.Errorf("service %s waits for %s to be healthy, but %s has no healthcheck", name, dep, dep)
+			}
+		}
+		for k := range s.Environment {
+			if strings.HasPrefix(k, "ORDERDELAY_") && !known[k] {
+				t.Errorf("service %s sets %s, which the daemon does not read", name, k)
+			}
+		}
+		bindMounts(t, p, name)
+	}
+	if m := p.Services["migrate"]; len(m.Command) == 0 || m.Command[0] != "migrate" {
+		t.Errorf("service migrate runs %v, want [migrate]", m.Command)
+	}
+	if o := p.Services["orderdelay"]; len(o.Command) > 0 && o.Command[0] != "run" {
+		t.Errorf("service orderdelay runs %v, want [run]", o.Command)
+	}
+	if p.Services["orderdelay"].DependsOn["migrate"].Condition != "service_completed_successfully" {
+		t.Error("orderdelay must start after migrate completed successfully")
+	}
+	checkComposePrometheus(t, p)
+	checkComposeGrafana(t, p)
+}
+
+func checkComposePrometheus(t *testing.T, p *composeProject) {
+	mounts := bindMounts(t, p, "prometheus")
+	cfgPath := "/etc/prometheus/prometheus.yml"
+	for _, a := range p.Services["prometheus"].Command {
+		if v, ok := strings.CutPrefix(a, "--config.file="); ok {
+			cfgPath = v
+		}
+	}
+	host := inContainer(mounts, cfgPath)
+	if host == "" {
+		t.Fatalf("prometheus reads %s, which no bind mount provides", cfgPath)
+	}
+	b, err := os.ReadFile(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Global        map[string]any `yaml:"global"`
+		RuleFiles     []string       `yaml:"rule_files"`
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			MetricsPath   string `yaml:"metrics_path"`
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		t.Fatalf("%s: %v", host, err)
+	}
+	// Rule files: each glob matches a mounted file, and the alerts are among them.
+	alertsLoaded := false
+	for _, glob := range cfg.RuleFiles {
+		hostGlob := inContainer(mounts, path.Dir(glob))
+		matched := false
+		for dst, src := range mounts {
+			if ok, _ := path.Match(glob, dst); ok {
+				matched = true
+				abs1, _ := filepath.Abs(src)
+				abs2, _ := filepath.Abs(repoPath(plainAlertsFile))
+				alertsLoaded = alertsLoaded || abs1 == abs2
+			}
+		}
+		if hostGlob != "" {
+			if m, _ := filepath.Glob(filepath.Join(hostGlob, path.Base(glob))); len(m) > 0 {
+				matched = true
+			}
+		}
+		if !matched {
+			t.Errorf("prometheus rule_files %q matches no mounted file", glob)
+		}
+	}
+	if !alertsLoaded {
+		t.Errorf("prometheus does not load %s: the local stack would not alert like production", plainAlertsFile)
+	}
+	found := false
+	for _, sc := range cfg.ScrapeConfigs {
+		if sc.JobName != "orderdelay" {
+			continue
+		}
+		found = true
+		if sc.MetricsPath != "" && sc.MetricsPath != metricsPath {
+			t.Errorf("scrape job orderdelay: metrics_path %s, the daemon serves %s", sc.MetricsPath, metricsPath)
+		}
+		for _, st := range sc.StaticConfigs {
+			for _, tg := range st.Targets {
+				h, port, err := net.SplitHostPort(tg)
+				if err != nil {
+					t.Errorf("scrape target %q: %v", tg, err)
+					continue
+				}
+				if _, ok := p.Services[h]; !ok {
+					t.Errorf("scrape target %q: no service %s", tg, h)
+				}
+				addr, _ := p.Services[h].Environment["ORDERDELAY_HTTP_ADDR"].(string)
+				if addr == "" {
+					addr = defaultHTTPAddr
+				}
+				if _, want, _ := net.SplitHostPort(addr); want != port {
+					t.Errorf("scrape target %q: %s listens on %s", tg, h, addr)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error(`prometheus.yml has no job_name "orderdelay": the alerts and the dashboard select job="orderdelay"`)
+	}
+}
+
+func checkComposeGrafana(t *testing.T, p *composeProject) {
+	mounts := bindMounts(t, p, "grafana")
+	prov := inContainer(mounts, "/etc/grafana/provisioning")
+	if prov == "" {
+		t.Fatal("grafana: /etc/grafana/provisioning is not mounted")
+	}
+	// Dashboard providers must point at a mounted directory holding the dashboard.
+	dir := filepath.Join(prov, "dashboards")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dashboardMounted := false
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var f struct {
+			APIVersion int `yaml:"apiVersion"`
+			Providers  []struct {
+				Name    string `yaml:"name"`
+				Options struct {
+					Path string `yaml:"path"`
+				} `yaml:"options"`
+			} `yaml:"providers"`
+		}
+		if err := yaml.Unmarshal(b, &f); err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		for _, pr := range f.Providers {
+			host := inContainer(mounts, pr.Options.Path)
+			if host == "" {
+				t.Errorf("dashboard provider %s reads %s, which is not mounted", pr.Name, pr.Options.Path)
+				continue
+			}
+			if same(filepath.Join(host, filepath.Base(dashboardFile)), repoPath(dashboardFile)) {
+				dashboardMounted = true
+			}
+		}
+	}
+	if !dashboardMounted {
+		t.Errorf("no Grafana dashboard provider serves %s", dashboardFile)
+	}
+	if home, ok := p.Services["grafana"].Environment["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"].(string); ok {
+		if h := inContainer(mounts, home); h == "" || !fileExists(h) {
+			t.Errorf("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH %s is not a mounted file", home)
+		}
+	}
+	// Datasources: parse, and one is Prometheus at the prometheus service.
+	dsDir := filepath.Join(prov, "datasources")
+	entries, err = os.ReadDir(dsDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	promDS := false
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dsDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var f struct {
+			Datasources []struct {
+				Type string `yaml:"type"`
+				URL  string `yaml:"url"`
+			} `yaml:"datasources"`
+		}
+		if err := yaml.Unmarshal(b, &f); err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		for _, ds := range f.Datasources {
+			promDS = promDS || (ds.Type == "prometheus" && strings.Contains(ds.URL, "//prometheus:"))
+		}
+	}
+	if !promDS {
+		t.Error("no Grafana datasource of type prometheus pointing at the prometheus service")
+	}
+}
+
+func same(a, b string) bool {
+	sa, err1 := os.Stat(a)
+	sb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
