@@ -193,8 +193,10 @@ func (c *Config) validate() []error {
 			bad("ORDERDELAY_REDIS_URL", "not a valid redis:// or rediss:// URL: "+Redact(err.Error(), c.RedisURL))
 		}
 	case "sentinel":
-		if _, err := redis.ParseFailoverURL(c.RedisURL); err != nil {
+		if o, err := redis.ParseFailoverURL(c.RedisURL); err != nil {
 			bad("ORDERDELAY_REDIS_URL", "not a valid sentinel URL (redis://host:26379?master_name=NAME): "+Redact(err.Error(), c.RedisURL))
+		} else if o.MasterName == "" {
+			bad("ORDERDELAY_REDIS_URL", "a sentinel URL needs master_name (redis://host:26379?master_name=NAME)")
 		}
 	case "cluster":
 		if _, err := redis.ParseClusterURL(c.RedisURL); err != nil {
@@ -297,7 +299,9 @@ func Mask(s string) string {
 		}
 		return u.String()
 	}
-	return dsnPassword.ReplaceAllString(s, "${1}xxxxx")
+	// Not a URL with a user (a DSN, or a URL that does not parse): mask
+	// every password Redact can find in it.
+	return Redact(s, s)
 }
 
 // Redact removes from msg every password found in the connection strings.
