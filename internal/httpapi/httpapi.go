@@ -144,8 +144,14 @@ func DecodePut(serial string, body io.Reader) (producer.Request, error) {
 	if err := dec.Decode(&b); err != nil {
 		return producer.Request{}, fmt.Errorf("body: %w", err)
 	}
-	if dec.More() {
-		return producer.Request{}, errors.New("body: more than one JSON value")
+	// Only whitespace may follow the value. (Decoder.More misses a stray
+	// '}' or ']', and would stop reading at the size limit without error.)
+	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return producer.Request{}, fmt.Errorf("body: %w", err)
+		}
+		return producer.Request{}, errors.New("body: data after the JSON value")
 	}
 	req := producer.Request{Serial: serial, Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
 	if b.After != "" {
