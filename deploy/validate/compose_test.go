@@ -17,10 +17,11 @@ const composeFile = "docker-compose.yml"
 // Only the parts of the Compose spec this stack uses; the decoder rejects
 // anything else (a misspelt key is an error, not a silently ignored line).
 type composeProject struct {
-	Name     string                    `yaml:"name"`
-	Services map[string]composeService `yaml:"services"`
-	Volumes  map[string]any            `yaml:"volumes"`
-	Networks map[string]any            `yaml:"networks"`
+	Name       string                    `yaml:"name"`
+	Services   map[string]composeService `yaml:"services"`
+	Volumes    map[string]any            `yaml:"volumes"`
+	Networks   map[string]any            `yaml:"networks"`
+	Extensions map[string]any            `yaml:",inline"` // x-* keys (anchors)
 }
 
 type composeService struct {
@@ -32,9 +33,7 @@ type composeService struct {
 	EnvFile     []string       `yaml:"env_file"`
 	Ports       []string       `yaml:"ports"`
 	Volumes     []string       `yaml:"volumes"`
-	DependsOn   map[string]struct {
-		Condition string `yaml:"condition"`
-	} `yaml:"depends_on"`
+	DependsOn   dependsOn      `yaml:"depends_on"`
 	Healthcheck map[string]any `yaml:"healthcheck"`
 	Restart     string         `yaml:"restart"`
 	ReadOnly    bool           `yaml:"read_only"`
@@ -47,46 +46,33 @@ type composeBuild struct {
 	Args       map[string]string `yaml:"args"`
 }
 
-// UnmarshalYAML accepts depends_on as a list or a map, as Compose does.
-func (s *composeService) UnmarshalYAML(n *yaml.Node) error {
-	type plain composeService
-	if dep := mappingValue(n, "depends_on"); dep != nil && dep.Kind == yaml.SequenceNode {
-		m := &yaml.Node{Kind: yaml.MappingNode}
-		for _, item := range dep.Content {
-			m.Content = append(m.Content, item, &yaml.Node{Kind: yaml.MappingNode})
-		}
-		*dep = *m
-	}
-	dec := (*plain)(s)
-	return decodeStrict(n, dec)
+// dependsOn accepts the list and the map forms, as Compose does.
+type dependsOn map[string]struct {
+	Condition string `yaml:"condition"`
 }
 
-func mappingValue(n *yaml.Node, key string) *yaml.Node {
-	if n.Kind != yaml.MappingNode {
+func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.SequenceNode {
+		var names []string
+		if err := n.Decode(&names); err != nil {
+			return err
+		}
+		*d = dependsOn{}
+		for _, s := range names {
+			(*d)[s] = struct {
+				Condition string `yaml:"condition"`
+			}{}
+		}
 		return nil
 	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i+1]
-		}
+	var m map[string]struct {
+		Condition string `yaml:"condition"`
 	}
+	if err := n.Decode(&m); err != nil {
+		return err
+	}
+	*d = m
 	return nil
-}
-
-// decodeStrict re-encodes a node (anchors and merge keys resolved) and
-// decodes it with unknown fields refused.
-func decodeStrict(n *yaml.Node, out any) error {
-	var generic any
-	if err := n.Decode(&generic); err != nil {
-		return err
-	}
-	b, err := yaml.Marshal(generic)
-	if err != nil {
-		return err
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	return dec.Decode(out)
 }
 
 func loadCompose(t *testing.T) *composeProject {
@@ -95,30 +81,16 @@ func loadCompose(t *testing.T) *composeProject {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var generic map[string]any
-	if err := yaml.Unmarshal(b, &generic); err != nil {
-		t.Fatalf("%s does not parse as YAML: %v", composeFile, err)
-	}
-	for k := range generic {
-		if strings.HasPrefix(k, "x-") {
-			delete(generic, k) // extension fields (anchors)
-		}
-	}
-	var root yaml.Node
-	if err := yaml.Unmarshal(b, &root); err != nil {
-		t.Fatal(err)
-	}
 	var p composeProject
-	// Top level: decode the document without the x- keys, strictly.
-	doc := root.Content[0]
-	filtered := &yaml.Node{Kind: yaml.MappingNode}
-	for i := 0; i+1 < len(doc.Content); i += 2 {
-		if !strings.HasPrefix(doc.Content[i].Value, "x-") {
-			filtered.Content = append(filtered.Content, doc.Content[i], doc.Content[i+1])
-		}
-	}
-	if err := decodeStrict(filtered, &p); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&p); err != nil {
 		t.Fatalf("%s: %v", composeFile, err)
+	}
+	for k := range p.Extensions {
+		if !strings.HasPrefix(k, "x-") {
+			t.Errorf("%s: unknown top-level key %q", composeFile, k)
+		}
 	}
 	return &p
 }
@@ -179,6 +151,7 @@ func inContainer(mounts map[string]string, p string) string {
 func TestComposeStack(t *testing.T) {
 	p := loadCompose(t)
 	known := settings(t)
+	mounts := map[string]map[string]string{}
 	for _, need := range []string{"redis", "postgres", "migrate", "orderdelay", "prometheus", "grafana"} {
 		if _, ok := p.Services[need]; !ok {
 			t.Errorf("no service %q", need)
@@ -224,7 +197,7 @@ func TestComposeStack(t *testing.T) {
 				t.Errorf("service %s sets %s, which the daemon does not read", name, k)
 			}
 		}
-		bindMounts(t, p, name)
+		mounts[name] = bindMounts(t, p, name)
 	}
 	if m := p.Services["migrate"]; len(m.Command) == 0 || m.Command[0] != "migrate" {
 		t.Errorf("service migrate runs %v, want [migrate]", m.Command)
@@ -235,12 +208,11 @@ func TestComposeStack(t *testing.T) {
 	if p.Services["orderdelay"].DependsOn["migrate"].Condition != "service_completed_successfully" {
 		t.Error("orderdelay must start after migrate completed successfully")
 	}
-	checkComposePrometheus(t, p)
-	checkComposeGrafana(t, p)
+	checkComposePrometheus(t, p, mounts["prometheus"])
+	checkComposeGrafana(t, p, mounts["grafana"])
 }
 
-func checkComposePrometheus(t *testing.T, p *composeProject) {
-	mounts := bindMounts(t, p, "prometheus")
+func checkComposePrometheus(t *testing.T, p *composeProject, mounts map[string]string) {
 	cfgPath := "/etc/prometheus/prometheus.yml"
 	for _, a := range p.Services["prometheus"].Command {
 		if v, ok := strings.CutPrefix(a, "--config.file="); ok {
@@ -330,8 +302,7 @@ func checkComposePrometheus(t *testing.T, p *composeProject) {
 	}
 }
 
-func checkComposeGrafana(t *testing.T, p *composeProject) {
-	mounts := bindMounts(t, p, "grafana")
+func checkComposeGrafana(t *testing.T, p *composeProject, mounts map[string]string) {
 	prov := inContainer(mounts, "/etc/grafana/provisioning")
 	if prov == "" {
 		t.Fatal("grafana: /etc/grafana/provisioning is not mounted")
@@ -419,4 +390,3 @@ func fileExists(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && !st.IsDir()
 }
-
