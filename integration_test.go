@@ -54,18 +54,19 @@ func TestMain(m *testing.M) {
 
 // world is one test's servers, database and queue.
 type world struct {
-	t     *testing.T
-	rdb   *redis.Client
-	keys  queue.Keys
-	db    *sqlx.DB
-	dbURL string
+	t        *testing.T
+	rdb      *redis.Client
+	redisURL string // what the daemon is given
+	keys     queue.Keys
+	db       *sqlx.DB
+	dbURL    string // what the daemon is given
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	rdb, keys := testenv.Redis(t)
 	db, dsn := testenv.Postgres(t)
-	return &world{t: t, rdb: rdb, keys: keys, db: db, dbURL: dsn}
+	return &world{t: t, rdb: rdb, redisURL: testenv.RedisURL(), keys: keys, db: db, dbURL: dsn}
 }
 
 // daemon is a running orderdelay process.
@@ -105,7 +106,7 @@ func freeAddr(t *testing.T) string {
 func (w *world) env(extra ...string) []string {
 	env := []string{
 		"PATH=" + os.Getenv("PATH"),
-		"ORDERDELAY_REDIS_URL=" + testenv.RedisURL(),
+		"ORDERDELAY_REDIS_URL=" + w.redisURL,
 		"ORDERDELAY_DATABASE_URL=" + w.dbURL,
 		"ORDERDELAY_QUEUE_KEY=" + w.keys.Queue,
 		"ORDERDELAY_LOG_LEVEL=info",

@@ -7,7 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"text/tabwriter"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/config"
@@ -121,9 +124,12 @@ type inspectJSON struct {
 }
 
 func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
-	var asJSON bool
+	var asJSON, dead bool
+	var limit int64
 	cfg, pos, err := parse("inspect", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
+		fs.BoolVar(&dead, "dead", false, "list dead-lettered entries with reason, attempts and last error")
+		fs.Int64Var(&limit, "limit", 100, "with --dead: most entries to list, oldest first")
 	})
 	if err != nil {
 		return err
@@ -138,6 +144,9 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(ctx, cliTimeout)
 	defer cancel()
+	if dead {
+		return printDead(ctx, stdout, rdb, cfg, limit, asJSON)
+	}
 	s, err := consumer.ReadStats(ctx, rdb, queue.NewKeys(cfg.QueueKey))
 	if err != nil {
 		return redactErr(err, cfg)
@@ -156,5 +165,66 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	}
 	fmt.Fprintf(stdout, "queue           %s\ndepth           %d\noverdue         %d\noldest overdue  %s\nnext deadline   %s\ndead letters    %d\n",
 		out.Queue, out.Depth, out.Overdue, s.OldestDue.Round(time.Millisecond), next, out.DeadLetters)
+	return nil
+}
+
+func printDead(ctx context.Context, stdout io.Writer, rdb redis.UniversalClient, cfg config.Config, limit int64, asJSON bool) error {
+	if limit < 1 {
+		return usagef("--limit: want at least 1, got %d", limit)
+	}
+	entries, err := consumer.ListDead(ctx, rdb, queue.NewKeys(cfg.QueueKey), limit)
+	if err != nil {
+		return redactErr(err, cfg)
+	}
+	if asJSON {
+		if entries == nil {
+			entries = []consumer.DeadEntry{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(entries)
+	}
+	if len(entries) == 0 {
+		fmt.Fprintln(stdout, "no dead letters")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERIAL\tREASON\tATTEMPTS\tDEADLINE\tDEAD SINCE\tLAST ERROR")
+	for _, e := range entries {
+		fmt.Fprintf(tw, "%q\t%s\t%d\t%s\t%s\t%s\n", e.Serial, e.Reason, e.Attempts, e.Deadline,
+			e.At.UTC().Format(time.RFC3339), e.LastError)
+	}
+	return tw.Flush()
+}
+
+func cmdRequeue(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
+	var all bool
+	cfg, pos, err := parse("requeue", args, stderr, getenv, func(fs *flag.FlagSet) {
+		fs.BoolVar(&all, "all", false, "put every dead-lettered entry back")
+	})
+	if err != nil {
+		return err
+	}
+	if all == (len(pos) > 0) {
+		return usagef("requeue takes serials or --all (one of the two)")
+	}
+	rdb, err := newRedis(cfg)
+	if err != nil {
+		return usageError{redactErr(err, cfg)}
+	}
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(ctx, cliTimeout)
+	defer cancel()
+	keys := queue.NewKeys(cfg.QueueKey)
+	var n int
+	if all {
+		n, err = consumer.RequeueAll(ctx, rdb, keys)
+	} else {
+		n, err = consumer.Requeue(ctx, rdb, keys, pos...)
+	}
+	if err != nil {
+		return redactErr(err, cfg)
+	}
+	fmt.Fprintf(stdout, "requeued %d entries, due now\n", n)
 	return nil
 }

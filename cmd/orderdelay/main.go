@@ -11,6 +11,8 @@
 //	orderdelay enqueue SERIAL --after 30m | --at TIME [--reschedule | --only-later]
 //	orderdelay cancel SERIAL
 //	orderdelay inspect [--json]          queue depth, overdue, next deadline, dead letters
+//	orderdelay inspect --dead            dead-lettered entries with reason, attempts, last error
+//	orderdelay requeue SERIAL... | --all put dead-lettered entries back
 //	orderdelay demo [--duration 1m]      the daemon plus a simulated checkout, on its own database and keys
 //	orderdelay version
 //
@@ -60,6 +62,8 @@ Usage:
   orderdelay enqueue SERIAL (--after D | --at TIME) [--reschedule | --only-later]
   orderdelay cancel SERIAL               remove an order's timeout
   orderdelay inspect [--json]            queue depth, overdue orders, next deadline, dead letters
+  orderdelay inspect --dead [--limit N]  dead-lettered entries with reason, attempts and last error
+  orderdelay requeue SERIAL... | --all   put dead-lettered entries back on the queue, due now
   orderdelay demo [--duration D]         the daemon plus a simulated checkout (own database and keys)
   orderdelay version
 
@@ -84,6 +88,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = cmdCancel(ctx, rest, stdout, stderr, getenv)
 	case "inspect":
 		err = cmdInspect(ctx, rest, stdout, stderr, getenv)
+	case "requeue":
+		err = cmdRequeue(ctx, rest, stdout, stderr, getenv)
 	case "demo":
 		err = cmdDemo(ctx, rest, stderr, getenv)
 	case "version", "--version", "-version":

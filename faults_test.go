@@ -1,0 +1,431 @@
+package orderdelay_test
+
+// Fault tests (issue "Never lose an order"): each injects what production
+// does to the daemon and then checks the same invariants. Destructive faults
+// hit private servers or proxies the test owns, never the shared ones.
+// Process-level fault tests do not run in parallel.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// withAudit creates the audit table auditClose writes to.
+func (w *world) withAudit() {
+	w.t.Helper()
+	if _, err := w.db.Exec("CREATE TABLE close_audit (serial_no text NOT NULL, replica text NOT NULL, at timestamptz DEFAULT now())"); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) doubleCloses() int {
+	w.t.Helper()
+	return w.count("SELECT count(*) FROM (SELECT serial_no FROM close_audit GROUP BY serial_no HAVING count(*) > 1) d")
+}
+
+// kill sends SIGKILL and waits for the process to go.
+func (d *daemon) kill() {
+	d.t.Helper()
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+}
+
+// spread gives n serials deadlines spread evenly over [from, from+span).
+func (w *world) spread(prefix string, n int, from time.Time, span time.Duration) []string {
+	w.t.Helper()
+	serials := make([]string, n)
+	deadlines := make([]time.Time, n)
+	z := make([]redis.Z, n)
+	for i := range serials {
+		serials[i] = fmt.Sprintf("%s-%06d", prefix, i)
+		deadlines[i] = from.Add(span * time.Duration(i) / time.Duration(n))
+		z[i] = redis.Z{Score: float64(queue.DeadlineMillis(deadlines[i])), Member: serials[i]}
+	}
+	if _, err := w.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT * FROM unnest($1::text[], $2::timestamptz[])`,
+		pq.Array(serials), pq.Array(deadlines)); err != nil {
+		w.t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < n; i += 5000 {
+		if err := w.rdb.ZAdd(ctx, w.keys.Queue, z[i:min(i+5000, n)]...).Err(); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	return serials
+}
+
+func TestFaultSIGKILLMidBatchRepeatedly(t *testing.T) {
+	w := newWorld(t)
+	w.withAudit()
+	const n = 20000
+	w.spread("kill", n, time.Now().Add(500*time.Millisecond), 4*time.Second)
+	settings := []string{"ORDERDELAY_CLOSE_SQL=" + auditClose, "ORDERDELAY_LEASE=3s",
+		"ORDERDELAY_STATEMENT_TIMEOUT=2s", "ORDERDELAY_DRAIN_TIMEOUT=1s", "ORDERDELAY_BATCH_SIZE=100"}
+	kills := 0
+	for range 6 {
+		d := w.start(settings...)
+		// A random moment while batches are in flight: the point of the test.
+		time.Sleep(time.Duration(100+rand.N(400)) * time.Millisecond)
+		d.kill()
+		kills++
+	}
+	killedAt := time.Now()
+	d := w.start(settings...)
+	waitFor(t, "queue drained after the kills", 120*time.Second, func() bool { return w.queueLen() == 0 })
+	recovery := time.Since(killedAt)
+	w.checkInvariants()
+	if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != 20000 {
+		t.Errorf("%d orders closed, want 20000", n)
+	}
+	if dc := w.doubleCloses(); dc != 0 {
+		t.Errorf("%d orders closed twice", dc)
+	}
+	m := d.metrics()
+	t.Logf("%d SIGKILLs; recovered (queue empty) %s after the last, with a 3s lease; the survivor re-claimed %v entries",
+		kills, recovery.Round(time.Millisecond), m["orderdelay_reclaimed_total"])
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+}
+
+func TestFaultThreeReplicasOneQueue(t *testing.T) {
+	w := newWorld(t)
+	w.withAudit()
+	const n = 20000
+	throughput := map[int]float64{}
+	for _, replicas := range []int{1, 3} {
+		prefix := fmt.Sprintf("r%d", replicas)
+		w.spread(prefix, n, time.Now().Add(-time.Minute), time.Second) // a backlog
+		var ds []*daemon
+		for range replicas {
+			ds = append(ds, w.start("ORDERDELAY_CLOSE_SQL="+auditClose))
+		}
+		start := time.Now()
+		waitFor(t, "backlog drained", 120*time.Second, func() bool { return w.queueLen() == 0 })
+		throughput[replicas] = n / time.Since(start).Seconds()
+		var claimed, reclaimed float64
+		for _, d := range ds {
+			m := d.metrics()
+			claimed += m["orderdelay_claimed_total"]
+			reclaimed += m["orderdelay_reclaimed_total"]
+			if code := d.stop(); code != 0 {
+				t.Errorf("exit status %d, want 0", code)
+			}
+		}
+		if claimed != n || reclaimed != 0 {
+			t.Errorf("%d replicas: %v claims and %v re-claims for %d serials, want each claimed once", replicas, claimed, reclaimed, n)
+		}
+	}
+	w.checkInvariants()
+	if dc := w.doubleCloses(); dc != 0 {
+		t.Errorf("%d orders closed twice", dc)
+	}
+	if got := w.count("SELECT count(DISTINCT replica) FROM close_audit WHERE serial_no LIKE 'r3-%'"); got < 2 {
+		t.Errorf("only %d replica(s) closed orders of the 3-replica run", got)
+	}
+	t.Logf("drain throughput (race-instrumented binary): 1 replica %.0f orders/s, 3 replicas %.0f orders/s", throughput[1], throughput[3])
+}
+
+func TestFaultPaymentRacesTheTimeout(t *testing.T) {
+	w := newWorld(t)
+	w.withAudit()
+	const n = 5000
+	start := time.Now().Add(time.Second)
+	serials := w.spread("race", n, start, 2*time.Second)
+	d := w.start("ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=50")
+	// Payers pay half the orders, each within ±20 ms of its deadline.
+	var paid atomic.Int64
+	var wg sync.WaitGroup
+	const payers = 16
+	for p := range payers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := p; i < n; i += payers {
+				if i%2 == 0 {
+					continue
+				}
+				due := start.Add(2 * time.Second * time.Duration(i) / n)
+				if wait := time.Until(due.Add(time.Duration(rand.N(40)-20) * time.Millisecond)); wait > 0 {
+					time.Sleep(wait) // the race is with wall-clock deadlines
+				}
+				res, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1 AND status = 'pending'", serials[i])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if k, _ := res.RowsAffected(); k == 1 {
+					paid.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "queue drained", 60*time.Second, func() bool { return w.queueLen() == 0 })
+	if both := w.count("SELECT count(*) FROM orders WHERE paid_at IS NOT NULL AND closed_at IS NOT NULL"); both != 0 {
+		t.Errorf("%d orders both paid and closed", both)
+	}
+	if other := w.count("SELECT count(*) FROM orders WHERE status NOT IN ('paid', 'closed')"); other != 0 {
+		t.Errorf("%d orders neither paid nor closed", other)
+	}
+	w.checkInvariants()
+	m := d.metrics()
+	closed, settled := m["orderdelay_orders_closed_total"], m[`orderdelay_orders_skipped_total{reason="settled"}`]
+	if closed+settled != n || int64(settled) != paid.Load() {
+		t.Errorf("closed %v + settled %v, want %d in all with settled = %d paid", closed, settled, n, paid.Load())
+	}
+	late := w.count("SELECT count(*) FROM orders WHERE paid_at > expires_at")
+	t.Logf("%d paid in the race window (%d of them after their deadline but before the close), %v closed", paid.Load(), late, closed)
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+}
+
+// privateWorld is a world whose Redis is a private server behind a proxy.
+func privateWorld(t *testing.T) (*world, *testenv.Proxy) {
+	t.Helper()
+	rdb, addr := testenv.PrivateRedis(t)
+	px := testenv.NewProxy(t, addr)
+	db, dsn := testenv.Postgres(t)
+	return &world{t: t, rdb: rdb, redisURL: "redis://" + px.Addr() + "/0", keys: queue.NewKeys("delaytask:order"),
+		db: db, dbURL: dsn}, px
+}
+
+func TestFaultRedisLosesTheQueue(t *testing.T) {
+	w, _ := privateWorld(t)
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Second)
+	w.spread("lost", 10000, deadline, 10*time.Millisecond)
+	never := w.createOrders("never-enqueued", 50, deadline) // the checkout died before its ZADD
+	if err := w.rdb.FlushAll(ctx).Err(); err != nil {      // private server: Redis loses everything
+		t.Fatal(err)
+	}
+	d := w.start("ORDERDELAY_LEASE=1s", "ORDERDELAY_STATEMENT_TIMEOUT=500ms", "ORDERDELAY_DRAIN_TIMEOUT=500ms",
+		"ORDERDELAY_RECONCILE_INTERVAL=500ms", "ORDERDELAY_RECONCILE_GRACE=2s")
+	waitFor(t, "the reconciler closes what Redis lost", 90*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orders WHERE status = 'pending'") == 0
+	})
+	w.checkInvariants()
+	if v := d.metrics()["orderdelay_orders_reconciled_total"]; v != 10050 {
+		t.Errorf("orders_reconciled_total %v, want 10050", v)
+	}
+	if n := w.count("SELECT count(*) FROM orders WHERE closed_at < expires_at + interval '2 seconds'"); n != 0 {
+		t.Errorf("%d closed within the grace", n)
+	}
+	_ = never
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+}
+
+// viaProxy points a PostgreSQL URL at addr.
+func viaProxy(t *testing.T, dsn, addr string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = addr
+	return u.String()
+}
+
+func status(t *testing.T, d *daemon, method, path, body string) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, d.url(path), strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestFaultPostgresGoesAway(t *testing.T) {
+	w := newWorld(t)
+	pgHost, _ := url.Parse(w.dbURL)
+	px := testenv.NewProxy(t, pgHost.Host)
+	w.dbURL = viaProxy(t, w.dbURL, px.Addr())
+	d := w.start("ORDERDELAY_BACKOFF_MAX=2s")
+	waitFor(t, "consumer scanning", 30*time.Second, func() bool {
+		return d.metrics()["orderdelay_last_scan_timestamp_seconds"] > 0
+	})
+	px.Down()
+	// Orders fall due while the database is away.
+	deadline := time.Now().Add(300 * time.Millisecond)
+	w.spread("pgdown", 2000, deadline, 100*time.Millisecond)
+	waitFor(t, "postgres reported down", 30*time.Second, func() bool {
+		return d.metrics()[`orderdelay_dependency_up{dependency="postgres"}`] == 0
+	})
+	if code := status(t, d, http.MethodGet, "/readyz", ""); code != http.StatusOK {
+		t.Errorf("/readyz %d while only PostgreSQL is down, want 200", code)
+	}
+	if code := status(t, d, http.MethodPut, "/v1/timeouts/enq-while-down", `{"after":"1h"}`); code != http.StatusCreated {
+		t.Errorf("enqueue while PostgreSQL is down: %d, want 201", code)
+	}
+	outageStart := time.Now()
+	before := d.metrics()[`orderdelay_errors_total{stage="close"}`]
+	// Stay down long enough for several backoff rounds.
+	waitFor(t, "backoff rounds", 30*time.Second, func() bool { return time.Since(outageStart) > 4*time.Second })
+	errs := d.metrics()[`orderdelay_errors_total{stage="close"}`] - before
+	rate := errs / time.Since(outageStart).Seconds()
+	if rate > 10 {
+		t.Errorf("%.1f close errors per second while PostgreSQL was down, want backoff to keep it bounded (<= 10/s)", rate)
+	}
+	if n := w.queueLen(); n != 2001 {
+		t.Errorf("queue holds %d entries during the outage, want 2001: nothing leaves Redis without a committed close", n)
+	}
+	px.Up()
+	waitFor(t, "caught up after recovery", 60*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 2000
+	})
+	w.checkInvariants()
+	t.Logf("%.1f close errors/s during the outage", rate)
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+}
+
+func TestFaultRedisGoesAway(t *testing.T) {
+	w, px := privateWorld(t)
+	d := w.start()
+	px.Down()
+	waitFor(t, "readiness 503 while Redis is away", 30*time.Second, func() bool {
+		return status(t, d, http.MethodGet, "/readyz", "") == http.StatusServiceUnavailable
+	})
+	if code := status(t, d, http.MethodPut, "/v1/timeouts/redis-down", `{"after":"1s"}`); code != http.StatusServiceUnavailable {
+		t.Errorf("enqueue while Redis is away: %d, want 503", code)
+	}
+	if code := status(t, d, http.MethodGet, "/healthz", ""); code != http.StatusOK {
+		t.Errorf("/healthz %d while Redis is away, want 200 (liveness is not a dependency check)", code)
+	}
+	px.Up()
+	waitFor(t, "ready again", 30*time.Second, func() bool {
+		return status(t, d, http.MethodGet, "/readyz", "") == http.StatusOK
+	})
+	serials := w.createOrders("back", 100, time.Now().Add(200*time.Millisecond))
+	for _, s := range serials {
+		if code := status(t, d, http.MethodPut, "/v1/timeouts/"+s, `{"after":"200ms"}`); code != http.StatusCreated {
+			t.Fatalf("enqueue after recovery: %d", code)
+		}
+	}
+	waitFor(t, "closing resumed", 60*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 100
+	})
+	if v := d.metrics()[`orderdelay_errors_total{stage="claim"}`]; v == 0 {
+		t.Errorf("errors_total{claim} is 0: the outage went unnoticed")
+	}
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+}
+
+// slowAuditClose is auditClose behind a delay.
+const slowAuditClose = `WITH pause AS (SELECT pg_sleep(0.3)),
+due AS (
+    SELECT serial_no FROM orders, pause WHERE serial_no = ANY($1) AND status = 'pending'
+    ORDER BY serial_no FOR UPDATE OF orders),
+closed AS (
+    UPDATE orders o SET status = 'closed', closed_at = now(), closed_by = current_setting('application_name')
+    FROM due WHERE o.serial_no = due.serial_no AND o.status = 'pending'
+    RETURNING o.serial_no),
+audit AS (
+    INSERT INTO close_audit (serial_no, replica) SELECT serial_no, current_setting('application_name') FROM closed)
+SELECT serial_no FROM closed`
+
+func TestFaultSlowDatabase(t *testing.T) {
+	w := newWorld(t)
+	w.withAudit()
+	w.spread("slow", 3000, time.Now().Add(-time.Second), time.Second)
+	// Each batch takes 0.3 s; with a 1 s lease and statement timeout 500 ms,
+	// batches end (or are cut) before their lease, so no replica ever
+	// re-claims what another is still closing.
+	settings := []string{"ORDERDELAY_CLOSE_SQL=" + slowAuditClose, "ORDERDELAY_LEASE=1s",
+		"ORDERDELAY_STATEMENT_TIMEOUT=500ms", "ORDERDELAY_DRAIN_TIMEOUT=500ms", "ORDERDELAY_BATCH_SIZE=100"}
+	a, b := w.start(settings...), w.start(settings...)
+	waitFor(t, "queue drained", 120*time.Second, func() bool { return w.queueLen() == 0 })
+	w.checkInvariants()
+	if dc := w.doubleCloses(); dc != 0 {
+		t.Errorf("%d orders closed twice", dc)
+	}
+	for _, d := range []*daemon{a, b} {
+		if v := d.metrics()["orderdelay_reclaimed_total"]; v != 0 {
+			t.Errorf("reclaimed_total %v: leases expired under a slow database", v)
+		}
+		if code := d.stop(); code != 0 {
+			t.Errorf("exit status %d, want 0", code)
+		}
+	}
+}
+
+func TestFaultPoisonInputNeverBlocksTheQueue(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	past := float64(queue.DeadlineMillis(time.Now().Add(-time.Hour)))
+	poison := []redis.Z{
+		{Score: past - 5, Member: ""},
+		{Score: past - 4, Member: strings.Repeat("x", 129)},
+		{Score: past - 3, Member: "bad\xffutf8"},
+		{Score: past - 2, Member: "nul\x00byte"},
+		{Score: past - 1, Member: "ghost-without-row"},
+		{Score: 1700000000, Member: "seconds"},
+	}
+	if err := w.rdb.ZAdd(ctx, w.keys.Queue, poison...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	injection := "x'); DROP TABLE orders; --"
+	good := w.createOrders("good", 500, time.Now().Add(-time.Minute))
+	good = append(good, w.createOrders(injection, 1, time.Now().Add(-time.Minute))...)
+	w.zadd(good, past)
+	d := w.start("ORDERDELAY_MAX_ATTEMPTS=2", "ORDERDELAY_BACKOFF_MAX=1s")
+	waitFor(t, "good orders closed", 60*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == len(good)
+	})
+	waitFor(t, "poison dead-lettered", 60*time.Second, func() bool { return w.queueLen() == 0 })
+	out, err := exec.Command(binary, "inspect", "--dead", "--queue-key", w.keys.Queue, "--redis-url", w.redisURL).CombinedOutput()
+	if err != nil {
+		t.Fatalf("inspect --dead: %v\n%s", err, out)
+	}
+	for _, want := range []string{"malformed", "score_out_of_range", "not_found", `"ghost-without-row"`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("inspect --dead lacks %q:\n%s", want, out)
+		}
+	}
+	// The order shows up after all: requeue it and it closes.
+	if _, err := w.db.Exec("INSERT INTO orders (serial_no, expires_at) VALUES ('ghost-without-row', now() - interval '1 hour')"); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command(binary, "requeue", "ghost-without-row", "--queue-key", w.keys.Queue, "--redis-url", w.redisURL).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "requeued 1") {
+		t.Fatalf("requeue: %v\n%s", err, out)
+	}
+	waitFor(t, "requeued order closed", 30*time.Second, func() bool { return w.status("ghost-without-row") == "closed" })
+	w.checkInvariants()
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+}
+
+func (w *world) status(serial string) string {
+	w.t.Helper()
+	var s string
+	if err := w.db.Get(&s, "SELECT status FROM orders WHERE serial_no = $1", serial); err != nil {
+		w.t.Fatal(err)
+	}
+	return s
+}

@@ -1,0 +1,116 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// DeadEntry is one dead-lettered entry with its record.
+type DeadEntry struct {
+	Serial    string    `json:"serial"`
+	Reason    string    `json:"reason"`
+	Attempts  int       `json:"attempts"`
+	Deadline  string    `json:"deadline"` // as the producer wrote it (may be garbage)
+	LastError string    `json:"last_error,omitempty"`
+	At        time.Time `json:"dead_lettered_at"`
+}
+
+// ListDead returns up to limit dead-lettered entries, oldest first.
+func ListDead(ctx context.Context, rdb redis.Cmdable, k queue.Keys, limit int64) ([]DeadEntry, error) {
+	zs, err := rdb.ZRangeWithScores(ctx, k.Dead, 0, limit-1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	if len(zs) == 0 {
+		return nil, nil
+	}
+	serials := make([]string, len(zs))
+	for i, z := range zs {
+		s, ok := z.Member.(string)
+		if !ok {
+			return nil, fmt.Errorf("list dead letters: %w: member of type %T", errReply, z.Member)
+		}
+		serials[i] = s
+	}
+	infos, err := rdb.HMGet(ctx, k.DeadInfo, serials...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	out := make([]DeadEntry, len(zs))
+	for i, z := range zs {
+		e := DeadEntry{Serial: serials[i], At: time.UnixMilli(int64(z.Score))}
+		if rec, ok := infos[i].(string); ok {
+			parts := strings.SplitN(rec, "|", 4)
+			if len(parts) == 4 {
+				e.Reason, e.Deadline, e.LastError = parts[0], parts[2], parts[3]
+				e.Attempts, _ = strconv.Atoi(parts[1]) // a damaged count shows as 0
+			}
+		}
+		out[i] = e
+	}
+	return out, nil
+}
+
+// requeueScript moves dead-lettered entries back into the queue, due now
+// (Redis's clock): whatever their deadline was, it has passed or was wrong.
+//
+//	KEYS[1] -> queue KEYS[2] -> {queue}:dead KEYS[3] -> {queue}:deadinfo
+//	ARGV[1..] -> serials
+//
+// ZADD NX keeps an entry a producer wrote meanwhile. Returns the number
+// moved.
+var requeueScript = redis.NewScript(luaHelpers + `
+local now = now_ms()
+local n = 0
+for i = 1, #ARGV do
+  local s = ARGV[i]
+  if redis.call('ZREM', KEYS[2], s) == 1 then
+    redis.call('HDEL', KEYS[3], s)
+    redis.call('ZADD', KEYS[1], 'NX', now, s)
+    n = n + 1
+  end
+end
+return n
+`)
+
+// ErrNotDead is returned by Requeue when a named serial is not dead-lettered.
+var ErrNotDead = errors.New("not in the dead-letter set")
+
+// Requeue puts the named dead-lettered serials back on the queue.
+func Requeue(ctx context.Context, rdb redis.Scripter, k queue.Keys, serials ...string) (int, error) {
+	n, err := requeueScript.Run(ctx, rdb, []string{k.Queue, k.Dead, k.DeadInfo}, anys(serials)...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("requeue: %w", err)
+	}
+	if n < len(serials) && len(serials) == 1 {
+		return n, fmt.Errorf("%s: %w", serials[0], ErrNotDead)
+	}
+	return n, nil
+}
+
+// RequeueAll puts every dead-lettered entry back, 1,000 per script call.
+func RequeueAll(ctx context.Context, rdb redis.UniversalClient, k queue.Keys) (int, error) {
+	total := 0
+	for {
+		serials, err := rdb.ZRange(ctx, k.Dead, 0, 999).Result()
+		if err != nil {
+			return total, fmt.Errorf("requeue: %w", err)
+		}
+		if len(serials) == 0 {
+			return total, nil
+		}
+		n, err := Requeue(ctx, rdb, k, serials...)
+		total += n
+		if err != nil && !errors.Is(err, ErrNotDead) {
+			return total, err
+		}
+	}
+}
