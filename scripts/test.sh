@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# scripts/test.sh — the whole test suite (what CI runs through .ci/run).
+#
+#   1. make Redis and PostgreSQL available (scripts/services.sh);
+#   2. go vet ./... and go test -race ./... in the root module;
+#   3. go vet + go test in each nested module (deploy/validate, bench);
+#   4. the integration tests again against private servers on free ports, so
+#      the "start our own servers" path is exercised even where shared ones
+#      exist (skip with ORDERDELAY_SKIP_PRIVATE=1);
+#   5. a short fuzzing run of every Fuzz target (ORDERDELAY_FUZZTIME, 5s).
+#
+# Stops at the first failing step, naming it; the last line printed is
+# "suite: N passed, 0 failed" on success.
+#
+# Environment: ORDERDELAY_SERVICES (auto|reuse|private, see services.sh),
+# ORDERDELAY_TEST_REDIS_URL / ORDERDELAY_TEST_DATABASE_URL (reuse these),
+# ORDERDELAY_SKIP_PRIVATE=1, ORDERDELAY_FUZZTIME (default 5s).
+
+# The functions run through step(), which shellcheck cannot follow.
+# shellcheck disable=SC2317
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/services.sh
+. scripts/services.sh
+
+passed=0
+current=''
+
+# step NAME CMD...: run one step; on failure report it and exit non-zero.
+step() {
+	current=$1
+	shift
+	printf '\n=== %s\n' "$current"
+	if ! "$@"; then
+		finish 1
+	fi
+	passed=$((passed + 1))
+	current=''
+}
+
+# finish RC: stop the private servers this run started (the forced-private
+# ones and those of the private-servers check; servers found already running
+# are left alone), then print the summary as the very last line and exit.
+finish() {
+	local rc=$1
+	trap - EXIT
+	stop_started_services
+	if [ "$rc" -eq 0 ]; then
+		printf '\nsuite: %d passed, 0 failed\n' "$passed"
+	else
+		printf '\nsuite: step "%s" failed (exit %d); %d passed, 1 failed\n' "${current:-?}" "$rc" "$passed"
+	fi
+	exit "$rc"
+}
+trap 'finish $?' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# -race needs cgo and a C compiler; a fresh machine with only Go may lack one.
+preflight() {
+	command -v go >/dev/null 2>&1 || { echo "go is not installed (need Go 1.26+)" >&2; return 1; }
+	if ! command -v "$(go env CC)" >/dev/null 2>&1; then
+		if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+			echo "installing gcc (go test -race needs cgo)" >&2
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+				DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev
+		else
+			echo "go test -race needs a C compiler: sudo apt-get install -y gcc" >&2
+			return 1
+		fi
+	fi
+	export CGO_ENABLED=1
+}
+
+# services: only servers started here because ORDERDELAY_SERVICES=private was
+# forced are stopped at exit; private servers started because nothing else
+# was reachable keep running for the next run (scripts/services.sh stop).
+services() {
+	ensure_services || return 1
+	if [ "${ORDERDELAY_SERVICES:-auto}" != private ]; then
+		_OD_STARTED=''
+	fi
+	echo "ORDERDELAY_TEST_REDIS_URL=$ORDERDELAY_TEST_REDIS_URL"
+	echo "ORDERDELAY_TEST_DATABASE_URL=$ORDERDELAY_TEST_DATABASE_URL"
+}
+
+nested_module() {
+	(cd "$1" && go vet ./... && go test -count=1 ./...)
+}
+
+# The private-servers branch: fresh Redis and PostgreSQL on free ports, used
+# only by this step, stopped afterwards (and by the EXIT trap on failure).
+private_check() {
+	local name log rc=0 redis_url=$ORDERDELAY_TEST_REDIS_URL db_url=$ORDERDELAY_TEST_DATABASE_URL
+	name=check-$$
+	start_private_services "$name" || return 1
+	log=$(mktemp)
+	# Subshell: the private URLs must not leak into later steps.
+	(
+		echo "private: $ORDERDELAY_TEST_REDIS_URL $ORDERDELAY_TEST_DATABASE_URL"
+		go test -race -count=1 -run 'TestIntegration' -v . >"$log" 2>&1
+	) || rc=$?
+	stop_services "$name"
+	# Back to the suite's own servers (start_private_services exported others).
+	export ORDERDELAY_TEST_REDIS_URL=$redis_url ORDERDELAY_TEST_DATABASE_URL=$db_url
+	if [ "$rc" -ne 0 ]; then
+		cat "$log"
+		rm -f "$log"
+		return "$rc"
+	fi
+	grep -E '^(--- |ok|PASS|FAIL)' "$log" || true
+	# A run where every integration test skipped would prove nothing.
+	if ! grep -q '^--- PASS: TestIntegration' "$log"; then
+		echo "no TestIntegration test passed against the private servers" >&2
+		rm -f "$log"
+		return 1
+	fi
+	rm -f "$log"
+}
+
+# Fuzz every Fuzz target briefly. `go test -list` prints the matching names
+# of a package, then its "ok <pkg>" line.
+fuzz_all() {
+	local list names=() name line pkg count=0
+	list=$(go test -list '^Fuzz' ./...) || { printf '%s\n' "$list"; return 1; }
+	while IFS= read -r line; do
+		case $line in
+		Fuzz*) names+=("$line") ;;
+		ok*)
+			pkg=$(printf '%s\n' "$line" | awk '{print $2}')
+			for name in ${names[@]+"${names[@]}"}; do
+				echo "--- fuzz $pkg $name (${ORDERDELAY_FUZZTIME:-5s})"
+				go test -run '^$' -fuzz "^${name}\$" -fuzztime "${ORDERDELAY_FUZZTIME:-5s}" "$pkg" || return 1
+				count=$((count + 1))
+			done
+			names=()
+			;;
+		*) names=() ;;
+		esac
+	done <<<"$list"
+	echo "fuzzed $count target(s)"
+}
+
+step "preflight" preflight
+step "services" services
+step "go vet (root)" go vet ./...
+step "go test -race (root)" go test -race -count=1 -timeout 15m ./...
+for dir in deploy/validate bench; do
+	if [ -f "$dir/go.mod" ]; then
+		step "go vet + go test ($dir)" nested_module "$dir"
+	fi
+done
+if [ "${ORDERDELAY_SKIP_PRIVATE:-}" = 1 ]; then
+	echo
+	echo "=== private servers check: skipped (ORDERDELAY_SKIP_PRIVATE=1)"
+else
+	step "integration tests on private servers" private_check
+fi
+step "fuzz" fuzz_all
+
+finish 0
