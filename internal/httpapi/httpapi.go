@@ -111,7 +111,9 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 		return next
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		// The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		ok = ok && strings.EqualFold(scheme, "Bearer")
 		valid := 0
 		for _, t := range s.cfg.Tokens {
 			// Compare against every token, so timing says nothing about
