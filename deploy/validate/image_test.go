@@ -5,15 +5,22 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 type instruction struct {
@@ -221,42 +228,81 @@ func shellWords(s string) ([]string, error) {
 
 var errUnterminatedQuote = &os.PathError{Op: "parse", Path: "Dockerfile", Err: os.ErrInvalid}
 
-// TestBinaryBuiltLikeTheImage builds ./cmd/orderdelay with the Dockerfile's
-// own go build command (no Docker engine needed) and checks the result is
-// static -- it must run on distroless/static, which has no libc or dynamic
-// loader -- and reports the stamped version.
-func TestBinaryBuiltLikeTheImage(t *testing.T) {
+var (
+	daemonOnce sync.Once
+	daemonBin  string
+	daemonErr  error
+	daemonDir  string
+)
+
+const (
+	stampVersion  = "0.0.0-validate"
+	stampRevision = "0123456789abcdef0123456789abcdef01234567"
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if daemonDir != "" {
+		os.RemoveAll(daemonDir)
+	}
+	os.Exit(code)
+}
+
+// daemonBinary builds ./cmd/orderdelay once per test run, with the
+// Dockerfile's own go build command (no Docker engine needed). It skips
+// while the package does not exist and fails on build errors once it does.
+func daemonBinary(t *testing.T) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("-short: skipping the daemon build")
 	}
 	if m, _ := filepath.Glob(repoPath("cmd", "orderdelay", "*.go")); len(m) == 0 {
 		t.Skip("../../cmd/orderdelay does not exist yet: nothing to build (this test fails on build errors once it does)")
 	}
-	const version, revision = "0.0.0-validate", "0123456789abcdef0123456789abcdef01234567"
-	b := goBuildCommand(t, map[string]string{
-		"VERSION": version, "REVISION": revision,
-		"TARGETOS": runtime.GOOS, "TARGETARCH": runtime.GOARCH,
-	})
-	out := filepath.Join(t.TempDir(), "orderdelay")
-	args := []string{"build"}
-	for i := 0; i < len(b.args); i++ {
-		if b.args[i] == "-o" && i+1 < len(b.args) {
-			args = append(args, "-o", out)
-			i++
-			continue
+	daemonOnce.Do(func() {
+		daemonDir, daemonErr = os.MkdirTemp("", "orderdelay-validate-")
+		if daemonErr != nil {
+			return
 		}
-		args = append(args, b.args[i])
+		b := goBuildCommand(t, map[string]string{
+			"VERSION": stampVersion, "REVISION": stampRevision,
+			"TARGETOS": runtime.GOOS, "TARGETARCH": runtime.GOARCH,
+		})
+		out := filepath.Join(daemonDir, "orderdelay")
+		args := []string{"build"}
+		for i := 0; i < len(b.args); i++ {
+			if b.args[i] == "-o" && i+1 < len(b.args) {
+				args = append(args, "-o", out)
+				i++
+				continue
+			}
+			args = append(args, b.args[i])
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), b.env...)
+		t.Logf("%s go %s", strings.Join(b.env, " "), strings.Join(args, " "))
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			daemonErr = fmt.Errorf("go build (the Dockerfile's command) failed: %v\n%s", err, msg)
+			return
+		}
+		daemonBin = out
+	})
+	if daemonErr != nil {
+		t.Fatal(daemonErr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), b.env...)
-	t.Logf("%s go %s", strings.Join(b.env, " "), strings.Join(args, " "))
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build (the Dockerfile's command) failed: %v\n%s", err, msg)
-	}
+	return daemonBin
+}
 
+// TestBinaryBuiltLikeTheImage checks the binary the Dockerfile builds is
+// static -- it must run on distroless/static, which has no libc or dynamic
+// loader -- and reports the stamped version and revision.
+func TestBinaryBuiltLikeTheImage(t *testing.T) {
+	out := daemonBinary(t)
+	const version, revision = stampVersion, stampRevision
 	f, err := elf.Open(out)
 	if err != nil {
 		t.Fatal(err)
@@ -379,4 +425,65 @@ func ignoredBy(patterns []ignorePattern, path string) string {
 		}
 	}
 	return excludedBy
+}
+
+// TestDaemonAcceptsRenderedSettings runs the real binary with each rendered
+// container's settings (ConfigMap and literal env; the secrets replaced by
+// unreachable loopback URLs) and fails if it refuses them as invalid
+// configuration (exit status 2), e.g. a drain timeout above the lease or a
+// malformed duration. `inspect` is used because it validates every setting
+// and then only reads: against 127.0.0.1:1 it fails fast with status 1.
+func TestDaemonAcceptsRenderedSettings(t *testing.T) {
+	bin := daemonBinary(t)
+	placeholders := map[string]string{
+		"ORDERDELAY_REDIS_URL":    "redis://127.0.0.1:1/0",
+		"ORDERDELAY_DATABASE_URL": "postgres://127.0.0.1:1/orderdelay?sslmode=disable",
+		"ORDERDELAY_API_TOKEN":    "validate-token-0123456789",
+	}
+	seen := map[string]bool{}
+	for _, r := range built(t) {
+		var pods []*corev1.PodSpec
+		for _, d := range r.Deployments() {
+			pods = append(pods, &d.Spec.Template.Spec)
+		}
+		for _, j := range r.Jobs() {
+			pods = append(pods, &j.Spec.Template.Spec)
+		}
+		for _, spec := range pods {
+			for i := range spec.Containers {
+				c := &spec.Containers[i]
+				var env []string
+				for name, v := range containerEnv(t, r, c) {
+					switch {
+					case v.Source == "secret" && name == "ORDERDELAY_API_TOKEN" && r.Secret(v.Ref.SecretKeyRef.Name) != nil:
+						// A generated (dev) Secret: check its real token.
+						env = append(env, name+"="+string(r.Secret(v.Ref.SecretKeyRef.Name).Data[v.Ref.SecretKeyRef.Key]))
+					case placeholders[name] != "":
+						env = append(env, name+"="+placeholders[name])
+					case strings.HasPrefix(name, "ORDERDELAY_") && (v.Source == "configmap" || v.Source == "literal"):
+						env = append(env, name+"="+v.Value)
+					}
+				}
+				sort.Strings(env)
+				key := strings.Join(env, "\n")
+				if seen[key] {
+					continue
+				}
+				seen[key] = true
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				cmd := exec.CommandContext(ctx, bin, "inspect")
+				cmd.Env = env
+				msg, err := cmd.CombinedOutput()
+				cancel()
+				var exit *exec.ExitError
+				if errors.As(err, &exit) && exit.ExitCode() == 2 {
+					t.Errorf("%s: container %s: the daemon refuses these settings:\n%s", r.Dir, c.Name, msg)
+				}
+			}
+		}
+	}
+	if len(seen) == 0 {
+		t.Fatal("no container settings checked")
+	}
+	t.Logf("%d distinct settings sets accepted", len(seen))
 }
