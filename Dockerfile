@@ -13,8 +13,11 @@
 ARG GO_VERSION=1.26
 
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
-ARG TARGETOS=linux
-ARG TARGETARCH=amd64
+# Set by BuildKit to the target platform (cross-compiling from the build
+# host, no emulation); empty with the legacy builder, where Go's own default
+# (the build host's platform) applies.
+ARG TARGETOS
+ARG TARGETARCH
 ARG VERSION=dev
 ARG REVISION=unknown
 WORKDIR /src
