@@ -22,6 +22,14 @@ import (
 // The test is skipped if redis-server is not on PATH.
 func PrivateRedis(t testing.TB) (*redis.Client, string) {
 	t.Helper()
+	return PrivateRedisWith(t, nil)
+}
+
+// PrivateRedisWith is PrivateRedis with extra redis-server arguments (e.g.
+// "--requirepass", "secret") and the client options to reach it (nil: no
+// auth).
+func PrivateRedisWith(t testing.TB, opts *redis.Options, args ...string) (*redis.Client, string) {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skip("redis-server is not on PATH; this test needs a private Redis it may flush (apt-get install redis-server)")
@@ -30,12 +38,17 @@ func PrivateRedis(t testing.TB) (*redis.Client, string) {
 	// process may take it before redis-server binds it: try a few times.
 	var errs []error
 	for range 3 {
-		addr, err := startRedis(t, bin)
+		addr, err := startRedis(t, bin, args...)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		o := redis.Options{}
+		if opts != nil {
+			o = *opts
+		}
+		o.Addr = addr
+		rdb := redis.NewClient(&o)
 		t.Cleanup(func() { rdb.Close() })
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -50,7 +63,7 @@ func PrivateRedis(t testing.TB) (*redis.Client, string) {
 
 // startRedis runs one redis-server on a free port and waits until it
 // reports that it accepts connections (or exits).
-func startRedis(t testing.TB, bin string) (string, error) {
+func startRedis(t testing.TB, bin string, extra ...string) (string, error) {
 	t.Helper()
 	port, err := FreePort()
 	if err != nil {
@@ -58,10 +71,11 @@ func startRedis(t testing.TB, bin string) (string, error) {
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	out := &readyWriter{marker: []byte("Ready to accept connections"), ready: make(chan struct{})}
-	cmd := exec.Command(bin,
+	args := append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir(),
-		"--daemonize", "no", "--logfile", "", "--loglevel", "notice")
+		"--daemonize", "no", "--logfile", "", "--loglevel", "notice"}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout = out
 	cmd.Stderr = out
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,148 @@
+package orderdelay_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+const (
+	redisPassword = "r3dis-s3cret-pw-1"
+	aclPassword   = "acl-s3cret-pw-2"
+	pgPassword    = "pg-s3cret-pw-3"
+	tokenA        = "tok-aaaaaaaaaaaaaaaa-1"
+	tokenB        = "tok-bbbbbbbbbbbbbbbb-2"
+)
+
+func authed(t *testing.T, d *daemon, method, path, token, body string) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, d.url(path), strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
+	ctx := context.Background()
+	rdb, addr := testenv.PrivateRedisWith(t, &redis.Options{Password: redisPassword}, "--requirepass", redisPassword)
+	// An ACL user with its own password, as production would use.
+	if err := rdb.Do(ctx, "ACL", "SETUSER", "orderdelay", "on", ">"+aclPassword, "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	db, dsn := testenv.Postgres(t)
+	dbURL := strings.Replace(dsn, "postgres@", "postgres:"+pgPassword+"@", 1)
+	if strings.Contains(dbURL, "?") {
+		dbURL += "&sslmode=require"
+	} else {
+		dbURL += "?sslmode=require"
+	}
+	dbURL = strings.Replace(dbURL, "sslmode=disable&", "", 1)
+	w := &world{t: t, rdb: rdb, redisURL: "redis://orderdelay:" + aclPassword + "@" + addr + "/0",
+		keys: queue.NewKeys("delaytask:order"), db: db, dbURL: dbURL}
+	d := w.start("ORDERDELAY_API_TOKEN=" + tokenA + "," + tokenB)
+
+	serials := w.createOrders("sec", 3, time.Now().Add(200*time.Millisecond))
+	next := 0 // the next order to enqueue with an accepted token
+	for i, tc := range []struct {
+		auth string
+		want int
+	}{
+		{"", http.StatusUnauthorized},
+		{"Bearer wrong-token-wrong-token", http.StatusUnauthorized},
+		{"Basic " + tokenA, http.StatusUnauthorized},
+		{"Bearer " + tokenA[:len(tokenA)-1], http.StatusUnauthorized},
+		{"Bearer " + tokenA, http.StatusCreated},
+		{"Bearer " + tokenB, http.StatusCreated},
+		{"bearer " + tokenA, http.StatusCreated},
+	} {
+		serial := fmt.Sprintf("refused-%d", i)
+		if tc.want == http.StatusCreated {
+			serial = serials[next]
+			next++
+		}
+		if got := authed(t, d, http.MethodPut, "/v1/timeouts/"+serial, tc.auth, `{"after":"200ms"}`); got != tc.want {
+			t.Errorf("Authorization %q: %d, want %d", tc.auth, got, tc.want)
+		}
+	}
+	waitFor(t, "orders closed through the ACL user and TLS to PostgreSQL", 30*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 3
+	})
+	if n := w.count("SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE application_name LIKE 'orderdelay/%' AND NOT ssl"); n != 0 {
+		t.Errorf("%d daemon connections without TLS despite sslmode=require", n)
+	}
+	if got := authed(t, d, http.MethodPut, "/v1/timeouts/big", "Bearer "+tokenA, `{"after":"1m","x":"`+strings.Repeat("a", 20000)+`"}`); got != http.StatusRequestEntityTooLarge {
+		t.Errorf("oversized body: %d, want 413", got)
+	}
+	// A slow client that never finishes its headers is cut off.
+	conn, err := net.Dial("tcp", d.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Write([]byte("PUT /v1/timeouts/slow HTTP/1.1\r\nHost: x\r\n"))
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	start := time.Now()
+	_, err = io.ReadAll(conn)
+	conn.Close()
+	if err != nil || time.Since(start) > 20*time.Second {
+		t.Errorf("slow request not cut off: %v after %s", err, time.Since(start))
+	}
+	metricsBody := scrape(t, d)
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+
+	// Wrong credentials make the daemon log errors that carry URLs.
+	bad := *w
+	bad.redisURL = "redis://orderdelay:wrong-" + aclPassword + "@" + addr + "/0"
+	bd := &daemon{t: t, addr: freeAddr(t), done: make(chan struct{})}
+	bd.cmd = exec.Command(binary, "run")
+	bd.cmd.Env = bad.env("ORDERDELAY_HTTP_ADDR="+bd.addr, "ORDERDELAY_API_TOKEN="+tokenA)
+	bd.cmd.Stdout, bd.cmd.Stderr = bd, bd
+	if err := bd.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { bd.err = bd.cmd.Wait(); close(bd.done) }()
+	waitFor(t, "the wrong password is reported", 30*time.Second, func() bool {
+		return strings.Contains(bd.Output(), "WRONGPASS")
+	})
+	bd.stop()
+
+	everything := d.Output() + bd.Output() + metricsBody
+	for _, secret := range []string{redisPassword, aclPassword, pgPassword, tokenA, tokenB} {
+		if strings.Contains(everything, secret) {
+			t.Errorf("secret %q appears in the daemon's output or /metrics", secret)
+		}
+	}
+	if !strings.Contains(d.Output(), "xxxxx") {
+		t.Errorf("start-up log does not show masked URLs:\n%s", lastLines(d.Output(), 5))
+	}
+}
+
+func scrape(t *testing.T, d *daemon) string {
+	t.Helper()
+	resp, err := http.Get(d.url("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
