@@ -1,0 +1,249 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+func needRedisServer(tb testing.TB) {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Skip("redis-server is not on PATH; the harness runs a private one (apt-get install redis-server)")
+	}
+}
+
+type logWriter struct{ t *testing.T }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestQuick runs the whole harness at CI size. It asserts correctness only
+// — every run's orders closed once, none paid, none early, every section
+// produced its numbers and plots — never a timing: absolute speed on a
+// shared CI machine is not a test result.
+func TestQuick(t *testing.T) {
+	needRedisServer(t)
+	o := Defaults("quick")
+	o.OutDir = t.TempDir()
+	o.Log = logWriter{t}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		if rep != nil {
+			t.Log("\n" + rep.Markdown())
+		}
+		t.Fatal(err)
+	}
+	for _, c := range []string{CCeiling, COrderdelay, CTuned, CNaive1, CNaive16, CAsynq} {
+		if s, ok := rep.DrainSummary[c]; !ok || s.Median <= 0 {
+			t.Errorf("drain %s: no result", c)
+		}
+	}
+	for _, d := range rep.Drains {
+		if !d.TimeBoxed && d.Verdict.Closed != d.Verdict.Unpaid {
+			t.Errorf("drain %s: %d closed, want every unpaid order (%d)", d.Contender, d.Verdict.Closed, d.Verdict.Unpaid)
+		}
+		if d.Verdict.Closed == 0 {
+			t.Errorf("drain %s closed nothing", d.Contender)
+		}
+	}
+	if len(rep.Steady) != 3 {
+		t.Errorf("%d steady scenarios, want 3", len(rep.Steady))
+	}
+	for _, s := range rep.Steady {
+		if s.Orders == 0 || !s.KeepsUp || s.Verdict.Early != 0 || s.Verdict.Closed == 0 {
+			t.Errorf("steady %s: %+v", s.Scenario, s)
+		}
+	}
+	if rep.Big == nil || rep.Big.RSSKB == 0 || rep.Big.APICalls == 0 {
+		t.Errorf("big drain: %+v", rep.Big)
+	}
+	if len(rep.Enqueue) != 3 || len(rep.Idle) != 4 || len(rep.Memory) != 3 {
+		t.Errorf("enqueue %d, idle %d, memory %d results", len(rep.Enqueue), len(rep.Idle), len(rep.Memory))
+	}
+	for _, f := range []string{"report.md", "results.json", "lateness-cdf.png", "lateness-orderdelay.png",
+		"drain-contenders.png", "drain-vs-batch.png", "drain-vs-workers.png"} {
+		if st, err := os.Stat(filepath.Join(o.OutDir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s not written: %v", f, err)
+		}
+	}
+	t.Log("\n" + rep.Markdown())
+}
+
+// TestVerifyCatchesViolations: the correctness check must fail a run that
+// closed a paid order, closed one early, or miscounted its closes.
+func TestVerifyCatchesViolations(t *testing.T) {
+	ctx := context.Background()
+	e, err := newPGEnv(ctx, Defaults("quick").AdminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	name, err := e.newDB(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("postgres", e.dbURL(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	set := backlog(10, time.Now())
+	if err := loadPG(ctx, db, set); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := verify(ctx, db, false, 0, false); err != nil || !v.OK() {
+		t.Fatalf("untouched table: %+v %v", v, err)
+	}
+	if v, _ := verify(ctx, db, true, 0, false); v.OK() {
+		t.Error("unclosed orders passed a run that had to finish")
+	}
+	// serial 0 is paid; close it, and close serial 1 a second before its deadline.
+	db.ExecContext(ctx, `UPDATE orders SET status = 'closed', closed_at = now() WHERE serial_no = $1`, set.Serials[0])
+	db.ExecContext(ctx, `UPDATE orders SET status = 'closed', closed_at = expires_at - interval '1 second' WHERE serial_no = $1`, set.Serials[1])
+	v, err := verify(ctx, db, false, 2, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.OK() || v.PaidClosed != 1 || v.Early != 1 {
+		t.Errorf("violations not caught: %+v", v)
+	}
+	if v, _ := verify(ctx, db, false, 3, false); len(v.Violations) != 3 {
+		t.Errorf("a miscount was not caught: %v", v.Violations)
+	}
+}
+
+// benchDB gives a benchmark a database of its own holding n pending orders.
+func benchDB(b *testing.B, n int) (*sql.DB, *orderSet) {
+	b.Helper()
+	ctx := context.Background()
+	e, err := newPGEnv(ctx, Defaults("quick").AdminURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(e.Close)
+	name, err := e.newDB(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db, err := openPool(ctx, e.dbURL(name), ceilingConns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	set := backlog(n, time.Now())
+	for i := range set.Paid {
+		set.Paid[i] = false
+	}
+	if err := loadPG(ctx, db, set); err != nil {
+		b.Fatal(err)
+	}
+	return db, set
+}
+
+// benchClose closes b.N orders in batches of size through close, on one
+// connection: the SQL cost per order, without Redis or the daemon.
+func benchClose(b *testing.B, size int, close func(ctx context.Context, db *sql.DB, serials []string) (int, error)) {
+	db, set := benchDB(b, b.N)
+	ctx := context.Background()
+	b.ResetTimer()
+	closed := 0
+	for i := 0; i < b.N; i += size {
+		n, err := close(ctx, db, set.Serials[i:min(i+size, b.N)])
+		if err != nil {
+			b.Fatal(err)
+		}
+		closed += n
+	}
+	b.StopTimer()
+	if closed != b.N {
+		b.Fatalf("closed %d of %d", closed, b.N)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "orders/s")
+}
+
+// BenchmarkBatchClose compares the daemon's default close statement (a CTE
+// locking rows in serial order, then the UPDATE) with the plain batched
+// UPDATE of the ceiling, per order, at the default batch size and at 1,000.
+func BenchmarkBatchClose(b *testing.B) {
+	for _, size := range []int{500, 1000} {
+		b.Run("orderdelay-default-sql/"+strconv.Itoa(size), func(b *testing.B) {
+			benchClose(b, size, func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+				out, err := orders.NewStore(sqlx.NewDb(db, "postgres"), orders.Statements{}).Close(ctx, s)
+				return len(out), err
+			})
+		})
+		b.Run("ceiling-sql/"+strconv.Itoa(size), func(b *testing.B) {
+			benchClose(b, size, func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+				return countRows(ctx, db, ceilingSQL, pq.Array(s))
+			})
+		})
+	}
+}
+
+// allClosed is a Store for which every order is unpaid and closes at once:
+// with it the consumer runs only its Redis side (claim, finish) and its own
+// Go code.
+type allClosed struct{}
+
+func (allClosed) Close(_ context.Context, s []string) ([]string, error) { return s, nil }
+func (allClosed) Lookup(context.Context, []string) ([]string, error)    { return nil, nil }
+
+// BenchmarkClaimFinish drains b.N due entries through the real consumer
+// with a store that closes everything instantly: the claim script, the
+// finish script and the worker pool, per order, with no SQL.
+func BenchmarkClaimFinish(b *testing.B) {
+	needRedisServer(b)
+	r, err := startPrivateRedis("")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.Stop)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	b.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	keys := queue.NewKeys(benchKey)
+	set := backlog(b.N, time.Now())
+	if err := zaddAll(ctx, rdb, keys.Queue, set, 0, b.N); err != nil {
+		b.Fatal(err)
+	}
+	c := consumer.New(consumer.Config{Keys: keys}, rdb, allClosed{},
+		metrics.New(prometheus.NewRegistry(), "bench", "bench"), zap.NewNop())
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	b.ResetTimer()
+	go func() { defer close(done); c.Run(runCtx) }() //nolint:errcheck // nil on cancel
+	for {
+		n1, _ := rdb.ZCard(ctx, keys.Queue).Result()
+		n2, _ := rdb.ZCard(ctx, keys.Inflight).Result()
+		if n1 == 0 && n2 == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.StopTimer()
+	cancel()
+	<-done
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "orders/s")
+}
