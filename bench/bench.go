@@ -28,8 +28,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,6 +64,7 @@ type Options struct {
 	Binary         string        // prebuilt orderdelay binary (empty: go build it)
 	RepoRoot       string        // where to build it (empty: go list -m)
 	Log            io.Writer     // progress
+	Only           []string      // run only these steps (drain, sweep, big, steady, enqueue, idle); empty: all
 }
 
 // Defaults returns the options of a mode: "quick" (CI-sized, seconds),
@@ -79,7 +82,7 @@ func Defaults(mode string) Options {
 			{Workers: 1, BatchSize: 500}, {Workers: 2, BatchSize: 500}, {Workers: 8, BatchSize: 500},
 			{Workers: 16, BatchSize: 500},
 		},
-		Tuned:       Settings{Workers: 8, BatchSize: 1000},
+		Tuned:       Settings{Workers: 8, BatchSize: 500},
 		OutDir:      "results",
 		AdminURL:    envOr("ORDERDELAY_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		RedisServer: "redis-server",
@@ -161,15 +164,18 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	}{
 		{"drain", runDrains},
 		{"sweep", runSweep},
-		{"big drain", runBig},
-		{"steady arrival", runSteady},
+		{"big", runBig},
+		{"steady", runSteady},
 		{"enqueue", runEnqueue},
-		{"idle and memory", runIdle},
+		{"idle", runIdle},
 	}
 	var failed []string
 	for _, s := range steps {
 		if ctx.Err() != nil {
 			break
+		}
+		if len(opt.Only) > 0 && !slices.Contains(opt.Only, s.name) {
+			continue
 		}
 		e.logf("== %s", s.name)
 		if err := s.run(ctx, e, r); err != nil {
@@ -219,6 +225,7 @@ type Machine struct {
 	PostgreSQL string `json:"postgresql"`
 	Redis      string `json:"redis"`
 	LoadAvg    string `json:"loadavg_at_start"`
+	Revision   string `json:"revision"` // the orderdelay commit measured
 }
 
 func machine(ctx context.Context, e *env) Machine {
@@ -238,6 +245,7 @@ func machine(ctx context.Context, e *env) Machine {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		m.LoadAvg = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
+	m.Revision = revision(ctx, e.opt.RepoRoot)
 	if info, err := e.rdb.Info(ctx, "server").Result(); err == nil {
 		for _, l := range strings.Split(info, "\n") {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
@@ -272,3 +280,25 @@ func writeJSON(path string, v any) error {
 }
 
 func outPath(dir, name string) string { return filepath.Join(dir, name) }
+
+// revision names the commit the daemon was built from, and says so when
+// files outside bench/ differ from it (the harness builds the work tree).
+func revision(ctx context.Context, root string) string {
+	if root == "" {
+		out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/orderdelay/orderdelay").Output()
+		if err != nil {
+			return "unknown"
+		}
+		root = strings.TrimSpace(string(out))
+	}
+	head, err := exec.CommandContext(ctx, "git", "-C", root, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	rev := strings.TrimSpace(string(head))
+	st, _ := exec.CommandContext(ctx, "git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench").Output()
+	if n := len(strings.Fields(string(st))) / 2; n > 0 {
+		rev += fmt.Sprintf(" + %d uncommitted file(s)", n)
+	}
+	return rev
+}

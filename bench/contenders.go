@@ -416,12 +416,20 @@ func drainOrderdelay(s Settings, profileDir string) func(context.Context, drainC
 		if err != nil {
 			return drainOut{}, err
 		}
-		e.rdb.SlowLogReset(ctx)
+		if err := traceCommands(ctx, e.rdb, true); err != nil {
+			return drainOut{}, err
+		}
+		defer traceCommands(context.WithoutCancel(ctx), e.rdb, false) //nolint:errcheck // next run resets it too
 		probe := startProbe(d.HTTPAddr, 50*time.Millisecond)
 		var profErr chan error
 		if profileDir != "" {
 			profErr = make(chan error, 1)
-			secs := max(1, int(float64(dc.set.Len())/max(e.expectRate, 1)+0.5))
+			// Long enough for the whole drain: idle time adds no samples.
+			rate := e.expectRate
+			if rate <= 0 {
+				rate = 50_000
+			}
+			secs := max(1, int(1.2*float64(dc.set.Len())/rate+1))
 			go func() {
 				profErr <- fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", d.PprofAddr, secs),
 					filepath.Join(profileDir, "cpu-drain.pprof"))
@@ -462,7 +470,7 @@ func drainOrderdelay(s Settings, profileDir string) func(context.Context, drainC
 		out.cpu = meter.stop(e.pg.pgPidsOf(ctx, dc.dbName))
 		probe.stop()
 		out.handled = dc.set.Len()
-		slowMax, slow10, slowest := slowlog(ctx, e.rdb)
+		slow := slowlog(ctx, e.rdb)
 		rss := procStatusKB(d.Pid, "VmHWM")
 		if profErr != nil {
 			if err := <-profErr; err != nil {
@@ -483,7 +491,15 @@ func drainOrderdelay(s Settings, profileDir string) func(context.Context, drainC
 		out.extra = func(r *DrainResult) {
 			r.RSSKB = rss
 			r.APIMaxMs, r.APICalls, r.APIFailures = probe.MaxMs, probe.Calls, probe.Failure
-			r.SlowMaxMicros, r.SlowOver10ms, r.SlowestCmd = slowMax, slow10, slowest
+			r.SlowMaxMicros, r.SlowOver10ms, r.SlowestCmd = slow.MaxMicros, slow.Over10ms, slow.Slowest
+			r.RedisMicrosPerOrder = map[string]float64{}
+			for k, us := range slow.Micros {
+				r.RedisMicrosPerOrder[k] = float64(us) / n
+			}
+			r.RedisCalls = slow.Calls
+			if slow.Truncated {
+				r.RedisMicrosPerOrder["(log truncated)"] = 0
+			}
 			r.AllocBytesPerOrder = (after["go_memstats_alloc_bytes_total"] - before["go_memstats_alloc_bytes_total"]) / n
 			r.MallocsPerOrder = (after["go_memstats_mallocs_total"] - before["go_memstats_mallocs_total"]) / n
 			if k := after["orderdelay_orders_reconciled_total"]; k > 0 {

@@ -72,7 +72,7 @@ func tryStartRedis(path string) (*privateRedis, error) {
 		"--logfile", "", "--loglevel", "warning",
 		// Every command slower than 1 ms is logged, so the report can say
 		// how slow the slowest one was (target: none above 10 ms).
-		"--slowlog-log-slower-than", "1000", "--slowlog-max-len", "4096")
+		"--slowlog-log-slower-than", "1000", "--slowlog-max-len", strconv.Itoa(slowlogMaxLen))
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)

@@ -58,7 +58,11 @@ func run() int {
 	flag.StringVar(&o.RedisServer, "redis-server", o.RedisServer, "redis-server binary for the private server")
 	flag.StringVar(&o.Binary, "bin", o.Binary, "prebuilt orderdelay binary (default: go build ../cmd/orderdelay)")
 	flag.StringVar(&o.RepoRoot, "repo", o.RepoRoot, "orderdelay repository to build (default: the replaced module)")
+	only := flag.String("only", "", "comma-separated steps to run: drain,sweep,big,steady,enqueue,idle (default all)")
 	flag.Parse()
+	if *only != "" {
+		o.Only = strings.Split(*only, ",")
+	}
 	if *quick && *full {
 		fmt.Fprintln(os.Stderr, "odbench: -quick and -full exclude each other")
 		return 2
