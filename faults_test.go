@@ -213,7 +213,7 @@ func TestFaultRedisLosesTheQueue(t *testing.T) {
 	deadline := time.Now().Add(time.Second)
 	w.spread("lost", 10000, deadline, 10*time.Millisecond)
 	never := w.createOrders("never-enqueued", 50, deadline) // the checkout died before its ZADD
-	if err := w.rdb.FlushAll(ctx).Err(); err != nil {      // private server: Redis loses everything
+	if err := w.rdb.FlushAll(ctx).Err(); err != nil {       // private server: Redis loses everything
 		t.Fatal(err)
 	}
 	d := w.start("ORDERDELAY_LEASE=1s", "ORDERDELAY_STATEMENT_TIMEOUT=500ms", "ORDERDELAY_DRAIN_TIMEOUT=500ms",

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/config"
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/orders"
@@ -115,12 +116,13 @@ func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer, get
 
 // inspectJSON is `inspect --json` output.
 type inspectJSON struct {
-	Queue                string  `json:"queue"`
-	Depth                int64   `json:"depth"`
-	Overdue              int64   `json:"overdue"`
-	OldestOverdueSeconds float64 `json:"oldest_overdue_seconds"`
-	NextDeadline         *string `json:"next_deadline"`
-	DeadLetters          int64   `json:"dead_letters"`
+	Queue                string           `json:"queue"`
+	Depth                int64            `json:"depth"`
+	Overdue              int64            `json:"overdue"`
+	OldestOverdueSeconds float64          `json:"oldest_overdue_seconds"`
+	NextDeadline         *string          `json:"next_deadline"`
+	DeadLetters          int64            `json:"dead_letters"`
+	Paused               admin.PauseState `json:"pause"`
 }
 
 func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
@@ -134,8 +136,11 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if err != nil {
 		return err
 	}
-	if len(pos) > 0 {
-		return usagef("inspect takes no arguments, got %q", pos)
+	if len(pos) > 1 {
+		return usagef("inspect takes at most one serial, got %q", pos)
+	}
+	if len(pos) == 1 {
+		return inspectOrder(ctx, stdout, cfg, pos[0], asJSON)
 	}
 	rdb, err := newRedis(cfg)
 	if err != nil {
@@ -151,8 +156,16 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if err != nil {
 		return redactErr(err, cfg)
 	}
+	tools, err := admin.New(rdb, cfg.QueueKey, nil)
+	if err != nil {
+		return usageError{err}
+	}
+	pause, err := tools.PauseState(ctx)
+	if err != nil {
+		return redactErr(err, cfg)
+	}
 	out := inspectJSON{Queue: cfg.QueueKey, Depth: s.Depth, Overdue: s.Overdue,
-		OldestOverdueSeconds: s.OldestDue.Seconds(), DeadLetters: s.DeadLetters}
+		OldestOverdueSeconds: s.OldestDue.Seconds(), DeadLetters: s.DeadLetters, Paused: pause}
 	next := "none"
 	if !s.NextDeadline.IsZero() {
 		next = s.NextDeadline.UTC().Format(time.RFC3339Nano)
@@ -165,6 +178,9 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	}
 	fmt.Fprintf(stdout, "queue           %s\ndepth           %d\noverdue         %d\noldest overdue  %s\nnext deadline   %s\ndead letters    %d\n",
 		out.Queue, out.Depth, out.Overdue, s.OldestDue.Round(time.Millisecond), next, out.DeadLetters)
+	if pause.Paused {
+		fmt.Fprintf(stdout, "PAUSED          since %s: %s\n", pause.Since.UTC().Format(time.RFC3339), pause.Reason)
+	}
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/config"
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/httpapi"
@@ -99,6 +100,11 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		log.Debug("queue gauges unavailable for this scrape", zap.Error(err))
 	}))
 	d.store = orders.NewStore(d.db, cfg.Statements())
+	var closer consumer.Store = d.store
+	if cfg.DryRun {
+		closer = orders.DryRun{Store: d.store}
+		log.Warn("dry run: the close statement runs in transactions that are rolled back; nothing is closed and the queue is left as it is")
+	}
 	cl, err := client.New(d.rdb, cfg.QueueKey)
 	if err != nil {
 		return usageError{err}
@@ -108,7 +114,8 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		Keys: keys, Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
 		Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, DrainTimeout: cfg.DrainTimeout,
 		MaxAttempts: cfg.MaxAttempts, BackoffMax: cfg.BackoffMax, Owner: replicaName(),
-	}, d.rdb, d.store, d.m, log)
+		CloseDelay: cfg.CloseDelay, MaxCloseRate: cfg.MaxCloseRate, DryRun: cfg.DryRun,
+	}, d.rdb, closer, d.m, log)
 	live := liveness(cfg)
 	d.api = httpapi.New(httpapi.Config{
 		Tokens: cfg.APITokens,
@@ -120,6 +127,13 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		},
 		Ping: func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() },
 	}, d.prod, d.m, reg, log)
+	if len(cfg.AdminTokens) > 0 {
+		tools, err := admin.New(d.rdb, cfg.QueueKey, d.db)
+		if err != nil {
+			return usageError{err}
+		}
+		d.api.EnableAdmin(httpapi.AdminConfig{Tokens: cfg.AdminTokens, Tools: tools})
+	}
 
 	stopHTTP, err := d.serveHTTP()
 	if err != nil {
@@ -135,8 +149,9 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		if opts.started != nil {
 			go opts.started(ctx, d)
 		}
+		go d.janitor(ctx)
 		var rec *consumer.Reconciler
-		if cfg.ReconcileInterval > 0 {
+		if cfg.ReconcileInterval > 0 && !cfg.DryRun {
 			rec = consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Interval: cfg.ReconcileInterval,
 				Grace: cfg.ReconcileGrace}, d.rdb, d.store, d.m, log)
 		}
@@ -251,7 +266,57 @@ func (d *daemon) tryPrepareDB(ctx context.Context, migrate bool) error {
 		}
 		d.log.Info("schema migrated", zap.Uint("version", v))
 	}
-	return d.store.Verify(ctx)
+	if err := d.store.Verify(ctx); err != nil {
+		return err
+	}
+	d.schemaWarnings(ctx)
+	return nil
+}
+
+// schemaWarnings checks the reference schema, when the reference statements
+// are in use: its version, and the partial index the reconciler needs.
+func (d *daemon) schemaWarnings(ctx context.Context) {
+	if d.cfg.CloseSQL != "" || d.cfg.OverdueSQL != "" {
+		return // a shop's own schema: not ours to judge
+	}
+	var version int
+	err := d.db.GetContext(ctx, &version, "SELECT version FROM "+orders.MigrationsTable+" WHERE NOT dirty")
+	stale := err != nil || version < orders.SchemaVersion
+	d.m.Warn(metrics.CheckSchemaVersion, stale)
+	if stale {
+		d.log.Warn("the reference schema is not at this release's version: run orderdelay migrate",
+			zap.Int("found", version), zap.Int("want", orders.SchemaVersion), zap.NamedError("read_error", err))
+	}
+	var indexed bool
+	err = d.db.GetContext(ctx, &indexed, `SELECT EXISTS (SELECT 1 FROM pg_indexes
+		WHERE tablename = 'orders' AND indexdef ILIKE '%(expires_at)%' AND indexdef ILIKE '%WHERE%pending%')`)
+	d.m.Warn(metrics.CheckPendingIndex, err != nil || !indexed)
+	if err != nil || !indexed {
+		d.log.Warn("no partial index on orders(expires_at) WHERE status = 'pending': the reconciler will scan the table",
+			zap.NamedError("read_error", err))
+	}
+}
+
+// janitor purges old dead letters (ORDERDELAY_DEAD_LETTER_RETENTION and
+// _MAX) once a minute, so Redis memory cannot grow without bound.
+func (d *daemon) janitor(ctx context.Context) {
+	if d.cfg.DeadRetention == 0 && d.cfg.DeadMax == 0 {
+		return
+	}
+	for {
+		n, err := consumer.PurgeDead(ctx, d.rdb, queue.NewKeys(d.cfg.QueueKey), d.cfg.DeadRetention, d.cfg.DeadMax)
+		if err != nil && ctx.Err() == nil {
+			d.log.Debug("dead-letter purge failed; retrying later", zap.Error(err))
+		}
+		if n > 0 {
+			d.log.Info("purged old dead letters", zap.Int("count", n))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Minute):
+		}
+	}
 }
 
 // checkRedis warns, once Redis answers, about settings that can lose the
@@ -274,7 +339,10 @@ func (d *daemon) redisWarnings(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if v := infoField(info, "redis_version"); v != "" && versionBelow(v, 6, 2) {
+	v := infoField(info, "redis_version")
+	old := v != "" && versionBelow(v, 6, 2)
+	d.m.Warn(metrics.CheckRedisVersion, old)
+	if old {
 		d.log.Warn("redis is older than 6.2; orderdelay needs ZRANGE BYSCORE and ZMSCORE", zap.String("redis_version", v))
 	}
 	cfgs, err := d.rdb.ConfigGet(ctx, "*").Result()
@@ -282,11 +350,16 @@ func (d *daemon) redisWarnings(ctx context.Context) error {
 		d.log.Info("cannot read redis CONFIG (managed Redis?); check maxmemory-policy and persistence yourself", zap.Error(err))
 		return nil
 	}
-	if p := cfgs["maxmemory-policy"]; p != "" && p != "noeviction" {
+	p := cfgs["maxmemory-policy"]
+	evicts := p != "" && p != "noeviction"
+	d.m.Warn(metrics.CheckRedisEviction, evicts)
+	if evicts {
 		d.log.Warn("redis maxmemory-policy is not noeviction: under memory pressure Redis may evict the whole queue",
 			zap.String("maxmemory-policy", p))
 	}
-	if cfgs["save"] == "" && cfgs["appendonly"] != "yes" {
+	volatile := cfgs["save"] == "" && cfgs["appendonly"] != "yes"
+	d.m.Warn(metrics.CheckRedisPersistence, volatile)
+	if volatile {
 		d.log.Warn("redis persists nothing (no RDB snapshots, no AOF): a restart empties the queue and only the reconciler recovers it")
 	}
 	return nil

@@ -13,6 +13,11 @@
 //	orderdelay inspect [--json]          queue depth, overdue, next deadline, dead letters
 //	orderdelay inspect --dead            dead-lettered entries with reason, attempts, last error
 //	orderdelay requeue SERIAL... | --all put dead-lettered entries back
+//	orderdelay inspect SERIAL            one order in Redis and in PostgreSQL
+//	orderdelay pause | resume            stop and restart closing on every replica
+//	orderdelay extend --within D --by D  move deadlines of a window later
+//	orderdelay resync                    load pending orders into the queue
+//	orderdelay purge --dead --older-than D
 //	orderdelay demo [--duration 1m]      the daemon plus a simulated checkout, on its own database and keys
 //	orderdelay version
 //
@@ -64,6 +69,14 @@ Usage:
   orderdelay inspect [--json]            queue depth, overdue orders, next deadline, dead letters
   orderdelay inspect --dead [--limit N]  dead-lettered entries with reason, attempts and last error
   orderdelay requeue SERIAL... | --all   put dead-lettered entries back on the queue, due now
+  orderdelay inspect SERIAL [--json]     one order: its queue entry (state, lease, attempts) and its row
+
+Operator tools (see docs/operations.md):
+  orderdelay pause [--reason TEXT]       stop closing on every replica; enqueues continue
+  orderdelay resume                      close again
+  orderdelay extend --within 1h --by 15m give orders due in the window more time (queue and rows)
+  orderdelay resync [--rate N]           load pending orders from PostgreSQL into the queue (NX)
+  orderdelay purge --dead --older-than D remove old dead letters (or --keep N)
   orderdelay demo [--duration D]         the daemon plus a simulated checkout (own database and keys)
   orderdelay version
 
@@ -90,6 +103,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = cmdInspect(ctx, rest, stdout, stderr, getenv)
 	case "requeue":
 		err = cmdRequeue(ctx, rest, stdout, stderr, getenv)
+	case "pause":
+		err = cmdPause(ctx, rest, stdout, stderr, getenv)
+	case "resume":
+		err = cmdResume(ctx, rest, stdout, stderr, getenv)
+	case "extend":
+		err = cmdExtend(ctx, rest, stdout, stderr, getenv)
+	case "resync":
+		err = cmdResync(ctx, rest, stdout, stderr, getenv)
+	case "purge":
+		err = cmdPurge(ctx, rest, stdout, stderr, getenv)
 	case "demo":
 		err = cmdDemo(ctx, rest, stderr, getenv)
 	case "version", "--version", "-version":

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +52,12 @@ type Config struct {
 	CloseSQL          string
 	LookupSQL         string
 	OverdueSQL        string
+	CloseDelay        time.Duration // closing waits this long past the deadline
+	MaxCloseRate      float64       // orders/s per replica; 0 = unlimited
+	AdminTokens       []string      // bearer tokens for /admin/v1; none: admin API off
+	DryRun            bool          // report what would close; close nothing
+	DeadRetention     time.Duration // dead letters older than this are purged; 0 keeps them
+	DeadMax           int           // most dead letters kept (oldest purged first); 0: no cap
 }
 
 // Setting describes one setting.
@@ -125,6 +132,36 @@ var Settings = []Setting{
 		set: func(c *Config, v string) error { c.LookupSQL = v; return nil }},
 	{Env: "ORDERDELAY_OVERDUE_SQL", Default: "", Help: "reconciler statement: `$1 bigint` grace ms, `$2 bigint` limit → pending serials past deadline + grace (empty: reference schema)",
 		set: func(c *Config, v string) error { c.OverdueSQL = v; return nil }},
+	{Env: "ORDERDELAY_CLOSE_DELAY", Default: "0s", Help: "closing waits this long past the deadline (payments in flight); must be below the reconcile grace",
+		set: durationIn(func(c *Config) *time.Duration { return &c.CloseDelay }, 0, 24*time.Hour)},
+	{Env: "ORDERDELAY_MAX_CLOSE_RATE", Default: "0", Help: "most orders closed per second by this replica (`0`: unlimited)",
+		set: func(c *Config, v string) error {
+			r, err := strconv.ParseFloat(v, 64)
+			if err != nil || r < 0 || r > 1e7 || r != r {
+				return fmt.Errorf("want a number of orders per second from 0 (unlimited) to 10000000, got %q", v)
+			}
+			c.MaxCloseRate = r
+			return nil
+		}},
+	{Env: "ORDERDELAY_ADMIN_TOKEN", Default: "", Secret: true, Help: "bearer token(s) for the admin API `/admin/v1` (pause, extend, forensics), comma-separated, each at least 16 bytes, distinct from the API tokens (empty: admin API off)",
+		set: func(c *Config, v string) error {
+			toks, err := parseTokens(v)
+			c.AdminTokens = toks
+			return err
+		}},
+	{Env: "ORDERDELAY_DRY_RUN", Default: "false", Help: "run everything except the close: the close statement runs in a transaction that is rolled back, and what it would have closed is logged and counted; the queue is left as it is",
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("want true or false, got %q", v)
+			}
+			c.DryRun = b
+			return nil
+		}},
+	{Env: "ORDERDELAY_DEAD_LETTER_RETENTION", Default: "168h", Help: "dead letters older than this are purged (`0`: kept until purged by hand)",
+		set: durationIn(func(c *Config) *time.Duration { return &c.DeadRetention }, 0, 10*365*24*time.Hour)},
+	{Env: "ORDERDELAY_DEAD_LETTER_MAX", Default: "100000", Help: "most dead letters kept; the oldest beyond it are purged (`0`: no cap)",
+		set: intIn(func(c *Config) *int { return &c.DeadMax }, 0, 100_000_000)},
 }
 
 // Error is a refused setting; the command exits 2 on it.
@@ -208,6 +245,15 @@ func (c *Config) validate() []error {
 	if _, err := pq.NewConnector(c.DatabaseURL); err != nil {
 		bad("ORDERDELAY_DATABASE_URL", "not a valid PostgreSQL URL or DSN: "+Redact(err.Error(), c.DatabaseURL))
 	}
+	if c.ReconcileInterval > 0 && c.CloseDelay >= c.ReconcileGrace {
+		bad("ORDERDELAY_CLOSE_DELAY", fmt.Sprintf("%s must be below ORDERDELAY_RECONCILE_GRACE (%s), or the reconciler closes orders the delay holds back", c.CloseDelay, c.ReconcileGrace))
+	}
+	for _, a := range c.AdminTokens {
+		if slices.Contains(c.APITokens, a) {
+			bad("ORDERDELAY_ADMIN_TOKEN", "must differ from every ORDERDELAY_API_TOKEN: a producer must not be able to pause closing")
+			break
+		}
+	}
 	if c.HTTPAddr != "" && c.HTTPAddr == c.PprofAddr {
 		bad("ORDERDELAY_PPROF_ADDR", "must differ from ORDERDELAY_HTTP_ADDR: pprof never shares the public port")
 	}
@@ -269,18 +315,24 @@ func addr(field func(*Config) *string) func(*Config, string) error {
 }
 
 func setTokens(c *Config, v string) error {
-	c.APITokens = nil
+	toks, err := parseTokens(v)
+	c.APITokens = toks
+	return err
+}
+
+func parseTokens(v string) ([]string, error) {
 	if v == "" {
-		return nil
+		return nil, nil
 	}
+	var out []string
 	for t := range strings.SplitSeq(v, ",") {
 		t = strings.TrimSpace(t)
 		if len(t) < 16 {
-			return errors.New("each token must be at least 16 bytes (a short token is guessable)")
+			return nil, errors.New("each token must be at least 16 bytes (a short token is guessable)")
 		}
-		c.APITokens = append(c.APITokens, t)
+		out = append(out, t)
 	}
-	return nil
+	return out, nil
 }
 
 var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)

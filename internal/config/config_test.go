@@ -68,6 +68,12 @@ func TestDefaults(t *testing.T) {
 		{"ORDERDELAY_CLOSE_SQL", c.CloseSQL, ""},
 		{"ORDERDELAY_LOOKUP_SQL", c.LookupSQL, ""},
 		{"ORDERDELAY_OVERDUE_SQL", c.OverdueSQL, ""},
+		{"ORDERDELAY_CLOSE_DELAY", c.CloseDelay, time.Duration(0)},
+		{"ORDERDELAY_MAX_CLOSE_RATE", c.MaxCloseRate, 0.0},
+		{"ORDERDELAY_ADMIN_TOKEN", len(c.AdminTokens), 0},
+		{"ORDERDELAY_DRY_RUN", c.DryRun, false},
+		{"ORDERDELAY_DEAD_LETTER_RETENTION", c.DeadRetention, 7 * 24 * time.Hour},
+		{"ORDERDELAY_DEAD_LETTER_MAX", c.DeadMax, 100000},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
@@ -427,6 +433,12 @@ func TestSettingsGolden(t *testing.T) {
 		want = append(want, s.Env)
 	}
 	slices.Sort(want)
+	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" && !slices.Equal(got, want) {
+		if err := os.WriteFile(repoFile("testdata/settings.txt"), []byte(strings.Join(want, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got = want
+	}
 	if !slices.Equal(got, want) {
 		var diff strings.Builder
 		for _, w := range want {
@@ -465,6 +477,20 @@ func TestReadmeTable(t *testing.T) {
 		t.Skip("README.md has no line " + readmeMarker + "; add it before the configuration table to have this test check it")
 	}
 	want := config.Markdown()
+	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" && !strings.HasPrefix(after, want) {
+		// Replace the old table (the lines starting with "|") after the marker.
+		lines := strings.SplitAfter(after, "\n")
+		i := 0
+		for i < len(lines) && strings.HasPrefix(lines[i], "|") {
+			i++
+		}
+		before, _, _ := strings.Cut(readme, readmeMarker+"\n")
+		updated := before + readmeMarker + "\n" + want + strings.Join(lines[i:], "")
+		if err := os.WriteFile(repoFile("README.md"), []byte(updated), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		after = want
+	}
 	if !strings.HasPrefix(after, want) {
 		got := after
 		if n := strings.Count(want, "\n"); n > 0 {

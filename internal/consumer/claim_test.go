@@ -35,7 +35,7 @@ func TestClaimIsAtomicAcrossReplicas(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				res, err := c.claim(context.Background())
+				res, err := c.claimBatch(context.Background())
 				if err != nil {
 					t.Error(err)
 					return
@@ -77,7 +77,7 @@ func TestClaimTakesNothingBeforeItsDeadline(t *testing.T) {
 	e.enqueue([]string{"future-1"}, now.Add(2*time.Second))
 	e.enqueue([]string{"due-1"}, now.Add(-time.Millisecond))
 	c := e.consumer(Config{})
-	res, err := c.claim(context.Background())
+	res, err := c.claimBatch(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestClaimDeadLettersMalformedEntries(t *testing.T) {
 		}
 	}
 	c := e.consumer(Config{})
-	res, err := c.claim(ctx)
+	res, err := c.claimBatch(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func checkAgreement(t testing.TB, e *env, members []string) {
 		}
 	}
 	c := e.consumer(Config{BatchSize: 5000})
-	res, err := c.claim(ctx)
+	res, err := c.claimBatch(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 	deadline := e.redisNow().Add(-1500 * time.Millisecond)
 	e.enqueue([]string{"lease-1"}, deadline)
 	c := e.consumer(Config{Lease: time.Minute})
-	res, err := c.claim(ctx)
+	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
@@ -252,7 +252,7 @@ func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
 	ctx := context.Background()
 	e.enqueue([]string{"resched-1", "resched-2"}, e.redisNow().Add(-time.Second))
 	c := e.consumer(Config{})
-	res, err := c.claim(ctx)
+	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 2 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
@@ -280,7 +280,7 @@ func TestIdempotentEnqueueDuringLeaseDoesNotDuplicate(t *testing.T) {
 	deadline := e.redisNow().Add(-time.Second)
 	e.enqueue([]string{"dup-1"}, deadline)
 	c := e.consumer(Config{})
-	if _, err := c.claim(ctx); err != nil {
+	if _, err := c.claimBatch(ctx); err != nil {
 		t.Fatal(err)
 	}
 	r, at, err := e.cl.Enqueue(ctx, "dup-1", time.Now().Add(time.Hour), client.Create)
@@ -301,16 +301,16 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	deadline := e.redisNow().Add(-time.Second)
 	e.enqueue([]string{"dead-replica-1"}, deadline)
 	a := e.consumer(Config{Owner: "a"})
-	if res, err := a.claim(ctx); err != nil || len(res.items) != 1 {
+	if res, err := a.claimBatch(ctx); err != nil || len(res.items) != 1 {
 		t.Fatalf("claim a: %v", err)
 	}
 	b := e.consumer(Config{Owner: "b"})
-	if res, err := b.claim(ctx); err != nil || len(res.items) != 0 {
+	if res, err := b.claimBatch(ctx); err != nil || len(res.items) != 0 {
 		t.Fatalf("b claimed %d entries while a's lease holds", len(res.items))
 	}
 	// Replica a dies; move its lease expiry into the past instead of waiting.
 	e.rdb.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: "dead-replica-1"})
-	res, err := b.claim(ctx)
+	res, err := b.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim b after expiry: %v, %d items", err, len(res.items))
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -70,6 +71,13 @@ type Config struct {
 	CloseDelay       time.Duration // an entry is due this long after its deadline (0: at it)
 	HeadCheck        time.Duration // idle poll of the queue head; negative disables it
 	Owner            string        // replica name in lease tokens; default host-pid
+	// MaxCloseRate caps the orders this replica claims (and so closes) per
+	// second; 0 means unlimited.
+	MaxCloseRate float64
+	// DryRun leaves the queue as it is: due entries are read, not leased,
+	// each once; the Store's Close is expected not to commit (see
+	// orders.DryRun); nothing is removed, retried or dead-lettered.
+	DryRun bool
 }
 
 func (c *Config) setDefaults() {
@@ -120,12 +128,20 @@ type Consumer struct {
 	pgMu   sync.Mutex
 	// stopping is closed when shutdown begins; it cuts backoff waits.
 	stopping <-chan struct{}
+	limiter  *rate.Limiter // nil: unlimited
+	// Dry-run cursor (scan loop only): the last deadline read and the
+	// members read at exactly that deadline.
+	peekFrom int64
+	peekSeen map[string]struct{}
 }
 
 // New returns a Consumer.
 func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff()}
+	if cfg.MaxCloseRate > 0 {
+		c.limiter = rate.NewLimiter(rate.Limit(cfg.MaxCloseRate), cfg.BatchSize)
+	}
 	c.beat.Store(time.Now().UnixNano())
 	return c
 }
@@ -159,6 +175,7 @@ type claimResult struct {
 	now, nextQueue, nextExpiry int64
 	items                      []item
 	reclaimed                  int
+	paused                     bool
 	dead                       map[string]int
 }
 
@@ -247,7 +264,12 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 				return
 			}
 		}
-		res, err := c.claim(ctx)
+		limit, ok := c.claimLimit(ctx)
+		if !ok {
+			<-sem
+			return
+		}
+		res, err := c.claim(ctx, limit)
 		if err != nil {
 			<-sem
 			if ctx.Err() != nil {
@@ -265,6 +287,18 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 		redisBack.Reset()
 		c.m.SetUp(metrics.DepRedis, true)
 		c.m.LastScan.Set(float64(c.now().UnixNano()) / 1e9)
+		if res.paused {
+			<-sem
+			c.m.Paused.Set(1)
+			if !c.waitPaused(ctx, wake) {
+				return
+			}
+			continue
+		}
+		c.m.Paused.Set(0)
+		if c.limiter != nil {
+			c.limiter.ReserveN(time.Now(), len(res.items))
+		}
 		if len(res.items) > 0 {
 			wg.Add(1)
 			go func() {
@@ -275,13 +309,49 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 			<-sem
 		}
 		next := earliest(res.nextQueue+c.cfg.CloseDelay.Milliseconds(), res.nextExpiry, res.nextQueue >= 0)
-		if len(res.items) == c.cfg.BatchSize || (next >= 0 && next <= res.now) {
+		if len(res.items) == limit || (next >= 0 && next <= res.now) {
 			continue // more is due now
 		}
 		if !c.wait(ctx, res.now, next, wake) {
 			return
 		}
 	}
+}
+
+// claimLimit is how many entries the next claim may take: the batch size,
+// or fewer when ORDERDELAY_MAX_CLOSE_RATE allows fewer right now (it waits
+// until at least one is allowed). It reports false when ctx ended.
+func (c *Consumer) claimLimit(ctx context.Context) (int, bool) {
+	if c.limiter == nil {
+		return c.cfg.BatchSize, true
+	}
+	for {
+		tokens := c.limiter.Tokens()
+		if tokens >= 1 {
+			return min(int(tokens), c.cfg.BatchSize), true
+		}
+		c.m.CloseRateLimited.Inc()
+		wait := time.Duration((1 - tokens) / float64(c.limiter.Limit()) * float64(time.Second))
+		if !sleepCtx(ctx, max(wait, time.Millisecond)) {
+			return 0, false
+		}
+		c.heartbeat()
+	}
+}
+
+// waitPaused sleeps one scan interval, or until a wake-up (resume
+// publishes one), so every replica sees a pause and a resume within one
+// scan interval without polling faster than that.
+func (c *Consumer) waitPaused(ctx context.Context, wake <-chan int64) bool {
+	t := time.NewTimer(c.cfg.ScanInterval)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-wake:
+	}
+	return true
 }
 
 // earliest returns the smaller of two Unix-ms instants, -1 standing for
@@ -363,13 +433,17 @@ func (c *Consumer) token() string {
 	return c.cfg.Owner + ":" + strconv.FormatUint(c.seq.Add(1), 36)
 }
 
-// claim runs claimScript once and accounts for what it did.
-func (c *Consumer) claim(ctx context.Context) (claimResult, error) {
+// claim runs claimScript once, for at most limit entries, and accounts for
+// what it did.
+func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
+	if c.cfg.DryRun {
+		return c.peek(ctx, limit)
+	}
 	k := c.cfg.Keys
 	tok := c.token()
 	raw, err := claimScript.Run(ctx, c.rdb,
-		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo},
-		c.cfg.BatchSize, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
+		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused},
+		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
 		c.cfg.CloseDelay.Milliseconds()).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim: %w", err)
@@ -395,10 +469,11 @@ var errReply = errors.New("unexpected reply")
 
 func parseClaim(raw []any) (claimResult, error) {
 	var r claimResult
-	if len(raw) != 5 {
-		return r, fmt.Errorf("%w: %d fields, want 5", errReply, len(raw))
+	if len(raw) != 6 {
+		return r, fmt.Errorf("%w: %d fields, want 6", errReply, len(raw))
 	}
-	ints := [3]*int64{&r.now, &r.nextQueue, &r.nextExpiry}
+	var paused int64
+	ints := map[int]*int64{0: &r.now, 1: &r.nextQueue, 2: &r.nextExpiry, 5: &paused}
 	for i, p := range ints {
 		v, ok := raw[i].(int64)
 		if !ok {
@@ -406,6 +481,7 @@ func parseClaim(raw []any) (claimResult, error) {
 		}
 		*p = v
 	}
+	r.paused = paused == 1
 	claimed, ok1 := raw[3].([]any)
 	dead, ok2 := raw[4].([]any)
 	if !ok1 || !ok2 || len(claimed)%4 != 0 || len(dead)%2 != 0 {

@@ -114,3 +114,56 @@ func RequeueAll(ctx context.Context, rdb redis.UniversalClient, k queue.Keys) (i
 		}
 	}
 }
+
+// purgeScript removes up to ARGV[3] dead letters that are older than
+// ARGV[1] (Unix ms; -1: none by age) or beyond the newest ARGV[2] (0: no
+// cap), with their records.
+//
+//	KEYS[1] -> {queue}:dead KEYS[2] -> {queue}:deadinfo
+//
+// Returns the number removed.
+var purgeScript = redis.NewScript(`
+local limit = tonumber(ARGV[3])
+local victims = {}
+if tonumber(ARGV[1]) >= 0 then
+  victims = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, limit)
+end
+local keep = tonumber(ARGV[2])
+if #victims < limit and keep > 0 then
+  local over = redis.call('ZCARD', KEYS[1]) - #victims - keep
+  if over > 0 then
+    local extra = redis.call('ZRANGE', KEYS[1], #victims, #victims + math.min(over, limit - #victims) - 1)
+    for _, s in ipairs(extra) do victims[#victims+1] = s end
+  end
+end
+for _, s in ipairs(victims) do
+  redis.call('ZREM', KEYS[1], s)
+  redis.call('HDEL', KEYS[2], s)
+end
+return #victims
+`)
+
+// PurgeDead removes dead letters dead-lettered before olderThan ago
+// (0: none by age) and the oldest beyond keepMax (0: no cap), in steps of
+// 1,000, and returns how many it removed.
+func PurgeDead(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, olderThan time.Duration, keepMax int) (int, error) {
+	cutoff := int64(-1)
+	if olderThan > 0 {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			return 0, fmt.Errorf("purge dead letters: %w", err)
+		}
+		cutoff = now.Add(-olderThan).UnixMilli()
+	}
+	total := 0
+	for {
+		n, err := purgeScript.Run(ctx, rdb, []string{k.Dead, k.DeadInfo}, cutoff, keepMax, 1000).Int()
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("purge dead letters: %w", err)
+		}
+		if n < 1000 {
+			return total, nil
+		}
+	}
+}

@@ -179,3 +179,8 @@ func (e *env) card(key string) int64 {
 	}
 	return n
 }
+
+// claimBatch claims up to a full batch.
+func (c *Consumer) claimBatch(ctx context.Context) (claimResult, error) {
+	return c.claim(ctx, c.cfg.BatchSize)
+}

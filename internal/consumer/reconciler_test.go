@@ -25,7 +25,7 @@ func TestReconcilerClosesOnlyOrdersTheQueueLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := e.consumer(Config{BatchSize: 5})
-	if res, err := c.claim(ctx); err != nil || len(res.items) != len(leased) {
+	if res, err := c.claimBatch(ctx); err != nil || len(res.items) != len(leased) {
 		t.Fatalf("claim: %v", err)
 	}
 	e.enqueue(queued, longAgo)

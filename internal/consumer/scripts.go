@@ -81,6 +81,7 @@ end
 //	KEYS[1] -> queue            KEYS[2] -> {queue}:inflight
 //	KEYS[3] -> {queue}:deadlines KEYS[4] -> {queue}:lease
 //	KEYS[5] -> {queue}:dead      KEYS[6] -> {queue}:deadinfo
+//	KEYS[7] -> {queue}:paused
 //	ARGV[1] -> limit: most entries to lease
 //	ARGV[2] -> lease duration, ms
 //	ARGV[3] -> lease token (unique per claim; no '|')
@@ -93,12 +94,24 @@ end
 // dead-letter set instead. "Now" is Redis's clock, so all replicas agree and
 // nothing is claimed before its deadline.
 //
-// Returns {now, next queue deadline or -1, next expiry or -1, claimed, dead}
+// While KEYS[7] exists (an operator paused closing) it claims nothing and
+// changes nothing.
+//
+// Returns {now, next queue deadline or -1, next expiry or -1, claimed, dead,
+// paused (1 or 0)}
 // where claimed is a flat array of serial, deadline, attempts, re-claimed
 // (1 if a lease of a replica expired, else 0) and dead a flat array of
 // serial, reason.
 var claimScript = redis.NewScript(luaValidSerial + luaHelpers + `
 local now = now_ms()
+local function head(key)
+  local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if h[2] then return tonumber(h[2]) end
+  return -1
+end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return {now, head(KEYS[1]), head(KEYS[2]), {}, {}, 1}
+end
 local limit = tonumber(ARGV[1])
 local expiry = now + tonumber(ARGV[2])
 local token = ARGV[3]
@@ -179,12 +192,7 @@ if #deadArgs > 0 then
   bulk('HSET', KEYS[6], deadInfoArgs)
 end
 
-local nextQ, nextI = -1, -1
-local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if h[2] then nextQ = tonumber(h[2]) end
-h = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if h[2] then nextI = tonumber(h[2]) end
-return {now, nextQ, nextI, claimed, dead}
+return {now, head(KEYS[1]), head(KEYS[2]), claimed, dead, 0}
 `)
 
 // finishScript removes settled entries (closed, or paid/closed already).

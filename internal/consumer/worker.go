@@ -44,12 +44,21 @@ func (c *Consumer) closeItems(workCtx, ctx context.Context, items []item) {
 	for _, it := range items {
 		if _, ok := isClosed[it.serial]; ok {
 			done = append(done, it)
-			c.m.Lateness.Observe(committed.Sub(time.UnixMilli(it.deadline)).Seconds())
+			if !c.cfg.DryRun {
+				c.m.Lateness.Observe(committed.Sub(time.UnixMilli(it.deadline)).Seconds())
+			}
 		} else {
 			rest = append(rest, it)
 		}
 	}
-	c.m.Closed.Add(float64(len(done)))
+	if c.cfg.DryRun {
+		c.m.DryRunWouldClose.Add(float64(len(done)))
+		if len(closed) > 0 {
+			c.log.Info("dry run: would close", zap.Strings("serials", closed))
+		}
+	} else {
+		c.m.Closed.Add(float64(len(done)))
+	}
 
 	if len(rest) > 0 {
 		exists, err := c.store.Lookup(ctx, serialsOf(rest))
@@ -181,6 +190,9 @@ func bookkeeping() (context.Context, context.CancelFunc) {
 
 // finish removes settled entries (compare-and-set on the lease).
 func (c *Consumer) finish(items []item) {
+	if c.cfg.DryRun {
+		return // the queue is left as it is
+	}
 	if len(items) == 0 {
 		return
 	}
@@ -198,6 +210,9 @@ func (c *Consumer) finish(items []item) {
 }
 
 func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason string) {
+	if c.cfg.DryRun {
+		return // the queue is left as it is
+	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	k := c.cfg.Keys
@@ -216,6 +231,9 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 }
 
 func (c *Consumer) bury(items []item, reason, lastErr string) {
+	if c.cfg.DryRun {
+		return // the queue is left as it is
+	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	k := c.cfg.Keys
@@ -234,6 +252,9 @@ func (c *Consumer) bury(items []item, reason, lastErr string) {
 
 // handBack returns claims to the queue with their true deadlines.
 func (c *Consumer) handBack(items []item) {
+	if c.cfg.DryRun {
+		return // the queue is left as it is
+	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	k := c.cfg.Keys

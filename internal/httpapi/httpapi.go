@@ -54,6 +54,7 @@ type Server struct {
 	log      *zap.Logger
 	gatherer prometheus.Gatherer
 	stopping atomic.Bool
+	admin    *AdminConfig // nil: no admin API
 }
 
 // New returns a Server.
@@ -77,6 +78,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/v1/", s.auth(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
+	s.adminRoutes(mux)
 	return mux
 }
 
@@ -110,12 +112,17 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	if len(s.cfg.Tokens) == 0 {
 		return next
 	}
+	return s.bearer(s.cfg.Tokens, next)
+}
+
+// bearer lets through requests carrying one of tokens.
+func (s *Server) bearer(tokens []string, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		// The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
 		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		ok = ok && strings.EqualFold(scheme, "Bearer")
 		valid := 0
-		for _, t := range s.cfg.Tokens {
+		for _, t := range tokens {
 			// Compare against every token, so timing says nothing about
 			// which one (if any) matched.
 			valid |= subtle.ConstantTimeCompare([]byte(got), []byte(t))

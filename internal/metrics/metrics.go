@@ -51,7 +51,24 @@ type Metrics struct {
 	Inflight     prometheus.Gauge
 	LastScan     prometheus.Gauge
 	DependencyUp *prometheus.GaugeVec
+	// Operator tools.
+	Paused           prometheus.Gauge
+	CloseRateLimited prometheus.Counter
+	DryRunWouldClose prometheus.Counter
+	ConfigWarning    *prometheus.GaugeVec
 }
+
+// Config-warning checks label orderdelay_config_warning.
+const (
+	CheckRedisEviction    = "redis_eviction"
+	CheckRedisPersistence = "redis_persistence"
+	CheckRedisVersion     = "redis_version"
+	CheckSchemaVersion    = "schema_version"
+	CheckPendingIndex     = "pending_index"
+)
+
+// ConfigChecks lists every config-warning check.
+var ConfigChecks = []string{CheckRedisEviction, CheckRedisPersistence, CheckRedisVersion, CheckSchemaVersion, CheckPendingIndex}
 
 // New creates the metrics and registers them, with build information, on
 // reg.
@@ -106,6 +123,25 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 			Name: "orderdelay_dependency_up",
 			Help: "Whether the last use of a dependency succeeded (1) or failed (0).",
 		}, []string{"dependency"}),
+		Paused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "orderdelay_paused",
+			Help: "1 while an operator has paused closing on this queue (seen by this replica at its last scan), else 0.",
+		}),
+		CloseRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_close_rate_limited_total",
+			Help: "Times ORDERDELAY_MAX_CLOSE_RATE held back a claim.",
+		}),
+		DryRunWouldClose: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_dry_run_would_close_total",
+			Help: "Orders the close statement would have closed in dry-run mode (nothing was closed).",
+		}),
+		ConfigWarning: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "orderdelay_config_warning",
+			Help: "1 when a start-up check found a risky setup (see the log line), else 0.",
+		}, []string{"check"}),
+	}
+	for _, c := range ConfigChecks {
+		m.ConfigWarning.WithLabelValues(c)
 	}
 	for _, r := range []string{SkipSettled, SkipNotFound} {
 		m.Skipped.WithLabelValues(r)
@@ -126,7 +162,8 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 	})
 	info.Set(1)
 	reg.MustRegister(m.Enqueued, m.Claimed, m.Reclaimed, m.Closed, m.Reconciled, m.Skipped,
-		m.DeadLettered, m.Errors, m.Lateness, m.Inflight, m.LastScan, m.DependencyUp, info)
+		m.DeadLettered, m.Errors, m.Lateness, m.Inflight, m.LastScan, m.DependencyUp, info,
+		m.Paused, m.CloseRateLimited, m.DryRunWouldClose, m.ConfigWarning)
 	return m
 }
 
@@ -137,4 +174,13 @@ func (m *Metrics) SetUp(dep string, up bool) {
 		v = 1
 	}
 	m.DependencyUp.WithLabelValues(dep).Set(v)
+}
+
+// Warn sets the config-warning gauge of check.
+func (m *Metrics) Warn(check string, on bool) {
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.ConfigWarning.WithLabelValues(check).Set(v)
 }

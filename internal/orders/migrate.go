@@ -15,6 +15,9 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
+// SchemaVersion is the version the embedded migrations bring the schema to.
+const SchemaVersion = 1
+
 // MigrationsTable is where the schema version is recorded.
 const MigrationsTable = "orderdelay_schema_migrations"
 

@@ -213,3 +213,19 @@ func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, 
 	_, err = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_verify")
 	return err
 }
+
+// DryRun is a Store whose Close runs the close statement in a transaction
+// that it always rolls back: it returns what would have been closed and
+// changes nothing (side effects of a custom statement are rolled back too).
+type DryRun struct{ *Store }
+
+// Close reports which of serials the close statement would close.
+func (d DryRun) Close(ctx context.Context, serials []string) ([]string, error) {
+	tx, err := d.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	// Roll back even if ctx was cancelled meanwhile.
+	defer tx.Rollback() //nolint:errcheck // rolling back is the point
+	return d.CloseOn(ctx, tx, serials)
+}

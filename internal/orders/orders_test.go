@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"strconv"
 	"strings"
@@ -584,5 +585,24 @@ func TestTransientClassification(t *testing.T) {
 				t.Errorf("Transient(%v) = %v, want %v", tt.err, got, tt.transient)
 			}
 		})
+	}
+}
+
+// SchemaVersion must be the number of the newest embedded migration, or the
+// start-up schema check warns on an up-to-date database.
+func TestSchemaVersionMatchesMigrations(t *testing.T) {
+	entries, err := fs.ReadDir(orders.MigrationFiles(), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newest := 0
+	for _, e := range entries {
+		var n int
+		if _, err := fmt.Sscanf(e.Name(), "%d_", &n); err == nil && n > newest {
+			newest = n
+		}
+	}
+	if newest != orders.SchemaVersion {
+		t.Fatalf("newest migration is %d, orders.SchemaVersion is %d", newest, orders.SchemaVersion)
 	}
 }

@@ -14,6 +14,7 @@
 //	{Q}:dead           sorted set: serial -> time it was dead-lettered, Unix ms
 //	{Q}:deadinfo       hash: serial -> "reason|attempts|deadline|last error"
 //	{Q}:wake           pub/sub channel: deadline of a newly added entry
+//	{Q}:paused         string: why closing is paused (absent: not paused)
 //
 // Redis Cluster hashes only the part in braces, so every companion lands in
 // the same slot as Q itself and one script may touch them all.
@@ -51,6 +52,7 @@ type Keys struct {
 	Dead      string // dead-letter set, scored by time of death
 	DeadInfo  string // per-entry dead-letter record
 	Wake      string // pub/sub channel announcing new early deadlines
+	Paused    string // present while closing is paused; holds the reason
 }
 
 // NewKeys returns the keys of the queue named key. It does not validate key;
@@ -65,6 +67,7 @@ func NewKeys(key string) Keys {
 		Dead:      tag + "dead",
 		DeadInfo:  tag + "deadinfo",
 		Wake:      tag + "wake",
+		Paused:    tag + "paused",
 	}
 }
 
