@@ -1,0 +1,456 @@
+package orderdelay_test
+
+// Scale tests (issue 8, parts 1 and 2): the real binary on a real Redis
+// Sentinel deployment through a failover, and on a real 3-master Redis
+// Cluster. Both run on private redis-server processes on free loopback
+// ports (internal/testenv), never on the shared Redis.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// sum adds one metric over several replicas.
+func sum(name string, ds ...*daemon) float64 {
+	var v float64
+	for _, d := range ds {
+		v += d.metrics()[name]
+	}
+	return v
+}
+
+// noRoutingErrors fails the test if a daemon logged a Cluster routing or
+// key-slot error, or counted any error at all.
+func noRoutingErrors(t *testing.T, ds ...*daemon) {
+	t.Helper()
+	for i, d := range ds {
+		out := d.Output()
+		for _, bad := range []string{"CROSSSLOT", "MOVED", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"} {
+			if strings.Contains(out, bad) {
+				t.Errorf("daemon %d logged %s:\n%s", i, bad, lastLines(out, 20))
+			}
+		}
+		if v := d.metrics()["orderdelay_errors_total"]; v != 0 {
+			t.Errorf("daemon %d: orderdelay_errors_total %v, want 0:\n%s", i, v, lastLines(out, 20))
+		}
+	}
+}
+
+// numsub counts the subscribers of a channel over every node of a cluster.
+func numsub(t *testing.T, c *testenv.Cluster, channel string) int64 {
+	t.Helper()
+	var n int64
+	for _, addr := range c.Addrs {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		m, err := rdb.PubSubNumSub(context.Background(), channel).Result()
+		rdb.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += m[channel]
+	}
+	return n
+}
+
+// clusterWorld is a world on a private Redis Cluster: the daemon gets the
+// cluster URL; w.rdb is a plain client of the master that serves key's slot
+// (every key of the queue is in that slot), for the shared helpers.
+func clusterWorld(t *testing.T, c *testenv.Cluster, key, node string) *world {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: node})
+	t.Cleanup(func() { rdb.Close() })
+	db, dsn := testenv.Postgres(t)
+	return &world{t: t, rdb: rdb, redisURL: c.URL(), keys: queue.NewKeys(key), db: db, dbURL: dsn}
+}
+
+// keyOn returns a queue key (prefix plus a number) whose slot is served by
+// a master not in avoid, and that master's address.
+func keyOn(t *testing.T, c *testenv.Cluster, prefix string, avoid ...string) (string, string) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 1000 {
+		key := fmt.Sprintf("%s:%d", prefix, i)
+		node, err := c.NodeFor(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clash := false
+		for _, a := range avoid {
+			clash = clash || a == node
+		}
+		if !clash {
+			return key, node
+		}
+	}
+	t.Fatalf("no key %s:N avoids %v", prefix, avoid)
+	return "", ""
+}
+
+func TestScaleClusterIntegration(t *testing.T) {
+	c := testenv.PrivateCluster(t)
+	ctx := context.Background()
+	crdb := c.Client(t)
+	// Neither queue lives on the first node, the one the daemon is pointed
+	// at: every command must be routed; and the two queues are on
+	// different masters.
+	keyA, nodeA := keyOn(t, c, "shop-a:order", c.Addrs[0])
+	keyB, nodeB := keyOn(t, c, "shop-b:order", c.Addrs[0], nodeA)
+	first := redis.NewClient(&redis.Options{Addr: c.Addrs[0]})
+	defer first.Close()
+	if err := first.ZCard(ctx, keyA).Err(); err == nil || !strings.HasPrefix(err.Error(), "MOVED") {
+		t.Fatalf("ZCARD %s on the first node: %v, want MOVED (the key must live elsewhere)", keyA, err)
+	}
+	t.Logf("queue %s on %s, queue %s on %s; daemons given %s", keyA, nodeA, keyB, nodeB, c.URL())
+
+	a := clusterWorld(t, c, keyA, nodeA)
+	b := clusterWorld(t, c, keyB, nodeB)
+	a.withAudit()
+	b.withAudit()
+	settings := []string{"ORDERDELAY_REDIS_MODE=cluster", "ORDERDELAY_CLOSE_SQL=" + auditClose, "ORDERDELAY_BATCH_SIZE=50"}
+	a1, a2 := a.start(settings...), a.start(settings...)
+	// Queue B's replica also runs the reconciler at short intervals, so its
+	// pipelined look-up (ZMSCORE on the queue, HMGET on the lease hash) runs
+	// on the cluster too.
+	b1 := b.start(append(settings, "ORDERDELAY_LEASE=1s", "ORDERDELAY_STATEMENT_TIMEOUT=500ms",
+		"ORDERDELAY_DRAIN_TIMEOUT=500ms", "ORDERDELAY_RECONCILE_INTERVAL=500ms", "ORDERDELAY_RECONCILE_GRACE=2s")...)
+	// The wake channel {Q}:wake is subscribed on some node; Redis Cluster
+	// forwards PUBLISH to every node, so a subscriber anywhere hears it.
+	waitFor(t, "every daemon subscribed to its wake channel", 10*time.Second, func() bool {
+		return numsub(t, c, a.keys.Wake) == 2 && numsub(t, c, b.keys.Wake) == 1
+	})
+
+	// Queue A: as TestIntegrationClosesUnpaidOrders, half through the HTTP
+	// API of both replicas, half by raw ZADD through a cluster client.
+	deadline := time.Now().Add(3 * time.Second)
+	serials := a.createOrders("cla", 1000, deadline)
+	var wg sync.WaitGroup
+	for i, s := range serials {
+		if i%2 == 1 {
+			continue
+		}
+		d := a1
+		if i%4 == 2 {
+			d = a2
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code := put(t, d, s, `{"at":"`+deadline.UTC().Format(time.RFC3339Nano)+`"}`); code != http.StatusCreated {
+				t.Errorf("PUT %s: status %d, want 201", s, code)
+			}
+		}()
+		if i%64 == 0 {
+			wg.Wait()
+		}
+	}
+	wg.Wait()
+	var odd []redis.Z
+	for i := 1; i < len(serials); i += 2 {
+		odd = append(odd, redis.Z{Score: float64(queue.DeadlineMillis(deadline)), Member: serials[i]})
+	}
+	if err := crdb.ZAdd(ctx, keyA, odd...).Err(); err != nil {
+		t.Fatalf("raw ZADD through the cluster client: %v", err)
+	}
+
+	// Queue B: the Go client package on a cluster client (one pipeline of
+	// script calls), then Get and Cancel.
+	bSerials := b.createOrders("clb", 1000, deadline)
+	b.createOrders("never-enqueued", 50, deadline) // the checkout died before its enqueue
+	cl, err := client.New(crdb, keyB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := make([]client.Item, len(bSerials))
+	for i, s := range bSerials {
+		items[i] = client.Item{Serial: s, Deadline: deadline}
+	}
+	res, err := cl.EnqueueMany(ctx, items, client.Create)
+	if err != nil {
+		t.Fatalf("EnqueueMany on a cluster client: %v", err)
+	}
+	for i, r := range res {
+		if r.Result != client.Created {
+			t.Fatalf("EnqueueMany item %d: %s, want created", i, r.Result)
+		}
+	}
+	if e, err := cl.Get(ctx, bSerials[0]); err != nil || e.State != client.StateQueued {
+		t.Fatalf("Get on a cluster client: %+v, %v; want queued", e, err)
+	}
+
+	// 100 of each queue are paid before their deadline; 50 of queue B's
+	// paid ones also have their timeout cancelled, as a checkout would.
+	for _, w := range []*world{a, b} {
+		ss := serials
+		if w == b {
+			ss = bSerials
+		}
+		if _, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)", pq.Array(ss[:100])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range bSerials[:50] {
+		if err := cl.Cancel(ctx, s); err != nil {
+			t.Fatalf("Cancel on a cluster client: %v", err)
+		}
+	}
+	if time.Now().After(deadline) {
+		t.Fatalf("setup took longer than the payment window; cannot check timing")
+	}
+
+	waitFor(t, "both queues drained", 60*time.Second, func() bool { return a.queueLen() == 0 && b.queueLen() == 0 })
+	waitFor(t, "the reconciler closes what was never enqueued", 30*time.Second, func() bool {
+		return b.count("SELECT count(*) FROM orders WHERE status = 'pending'") == 0
+	})
+	for _, w := range []*world{a, b} {
+		want := 900
+		if w == b {
+			want += 50
+		}
+		if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != want {
+			t.Errorf("queue %s: %d orders closed, want %d", w.keys.Queue, n, want)
+		}
+		if n := w.count("SELECT count(*) FROM orders WHERE status = 'paid'"); n != 100 {
+			t.Errorf("queue %s: %d orders paid, want the 100 untouched", w.keys.Queue, n)
+		}
+		w.checkInvariants()
+		if dc := w.doubleCloses(); dc != 0 {
+			t.Errorf("queue %s: %d orders closed twice", w.keys.Queue, dc)
+		}
+	}
+	for name, want := range map[string]float64{
+		"orderdelay_orders_closed_total":                    900,
+		`orderdelay_orders_skipped_total{reason="settled"}`: 100,
+		"orderdelay_enqueued_total":                         500,
+		"orderdelay_claimed_total":                          1000,
+		"orderdelay_reclaimed_total":                        0,
+	} {
+		if v := sum(name, a1, a2); v != want {
+			t.Errorf("queue A: %s summed over both replicas %v, want %v", name, v, want)
+		}
+	}
+	for name, want := range map[string]float64{
+		"orderdelay_orders_closed_total":                    900,
+		`orderdelay_orders_skipped_total{reason="settled"}`: 50,
+		"orderdelay_claimed_total":                          950,
+		"orderdelay_orders_reconciled_total":                50,
+	} {
+		if v := b1.metrics()[name]; v != want {
+			t.Errorf("queue B: %s %v, want %v", name, v, want)
+		}
+	}
+	if got := a.count("SELECT count(DISTINCT replica) FROM close_audit"); got != 2 {
+		t.Errorf("%d replica(s) of queue A closed orders, want both", got)
+	}
+	p50, p99 := a.lateness()
+	t.Logf("queue A lateness over 900 closes: p50 %s, p99 %s; replica 1 closed %v, replica 2 closed %v",
+		p50.Round(time.Millisecond), p99.Round(time.Millisecond),
+		a1.metrics()["orderdelay_orders_closed_total"], a2.metrics()["orderdelay_orders_closed_total"])
+
+	// A producer writing seconds instead of milliseconds: dead-lettered,
+	// and inspect (in cluster mode) shows it.
+	secs := a.createOrders("secs", 1, time.Now().Add(-time.Minute))
+	if err := crdb.ZAdd(ctx, keyA, redis.Z{Score: float64(time.Now().Unix()), Member: secs[0]}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "entry dead-lettered", 30*time.Second, func() bool {
+		return sum(`orderdelay_dead_lettered_total{reason="score_out_of_range"}`, a1, a2) == 1
+	})
+	if st := a.status(secs[0]); st != "pending" {
+		t.Errorf("the order was touched: %s, want pending", st)
+	}
+	for _, q := range []struct {
+		key  string
+		dead int64
+	}{{keyA, 1}, {keyB, 0}} {
+		out, err := exec.Command(binary, "inspect", "--json", "--redis-mode", "cluster", "--redis-url", c.URL(),
+			"--queue-key", q.key).CombinedOutput()
+		if err != nil {
+			t.Fatalf("inspect %s: %v\n%s", q.key, err, out)
+		}
+		var got struct {
+			Depth       int64 `json:"depth"`
+			DeadLetters int64 `json:"dead_letters"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("inspect --json: %v\n%s", err, out)
+		}
+		if got.Depth != 0 || got.DeadLetters != q.dead {
+			t.Errorf("inspect %s: depth %d, dead letters %d; want 0 and %d", q.key, got.Depth, got.DeadLetters, q.dead)
+		}
+	}
+	out, err := exec.Command(binary, "inspect", "--dead", "--redis-mode", "cluster", "--redis-url", c.URL(),
+		"--queue-key", keyA).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "score_out_of_range") || !strings.Contains(string(out), secs[0]) {
+		t.Errorf("inspect --dead: %v; want %s with score_out_of_range:\n%s", err, secs[0], out)
+	}
+	info, err := crdb.HGet(ctx, a.keys.DeadInfo, secs[0]).Result()
+	if err != nil || !strings.HasPrefix(info, "score_out_of_range|") {
+		t.Errorf("dead-letter record %q (%v), want reason score_out_of_range", info, err)
+	}
+
+	noRoutingErrors(t, a1, a2, b1)
+	for _, d := range []*daemon{a1, a2, b1} {
+		if code := d.stop(); code != 0 {
+			t.Errorf("exit status %d after SIGTERM, want 0", code)
+		}
+	}
+}
+
+// enqueueRecord is one enqueue by the sentinel test's checkout.
+type enqueueRecord struct {
+	start, end time.Time
+	ok         bool // 201 Created
+}
+
+func TestScaleSentinelFailover(t *testing.T) {
+	s := testenv.PrivateSentinel(t)
+	db, dsn := testenv.Postgres(t)
+	// w.rdb is a failover client: it follows the master like the daemon.
+	w := &world{t: t, rdb: s.Client(t), redisURL: s.URL(), keys: queue.NewKeys("delaytask:order"), db: db, dbURL: dsn}
+	w.withAudit()
+	const n = 3000
+	start := time.Now().Add(time.Second)
+	const span = 6 * time.Second
+	serials := w.spread("fo", n, start, span)
+	if _, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)", pq.Array(serials[:300])); err != nil {
+		t.Fatal(err)
+	}
+	d := w.start("ORDERDELAY_REDIS_MODE=sentinel", "ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=100",
+		"ORDERDELAY_LEASE=1s", "ORDERDELAY_STATEMENT_TIMEOUT=500ms", "ORDERDELAY_DRAIN_TIMEOUT=500ms",
+		"ORDERDELAY_RECONCILE_INTERVAL=500ms", "ORDERDELAY_RECONCILE_GRACE=2s")
+
+	// A checkout keeps taking orders through the failover: it commits the
+	// order, then enqueues its timeout through the daemon's API. An enqueue
+	// that fails while Redis fails over leaves a pending order nowhere in
+	// Redis, as if the checkout died between its commit and its ZADD; one
+	// the old master acknowledged but never replicated is lost with it.
+	// Both are the reconciler's job.
+	var mu sync.Mutex
+	var enqueues []enqueueRecord
+	stopProducer := make(chan struct{})
+	producerDone := make(chan struct{})
+	hc := &http.Client{Timeout: 2 * time.Second}
+	go func() {
+		defer close(producerDone)
+		for i := 0; ; i++ {
+			select {
+			case <-stopProducer:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			due := time.Now().Add(time.Second)
+			batch := make([]string, 5)
+			for j := range batch {
+				batch[j] = fmt.Sprintf("live-%04d-%d", i, j)
+			}
+			if _, err := w.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT s, $2 FROM unnest($1::text[]) s`,
+				pq.Array(batch), due); err != nil {
+				t.Error(err)
+				return
+			}
+			for _, s := range batch {
+				rec := enqueueRecord{start: time.Now()}
+				req, _ := http.NewRequest(http.MethodPut, d.url("/v1/timeouts/"+s),
+					strings.NewReader(`{"at":"`+due.UTC().Format(time.RFC3339Nano)+`"}`))
+				if resp, err := hc.Do(req); err == nil {
+					resp.Body.Close()
+					rec.ok = resp.StatusCode == http.StatusCreated
+				}
+				rec.end = time.Now()
+				mu.Lock()
+				enqueues = append(enqueues, rec)
+				mu.Unlock()
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stopProducer:
+		default:
+			close(stopProducer)
+		}
+		<-producerDone
+	}()
+
+	closed := func() int { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") }
+	waitFor(t, "a quarter of the backlog closed", 30*time.Second, func() bool { return closed() >= n/4 })
+	// The replica falls behind, then the master dies: what it acknowledged
+	// meanwhile (enqueues, claims, removals) is gone after the failover.
+	s.CutReplication()
+	cut := time.Now()
+	time.Sleep(300 * time.Millisecond)
+	lag, err := s.ReplicationLag(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := closed()
+	killed := time.Now()
+	if err := s.KillMaster(); err != nil {
+		t.Fatal(err)
+	}
+	promoted, err := s.WaitFailover(30 * time.Second)
+	if err != nil {
+		t.Fatalf("no failover: %v", err)
+	}
+	failover := time.Since(killed)
+	waitFor(t, "the daemon closes orders again", 30*time.Second, func() bool { return closed() > before+50 })
+	resumed := time.Since(killed)
+	// Keep producing until the backlog's last deadline, then let the
+	// producer's last orders fall due.
+	time.Sleep(time.Until(start.Add(span)))
+	close(stopProducer)
+	<-producerDone
+	waitFor(t, "every order past its deadline settled", 60*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orders WHERE status = 'pending'") == 0
+	})
+	w.checkInvariants()
+	if dc := w.doubleCloses(); dc != 0 {
+		t.Errorf("%d orders closed twice", dc)
+	}
+	var failed, lost int
+	for _, e := range enqueues {
+		switch {
+		case !e.ok:
+			failed++
+		case e.start.After(cut) && e.end.Before(killed):
+			lost++ // acknowledged by a master whose replica was cut off
+		}
+	}
+	total := n + len(enqueues)
+	if got := w.count("SELECT count(*) FROM orders"); got != total {
+		t.Errorf("%d orders in the table, want %d", got, total)
+	}
+	if got := closed(); got != total-300 {
+		t.Errorf("%d orders closed, want %d (all but the 300 paid)", got, total-300)
+	}
+	m := d.metrics()
+	fast, reconciled := m["orderdelay_orders_closed_total"], m["orderdelay_orders_reconciled_total"]
+	if int(fast+reconciled) != closed() {
+		t.Errorf("fast path %v + reconciler %v closes, want the %d in the table", fast, reconciled, closed())
+	}
+	if int(reconciled) < lost {
+		t.Errorf("the reconciler closed %v orders, want at least the %d whose enqueue the failover lost", reconciled, lost)
+	}
+	t.Logf("master killed with %d/%d closed, %d bytes of replication stream unreplicated; sentinels promoted %s after %s; the daemon closed orders again after %s",
+		before, n-300, lag, promoted, failover.Round(time.Millisecond), resumed.Round(time.Millisecond))
+	t.Logf("%d orders enqueued through the API during the run: %d acknowledged and lost by the failover, %d failed; fast path closed %v, reconciler %v; claim errors %v, re-claims %v, settled skips %v",
+		len(enqueues), lost, failed, fast, reconciled, m[`orderdelay_errors_total{stage="claim"}`],
+		m["orderdelay_reclaimed_total"], m[`orderdelay_orders_skipped_total{reason="settled"}`])
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d after SIGTERM, want 0", code)
+	}
+}
