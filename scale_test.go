@@ -135,7 +135,9 @@ func TestScaleClusterIntegration(t *testing.T) {
 
 	// Queue A: as TestIntegrationClosesUnpaidOrders, half through the HTTP
 	// API of both replicas, half by raw ZADD through a cluster client.
-	deadline := time.Now().Add(3 * time.Second)
+	// A wider payment window than the standalone test's: three daemons
+	// share two cores with the test while it sets up.
+	deadline := time.Now().Add(4 * time.Second)
 	serials := a.createOrders("cla", 1000, deadline)
 	var wg sync.WaitGroup
 	for i, s := range serials {

@@ -78,8 +78,10 @@ func tryStartServer(t testing.TB, bin string, args func(port int, dir string) ([
 	if err != nil {
 		return nil, err
 	}
+	// Readiness is a PING answered (sentinels log differently from data
+	// servers); the writer only keeps the output for error messages.
 	s := &server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Port: port, Dir: dir,
-		out: &readyWriter{marker: []byte("\x00never"), ready: make(chan struct{})}, exited: make(chan struct{})}
+		out: &readyWriter{marker: []byte("\x00unused"), ready: make(chan struct{})}, exited: make(chan struct{})}
 	s.cmd = exec.Command(bin, a...)
 	s.cmd.Dir = dir
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
