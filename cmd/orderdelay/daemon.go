@@ -29,6 +29,7 @@ import (
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/producer"
 	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/tasks"
 )
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer, getenv func(string) (string, bool)) error {
@@ -65,6 +66,17 @@ type daemon struct {
 	prod  *producer.Producer
 	cons  *consumer.Consumer
 	api   *httpapi.Server
+	tasks *tasks.Manager // nil without a queues file
+}
+
+// loadQueues reads ORDERDELAY_QUEUES_FILE; a bad file is a configuration
+// error (exit 2).
+func loadQueues(cfg config.Config) (tasks.File, error) {
+	f, err := tasks.Load(cfg.QueuesFile)
+	if err != nil {
+		return f, usageError{fmt.Errorf("ORDERDELAY_QUEUES_FILE (--queues-file): %w", err)}
+	}
+	return f, nil
 }
 
 // liveness is how long the scan loop may be silent before /healthz fails.
@@ -80,7 +92,10 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		zap.Int("workers", cfg.Workers), zap.Int("batch_size", cfg.BatchSize), zap.Duration("lease", cfg.Lease),
 		zap.Duration("scan_interval", cfg.ScanInterval), zap.Bool("api_auth", len(cfg.APITokens) > 0))
 	d := &daemon{cfg: cfg, log: log}
-	var err error
+	queuesFile, err := loadQueues(cfg)
+	if err != nil {
+		return err
+	}
 	if d.rdb, err = newRedis(cfg); err != nil {
 		return usageError{redactErr(err, cfg)}
 	}
@@ -110,6 +125,13 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		return usageError{err}
 	}
 	d.prod = producer.New(cl, d.m, nil)
+	if len(queuesFile.Queues) > 0 {
+		fam := metrics.NewTaskFamilies(reg, d.m)
+		if d.tasks, err = tasks.NewManager(queuesFile, d.rdb, d.db, fam, log, replicaName()); err != nil {
+			return usageError{err}
+		}
+		log.Info("task queues", zap.Strings("queues", d.tasks.Names()))
+	}
 	d.cons = consumer.New(consumer.Config{
 		Keys: keys, Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
 		Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, DrainTimeout: cfg.DrainTimeout,
@@ -133,6 +155,10 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 			return usageError{err}
 		}
 		d.api.EnableAdmin(httpapi.AdminConfig{Tokens: cfg.AdminTokens, Tools: tools})
+	}
+
+	if d.tasks != nil {
+		d.api.EnableTasks(d.tasks)
 	}
 
 	stopHTTP, err := d.serveHTTP()
@@ -162,6 +188,14 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 				rec.Run(ctx) //nolint:errcheck // returns nil when ctx ends
 			}
 		}()
+		tasksDone := make(chan struct{})
+		go func() {
+			defer close(tasksDone)
+			if d.tasks != nil {
+				d.tasks.Run(ctx) // each queue drains and hands back like the order queue
+			}
+		}()
+		defer func() { <-tasksDone }()
 		// Steps 2-4: stop claiming, finish in-flight batches within the
 		// drain timeout, hand back what is left (consumer.Run, in order).
 		d.cons.Run(ctx) //nolint:errcheck // returns nil when ctx ends
@@ -268,6 +302,11 @@ func (d *daemon) tryPrepareDB(ctx context.Context, migrate bool) error {
 	}
 	if err := d.store.Verify(ctx); err != nil {
 		return err
+	}
+	if d.tasks != nil {
+		if err := d.tasks.Verify(ctx); err != nil {
+			return err
+		}
 	}
 	d.schemaWarnings(ctx)
 	return nil

@@ -71,6 +71,11 @@ Usage:
   orderdelay requeue SERIAL... | --all   put dead-lettered entries back on the queue, due now
   orderdelay inspect SERIAL [--json]     one order: its queue entry (state, lease, attempts) and its row
 
+Named task queues (ORDERDELAY_QUEUES_FILE, see docs/tasks.md):
+  orderdelay task put QUEUE ID (--after D | --at TIME) [--payload JSON] [--reschedule | --only-later]
+  orderdelay task get QUEUE ID
+  orderdelay task delete QUEUE ID...
+
 Operator tools (see docs/operations.md):
   orderdelay pause [--reason TEXT]       stop closing on every replica; enqueues continue
   orderdelay resume                      close again
@@ -113,6 +118,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = cmdResync(ctx, rest, stdout, stderr, getenv)
 	case "purge":
 		err = cmdPurge(ctx, rest, stdout, stderr, getenv)
+	case "task":
+		err = cmdTask(ctx, rest, stdout, stderr, getenv)
 	case "demo":
 		err = cmdDemo(ctx, rest, stderr, getenv)
 	case "version", "--version", "-version":

@@ -58,6 +58,7 @@ type Config struct {
 	DryRun            bool          // report what would close; close nothing
 	DeadRetention     time.Duration // dead letters older than this are purged; 0 keeps them
 	DeadMax           int           // most dead letters kept (oldest purged first); 0: no cap
+	QueuesFile        string        // named task queues; empty: none
 }
 
 // Setting describes one setting.
@@ -162,6 +163,8 @@ var Settings = []Setting{
 		set: durationIn(func(c *Config) *time.Duration { return &c.DeadRetention }, 0, 10*365*24*time.Hour)},
 	{Env: "ORDERDELAY_DEAD_LETTER_MAX", Default: "100000", Help: "most dead letters kept; the oldest beyond it are purged (`0`: no cap)",
 		set: intIn(func(c *Config) *int { return &c.DeadMax }, 0, 100_000_000)},
+	{Env: "ORDERDELAY_QUEUES_FILE", Default: "", Help: "YAML file declaring named task queues (see `configs/orderdelay.yaml`); empty: the order queue only",
+		set: func(c *Config, v string) error { c.QueuesFile = v; return nil }},
 }
 
 // Error is a refused setting; the command exits 2 on it.

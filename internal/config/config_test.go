@@ -74,6 +74,7 @@ func TestDefaults(t *testing.T) {
 		{"ORDERDELAY_DRY_RUN", c.DryRun, false},
 		{"ORDERDELAY_DEAD_LETTER_RETENTION", c.DeadRetention, 7 * 24 * time.Hour},
 		{"ORDERDELAY_DEAD_LETTER_MAX", c.DeadMax, 100000},
+		{"ORDERDELAY_QUEUES_FILE", c.QueuesFile, ""},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

@@ -78,6 +78,18 @@ type Config struct {
 	// each once; the Store's Close is expected not to commit (see
 	// orders.DryRun); nothing is removed, retried or dead-lettered.
 	DryRun bool
+
+	// Task queues (nil/zero for the order queue):
+	// Process runs a task queue's action instead of the order close.
+	Process ProcessFunc
+	// Retry is the delay before retry number attempts+1 of a failed task.
+	Retry func(attempts int) time.Duration
+	// Forward moves due tasks into a stream or list in the claim itself,
+	// atomically, instead of leasing them to workers.
+	Forward *Forward
+	// CountRedeliveries makes a re-claim of an expired lease spend an
+	// attempt (tasks handed to polling consumers).
+	CountRedeliveries bool
 }
 
 func (c *Config) setDefaults() {
@@ -129,6 +141,9 @@ type Consumer struct {
 	// stopping is closed when shutdown begins; it cuts backoff waits.
 	stopping <-chan struct{}
 	limiter  *rate.Limiter // nil: unlimited
+	// wake carries deadlines (Unix ms) the scanner should wake for:
+	// producers' (via pub/sub) and this replica's own retries.
+	wake chan int64
 	// Dry-run cursor (scan loop only): the last deadline read and the
 	// members read at exactly that deadline.
 	peekFrom int64
@@ -175,6 +190,7 @@ type claimResult struct {
 	now, nextQueue, nextExpiry int64
 	items                      []item
 	reclaimed                  int
+	forwarded                  int
 	paused                     bool
 	dead                       map[string]int
 }
@@ -195,6 +211,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancelWork()
 	var wg sync.WaitGroup
 	wake := make(chan int64, 64)
+	c.wake = wake
 	subDone := c.subscribe(ctx, wake)
 
 	c.scan(ctx, workCtx, &wg, wake)
@@ -309,7 +326,7 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 			<-sem
 		}
 		next := earliest(res.nextQueue+c.cfg.CloseDelay.Milliseconds(), res.nextExpiry, res.nextQueue >= 0)
-		if len(res.items) == limit || (next >= 0 && next <= res.now) {
+		if len(res.items)+res.forwarded == limit || (next >= 0 && next <= res.now) {
 			continue // more is due now
 		}
 		if !c.wait(ctx, res.now, next, wake) {
@@ -439,12 +456,15 @@ func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
 	if c.cfg.DryRun {
 		return c.peek(ctx, limit)
 	}
+	if c.cfg.Forward != nil {
+		return c.forward(ctx, limit)
+	}
 	k := c.cfg.Keys
 	tok := c.token()
 	raw, err := claimScript.Run(ctx, c.rdb,
 		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused},
 		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
-		c.cfg.CloseDelay.Milliseconds()).Slice()
+		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries)).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim: %w", err)
 	}

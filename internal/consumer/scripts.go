@@ -87,6 +87,8 @@ end
 //	ARGV[3] -> lease token (unique per claim; no '|')
 //	ARGV[4] -> how far ahead a deadline may lie, ms (larger: dead-lettered)
 //	ARGV[5] -> close delay, ms: an entry is due at deadline + delay
+//	ARGV[6] -> "1" to count a re-claim of an expired lease as an attempt
+//	           (task queues whose consumers poll), else "0"
 //
 // First it takes back entries whose lease or backoff expired, then due
 // entries from the queue. Members that are not valid serials, scores that are
@@ -141,11 +143,13 @@ for i = 1, #exp, 2 do
   local s = exp[i]
   local d, a, tok = parse(redis.call('HGET', KEYS[4], s))
   if not d then d = tonumber(redis.call('ZSCORE', KEYS[3], s)) or tonumber(exp[i+1]) end
-  lease(s, d, a or 0)
   local again = 0
   if tok and tok ~= '-' then again = 1 end
+  a = a or 0
+  if again == 1 and ARGV[6] == '1' then a = a + 1 end
+  lease(s, d, a)
   claimed[#claimed+1] = s; claimed[#claimed+1] = d
-  claimed[#claimed+1] = a or 0; claimed[#claimed+1] = again
+  claimed[#claimed+1] = a; claimed[#claimed+1] = again
 end
 
 -- 2. due entries of the queue
@@ -198,6 +202,7 @@ return {now, head(KEYS[1]), head(KEYS[2]), claimed, dead, 0}
 // finishScript removes settled entries (closed, or paid/closed already).
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
+//	KEYS[4] -> {queue}:payload (task queues only: payloads go with the entry)
 //	ARGV[1] -> lease token; ARGV[2..] -> serials
 //
 // Compare-and-set: only entries whose lease record still carries the token
@@ -214,6 +219,7 @@ if #rem > 0 then
   bulk('HDEL', KEYS[3], rem)
   bulk('ZREM', KEYS[1], rem)
   bulk('ZREM', KEYS[2], rem)
+  if KEYS[4] then bulk('HDEL', KEYS[4], rem) end
 end
 return #rem
 `)

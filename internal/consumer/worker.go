@@ -19,6 +19,10 @@ func (c *Consumer) process(workCtx context.Context, items []item) {
 	defer c.m.Inflight.Sub(float64(len(items)))
 	ctx, cancel := context.WithTimeout(workCtx, c.cfg.StatementTimeout)
 	defer cancel()
+	if c.cfg.Process != nil {
+		c.processTasks(workCtx, ctx, items)
+		return
+	}
 	c.closeItems(workCtx, ctx, items)
 }
 
@@ -199,9 +203,13 @@ func (c *Consumer) finish(items []item) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	k := c.cfg.Keys
+	keys := []string{k.Inflight, k.Deadlines, k.Lease}
+	if c.cfg.Process != nil {
+		keys = append(keys, k.Payload)
+	}
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok}, anys(serials)...)
-		if err := finishScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease}, args...).Err(); err != nil {
+		if err := finishScript.Run(ctx, c.rdb, keys, args...).Err(); err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
@@ -219,6 +227,11 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	sp := 0
 	if spend {
 		sp = 1
+	}
+	// Wake the scanner for the retry if it sleeps longer than that.
+	select {
+	case c.wake <- time.Now().Add(delay).UnixMilli():
+	default:
 	}
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok, delay.Milliseconds(), sp, reason}, anys(serials)...)

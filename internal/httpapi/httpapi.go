@@ -30,6 +30,7 @@ import (
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/producer"
+	"github.com/orderdelay/orderdelay/internal/tasks"
 )
 
 // MaxBodyBytes bounds a request body.
@@ -54,7 +55,8 @@ type Server struct {
 	log      *zap.Logger
 	gatherer prometheus.Gatherer
 	stopping atomic.Bool
-	admin    *AdminConfig // nil: no admin API
+	admin    *AdminConfig   // nil: no admin API
+	tasks    *tasks.Manager // nil: no task queues
 }
 
 // New returns a Server.
@@ -79,6 +81,7 @@ func (s *Server) Handler() http.Handler {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
 	s.adminRoutes(mux)
+	s.taskRoutes(mux)
 	return mux
 }
 

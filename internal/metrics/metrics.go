@@ -47,7 +47,7 @@ type Metrics struct {
 	Skipped      *prometheus.CounterVec
 	DeadLettered *prometheus.CounterVec
 	Errors       *prometheus.CounterVec
-	Lateness     prometheus.Histogram
+	Lateness     prometheus.Observer
 	Inflight     prometheus.Gauge
 	LastScan     prometheus.Gauge
 	DependencyUp *prometheus.GaugeVec
@@ -56,6 +56,8 @@ type Metrics struct {
 	CloseRateLimited prometheus.Counter
 	DryRunWouldClose prometheus.Counter
 	ConfigWarning    *prometheus.GaugeVec
+	// Forwarded counts tasks moved to a stream or list (task queues only).
+	Forwarded prometheus.Counter
 }
 
 // Config-warning checks label orderdelay_config_warning.
@@ -73,6 +75,11 @@ var ConfigChecks = []string{CheckRedisEviction, CheckRedisPersistence, CheckRedi
 // New creates the metrics and registers them, with build information, on
 // reg.
 func New(reg prometheus.Registerer, version, revision string) *Metrics {
+	lateness := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "orderdelay_close_lateness_seconds",
+		Help:    "Time from an order's deadline to the commit of its close.",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200},
+	})
 	m := &Metrics{
 		Enqueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "orderdelay_enqueued_total",
@@ -106,11 +113,7 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 			Name: "orderdelay_errors_total",
 			Help: "Errors, by stage of the pipeline.",
 		}, []string{"stage"}),
-		Lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "orderdelay_close_lateness_seconds",
-			Help:    "Time from an order's deadline to the commit of its close.",
-			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200},
-		}),
+		Lateness: lateness,
 		Inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "orderdelay_inflight_orders",
 			Help: "Entries this replica holds under a lease right now.",
@@ -143,6 +146,7 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 	for _, c := range ConfigChecks {
 		m.ConfigWarning.WithLabelValues(c)
 	}
+	m.Forwarded = prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"}) // order queue: nothing forwarded
 	for _, r := range []string{SkipSettled, SkipNotFound} {
 		m.Skipped.WithLabelValues(r)
 	}
@@ -162,7 +166,7 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 	})
 	info.Set(1)
 	reg.MustRegister(m.Enqueued, m.Claimed, m.Reclaimed, m.Closed, m.Reconciled, m.Skipped,
-		m.DeadLettered, m.Errors, m.Lateness, m.Inflight, m.LastScan, m.DependencyUp, info,
+		m.DeadLettered, m.Errors, lateness, m.Inflight, m.LastScan, m.DependencyUp, info,
 		m.Paused, m.CloseRateLimited, m.DryRunWouldClose, m.ConfigWarning)
 	return m
 }

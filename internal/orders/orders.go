@@ -158,6 +158,9 @@ func (s *Store) Verify(ctx context.Context) error {
 	defer tx.Rollback() //nolint:errcheck // read-only check; rollback is the point
 	for _, c := range checks {
 		if err := verifyOne(ctx, tx, c.query, c.params, c.args); err != nil {
+			if Transient(err) {
+				return err // the database, not the statement: retried
+			}
 			return &StatementError{Name: c.name, Setting: c.setting, Err: err}
 		}
 	}
@@ -228,4 +231,26 @@ func (d DryRun) Close(ctx context.Context, serials []string) ([]string, error) {
 	// Roll back even if ctx was cancelled meanwhile.
 	defer tx.Rollback() //nolint:errcheck // rolling back is the point
 	return d.CloseOn(ctx, tx, serials)
+}
+
+// VerifyStatement checks that a task queue's statement takes `$1 text[]`
+// and returns one text column, without changing data.
+func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only check
+	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}); err != nil {
+		if Transient(err) {
+			return err
+		}
+		return &StatementError{Name: "task queue", Setting: "ORDERDELAY_QUEUES_FILE", Err: err}
+	}
+	return nil
+}
+
+// RunIDs runs a `$1 text[]` statement and returns the ids it returns.
+func RunIDs(ctx context.Context, db *sqlx.DB, query string, ids []string) ([]string, error) {
+	return querySerials(ctx, db, query, len(ids), pq.Array(ids))
 }

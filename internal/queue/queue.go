@@ -16,6 +16,15 @@
 //	{Q}:wake           pub/sub channel: deadline of a newly added entry
 //	{Q}:paused         string: why closing is paused (absent: not paused)
 //
+// Task queues (named queues with payloads) add:
+//
+//	{Q}:payload        hash: task id -> payload (JSON), written and removed with the entry
+//	{Q}:stream         stream: due tasks forwarded by the "stream" action
+//	{Q}:ready          list: due tasks forwarded by the "list" action
+//	{Q}:processing     list: tasks a reliable list consumer has taken
+//	{Q}:unacked        sorted set: task id -> when a taken task returns to ready
+//	{Q}:taken          hash: task id -> the list item a consumer took
+//
 // Redis Cluster hashes only the part in braces, so every companion lands in
 // the same slot as Q itself and one script may touch them all.
 package queue
@@ -53,6 +62,14 @@ type Keys struct {
 	DeadInfo  string // per-entry dead-letter record
 	Wake      string // pub/sub channel announcing new early deadlines
 	Paused    string // present while closing is paused; holds the reason
+
+	// Task queues only.
+	Payload    string // task id -> payload
+	Stream     string // stream action target
+	Ready      string // list action target
+	Processing string // reliable list consumers' taken items
+	Unacked    string // taken task id -> redelivery time
+	Taken      string // taken task id -> list item
 }
 
 // NewKeys returns the keys of the queue named key. It does not validate key;
@@ -68,6 +85,13 @@ func NewKeys(key string) Keys {
 		DeadInfo:  tag + "deadinfo",
 		Wake:      tag + "wake",
 		Paused:    tag + "paused",
+
+		Payload:    tag + "payload",
+		Stream:     tag + "stream",
+		Ready:      tag + "ready",
+		Processing: tag + "processing",
+		Unacked:    tag + "unacked",
+		Taken:      tag + "taken",
 	}
 }
 

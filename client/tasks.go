@@ -1,0 +1,236 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// MaxPayloadBytes bounds a task's payload.
+const MaxPayloadBytes = 64 << 10
+
+// ErrInvalidPayload: the payload is not JSON or is too large.
+var ErrInvalidPayload = errors.New("invalid payload")
+
+// putTaskScript adds or moves a task and writes its payload, atomically.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
+//	KEYS[4] -> {queue}:deadlines  KEYS[5] -> {queue}:wake  KEYS[6] -> {queue}:payload
+//	ARGV[1] -> mode "nx" | "set" | "later"; ARGV[2] id; ARGV[3] deadline ms; ARGV[4] payload
+//
+// Returns {result (0 unchanged, 1 created, 2 moved), deadline}. An
+// unchanged task keeps its payload too.
+var putTaskScript = redis.NewScript(`
+local mode, id, d = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local cur = redis.call('ZSCORE', KEYS[1], id)
+local leased = false
+if not cur then
+  local rec = redis.call('HGET', KEYS[2], id)
+  if rec then cur = string.match(rec, '^([^|]*)'); leased = true end
+end
+if cur then cur = tonumber(cur) end
+local res = 0
+if not cur then
+  res = 1
+elseif (mode == 'set' and d ~= cur) or (mode == 'later' and d > cur) then
+  res = 2
+  if leased then
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('ZREM', KEYS[4], id)
+  end
+else
+  return {0, cur}
+end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+redis.call('ZADD', KEYS[1], d, id)
+redis.call('HSET', KEYS[6], id, ARGV[4])
+if not head[2] or d < tonumber(head[2]) then redis.call('PUBLISH', KEYS[5], d) end
+return {res, d}
+`)
+
+// PutTask enqueues task id with a JSON payload and a deadline (rounded up
+// to the millisecond). With Create a retry changes nothing, payload
+// included; Reschedule and OnlyLater replace the payload when they move the
+// deadline.
+func (c *Client) PutTask(ctx context.Context, id string, payload json.RawMessage, deadline time.Time, mode Mode) (Result, time.Time, error) {
+	if err := queue.ValidateSerial(id); err != nil {
+		return Unchanged, time.Time{}, err
+	}
+	if len(payload) == 0 {
+		payload = json.RawMessage("null")
+	}
+	if len(payload) > MaxPayloadBytes || !json.Valid(payload) {
+		return Unchanged, time.Time{}, fmt.Errorf("%w: must be valid JSON of at most %d bytes", ErrInvalidPayload, MaxPayloadBytes)
+	}
+	ms := queue.DeadlineMillis(deadline)
+	if err := queue.ValidateDeadline(ms, c.now()); err != nil {
+		return Unchanged, time.Time{}, err
+	}
+	k := c.keys
+	v, err := putTaskScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Payload},
+		mode.arg(), id, ms, string(payload)).Int64Slice()
+	if err != nil {
+		return Unchanged, time.Time{}, fmt.Errorf("put task %q: %w", id, err)
+	}
+	if len(v) != 2 {
+		return Unchanged, time.Time{}, fmt.Errorf("put task %q: reply of %d fields", id, len(v))
+	}
+	return Result(v[0]), time.UnixMilli(v[1]), nil
+}
+
+// Task is a task as GetTask sees it.
+type Task struct {
+	Entry
+	Payload json.RawMessage
+}
+
+// GetTask returns task id with its payload, or ErrNotFound.
+func (c *Client) GetTask(ctx context.Context, id string) (Task, error) {
+	e, err := c.Get(ctx, id)
+	if err != nil {
+		return Task{}, err
+	}
+	p, err := c.rdb.HGet(ctx, c.keys.Payload, id).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Task{}, fmt.Errorf("get task %q: %w", id, err)
+	}
+	t := Task{Entry: e}
+	if p != "" {
+		t.Payload = json.RawMessage(p)
+	}
+	return t, nil
+}
+
+// deleteTasksScript removes tasks wherever they are (queued, leased,
+// backing off, dead) with their payloads.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
+//	KEYS[4] -> {queue}:deadlines  KEYS[5] -> {queue}:payload
+//	KEYS[6] -> {queue}:dead  KEYS[7] -> {queue}:deadinfo
+//	ARGV -> ids
+//
+// Returns how many existed.
+var deleteTasksScript = redis.NewScript(`
+local n = 0
+for _, id in ipairs(ARGV) do
+  local found = redis.call('ZREM', KEYS[1], id) + redis.call('HDEL', KEYS[2], id) + redis.call('ZREM', KEYS[6], id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('HDEL', KEYS[7], id)
+  if found > 0 then n = n + 1 end
+end
+return n
+`)
+
+// DeleteTasks removes tasks (the seeds' batch delete), up to 1,000 per
+// script call, and returns how many existed.
+func (c *Client) DeleteTasks(ctx context.Context, ids ...string) (int, error) {
+	for _, id := range ids {
+		if err := queue.ValidateSerial(id); err != nil {
+			return 0, err
+		}
+	}
+	k := c.keys
+	total := 0
+	for start := 0; start < len(ids); start += maxPerCall {
+		chunk := ids[start:min(start+maxPerCall, len(ids))]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		n, err := deleteTasksScript.Run(ctx, c.rdb,
+			[]string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Payload, k.Dead, k.DeadInfo}, args...).Int()
+		if err != nil {
+			return total, fmt.Errorf("delete tasks: %w", err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// takeScript takes the oldest item of a reliable list queue: it moves it to
+// the processing list and records when it must be acknowledged, atomically.
+//
+//	KEYS[1] -> {queue}:ready  KEYS[2] -> {queue}:processing
+//	KEYS[3] -> {queue}:unacked  KEYS[4] -> {queue}:taken
+//	ARGV[1] -> acknowledgement timeout, ms
+//
+// Returns the item, or nil when the list is empty.
+var takeScript = redis.NewScript(`
+local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+if not item then return nil end
+local ok, t = pcall(cjson.decode, item)
+local id = item
+if ok and type(t) == 'table' and t.id then id = t.id end
+local now = redis.call('TIME')
+local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[1])
+redis.call('ZADD', KEYS[3], at, id)
+redis.call('HSET', KEYS[4], id, item)
+return item
+`)
+
+// ListItem is an item of a list action's ready list.
+type ListItem struct {
+	ID         string          `json:"id"`
+	DeadlineMS int64           `json:"deadline_ms"`
+	Payload    json.RawMessage `json:"payload"`
+}
+
+// Take takes the next item of a reliable list queue ("list" action with
+// reliable: true). Acknowledge it with Ack once handled; an item not
+// acknowledged within ackTimeout goes back to the ready list. It returns
+// ErrNotFound when the list is empty.
+func (c *Client) Take(ctx context.Context, ackTimeout time.Duration) (ListItem, error) {
+	k := c.keys
+	s, err := takeScript.Run(ctx, c.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken}, ackTimeout.Milliseconds()).Text()
+	if errors.Is(err, redis.Nil) {
+		return ListItem{}, ErrNotFound
+	}
+	if err != nil {
+		return ListItem{}, fmt.Errorf("take: %w", err)
+	}
+	var it ListItem
+	if err := json.Unmarshal([]byte(s), &it); err != nil {
+		return ListItem{}, fmt.Errorf("take: malformed item %q: %w", s, err)
+	}
+	return it, nil
+}
+
+// ackScript acknowledges a taken item.
+//
+//	KEYS[1] -> {queue}:processing KEYS[2] -> {queue}:unacked KEYS[3] -> {queue}:taken
+//	ARGV[1] -> id
+//
+// Returns 1 if the item was still taken, 0 if it had already returned to
+// the ready list (acknowledged too late).
+var ackScript = redis.NewScript(`
+local item = redis.call('HGET', KEYS[3], ARGV[1])
+if not item then return 0 end
+redis.call('LREM', KEYS[1], 1, item)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
+`)
+
+// Ack acknowledges an item taken with Take. It returns ErrNotFound when the
+// item was not (or no longer) taken: it went back to the ready list after
+// its timeout and may be delivered again.
+func (c *Client) Ack(ctx context.Context, id string) error {
+	k := c.keys
+	n, err := ackScript.Run(ctx, c.rdb, []string{k.Processing, k.Unacked, k.Taken}, id).Int()
+	if err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	if n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}

@@ -1,0 +1,269 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Task is a claimed task of a named queue.
+type Task struct {
+	ID       string          `json:"id"`
+	Deadline time.Time       `json:"deadline"`
+	Attempts int             `json:"attempts"` // failed attempts so far
+	Payload  json.RawMessage `json:"payload"`
+}
+
+// ProcessFunc runs a queue's action on claimed tasks and returns one error
+// per task (nil: done). It must return within ctx's deadline.
+type ProcessFunc func(ctx context.Context, tasks []Task) []error
+
+// ReasonFailed dead-letters a task whose action kept failing.
+const ReasonFailed = "failed"
+
+// processTasks is process for task queues: the action runs, done tasks are
+// removed with their payloads, failed ones are retried by the queue's
+// policy and dead-lettered as "failed" after MaxAttempts.
+func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
+	tasks, err := c.loadTasks(items)
+	if err != nil {
+		c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
+		c.log.Warn("reading task payloads failed; the tasks return when their lease expires", zap.Error(err))
+		return
+	}
+	errs := c.cfg.Process(ctx, tasks)
+	if len(errs) != len(tasks) {
+		errs = make([]error, len(tasks))
+		for i := range errs {
+			errs[i] = errors.New("action returned no outcome")
+		}
+	}
+	now := c.now()
+	var done []item
+	failed := map[int][]item{} // by attempts after this one
+	lastErr := map[int]string{}
+	for i, it := range items {
+		if errs[i] == nil {
+			done = append(done, it)
+			c.m.Lateness.Observe(now.Sub(time.UnixMilli(it.deadline)).Seconds())
+			continue
+		}
+		if workCtx.Err() != nil {
+			c.handBack([]item{it})
+			continue
+		}
+		a := it.attempts + 1
+		failed[a] = append(failed[a], it)
+		lastErr[a] = errs[i].Error()
+	}
+	c.finish(done)
+	c.m.Closed.Add(float64(len(done)))
+	for a, group := range failed {
+		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(group)))
+		if a >= c.cfg.MaxAttempts {
+			c.bury(group, ReasonFailed, lastErr[a])
+			continue
+		}
+		delay := time.Second << min(a-1, 10)
+		if c.cfg.Retry != nil {
+			delay = c.cfg.Retry(a)
+		}
+		c.retry(group, delay, true, lastErr[a])
+	}
+}
+
+// loadTasks reads the payloads of claimed items.
+func (c *Consumer) loadTasks(items []item) ([]Task, error) {
+	ctx, cancel := bookkeeping()
+	defer cancel()
+	vals, err := c.rdb.HMGet(ctx, c.cfg.Keys.Payload, serialsOf(items)...).Result()
+	if err != nil {
+		return nil, err
+	}
+	tasks := make([]Task, len(items))
+	for i, it := range items {
+		tasks[i] = Task{ID: it.serial, Deadline: time.UnixMilli(it.deadline), Attempts: it.attempts, Payload: json.RawMessage("null")}
+		if s, ok := vals[i].(string); ok {
+			tasks[i].Payload = json.RawMessage(s)
+		}
+	}
+	return tasks, nil
+}
+
+// Forward configures a stream or list action.
+type Forward struct {
+	Kind   string // "stream" or "list"
+	Queue  string // queue name, written into each stream entry
+	MaxLen int64  // stream: approximate cap (XADD MAXLEN ~)
+	// Reliable list: taken items not acknowledged within their timeout
+	// return to the ready list (recovered in the same script).
+	Reliable bool
+}
+
+// forwardScript moves due tasks into the queue's stream or ready list in
+// one atomic step: a task is either still queued or delivered, never both
+// and never neither.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:payload  KEYS[3] -> {queue}:paused
+//	KEYS[4] -> {queue}:stream or {queue}:ready
+//	KEYS[5] -> {queue}:dead  KEYS[6] -> {queue}:deadinfo
+//	KEYS[7] -> {queue}:unacked  KEYS[8] -> {queue}:taken  KEYS[9] -> {queue}:processing
+//	ARGV[1] -> "stream" | "list"; ARGV[2] -> limit; ARGV[3] -> stream MAXLEN
+//	ARGV[4] -> queue name; ARGV[5] -> "1" to recover unacked list items
+//
+// Stream entries carry id, deadline (ms), queue, attempts and payload;
+// list items are JSON {"id","deadline_ms","payload"}.
+//
+// Returns the claim script's shape {now, next deadline or -1, -1, {},
+// dead (serial, reason), paused} plus the number forwarded and recovered.
+var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + `
+local now = now_ms()
+local function head()
+  local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if h[2] then return tonumber(h[2]) end
+  return -1
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {now, head(), -1, {}, {}, 1, 0, 0}
+end
+local limit = tonumber(ARGV[2])
+local recovered = 0
+if ARGV[5] == '1' then
+  local late = redis.call('ZRANGE', KEYS[7], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  for _, id in ipairs(late) do
+    local body = redis.call('HGET', KEYS[8], id)
+    if body then
+      redis.call('LREM', KEYS[9], 1, body)
+      redis.call('RPUSH', KEYS[4], body)
+    end
+    redis.call('ZREM', KEYS[7], id)
+    redis.call('HDEL', KEYS[8], id)
+    recovered = recovered + 1
+  end
+end
+local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local dead, n = {}, 0
+for i = 1, #due, 2 do
+  local id, d = due[i], tonumber(due[i+1])
+  redis.call('ZREM', KEYS[1], id)
+  local payload = redis.call('HGET', KEYS[2], id) or 'null'
+  if not valid_serial(id) or d ~= math.floor(d) or d < 946684800000 then
+    local reason = 'malformed'
+    if valid_serial(id) and d == math.floor(d) then reason = 'score_out_of_range' end
+    redis.call('ZADD', KEYS[5], now, id)
+    redis.call('HSET', KEYS[6], id, reason .. '|0|' .. due[i+1] .. '|')
+    dead[#dead+1] = id; dead[#dead+1] = reason
+  else
+    if ARGV[1] == 'stream' then
+      redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', id, 'deadline', d,
+        'queue', ARGV[4], 'attempts', 0, 'payload', payload)
+    else
+      redis.call('LPUSH', KEYS[4], '{"id":' .. cjson.encode(id) .. ',"deadline_ms":' .. d .. ',"payload":' .. payload .. '}')
+    end
+    redis.call('HDEL', KEYS[2], id)
+    n = n + 1
+  end
+end
+return {now, head(), -1, {}, dead, 0, n, recovered}
+`)
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// forward is claim for stream and list actions.
+func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) {
+	k, f := c.cfg.Keys, c.cfg.Forward
+	target := k.Stream
+	if f.Kind == "list" {
+		target = k.Ready
+	}
+	raw, err := forwardScript.Run(ctx, c.rdb,
+		[]string{k.Queue, k.Payload, k.Paused, target, k.Dead, k.DeadInfo, k.Unacked, k.Taken, k.Processing},
+		f.Kind, limit, f.MaxLen, f.Queue, boolArg(f.Reliable)).Slice()
+	if err != nil {
+		return claimResult{}, fmt.Errorf("forward: %w", err)
+	}
+	if len(raw) != 8 {
+		return claimResult{}, fmt.Errorf("forward: %w: %d fields, want 8", errReply, len(raw))
+	}
+	n, ok1 := raw[6].(int64)
+	recovered, ok2 := raw[7].(int64)
+	if !ok1 || !ok2 {
+		return claimResult{}, fmt.Errorf("forward: %w: counts", errReply)
+	}
+	res, err := parseClaim(raw[:6])
+	if err != nil {
+		return claimResult{}, fmt.Errorf("forward: %w", err)
+	}
+	res.forwarded = int(n)
+	c.m.Claimed.Add(float64(n))
+	c.m.Forwarded.Add(float64(n))
+	for reason, k := range res.dead {
+		c.m.DeadLettered.WithLabelValues(reason).Add(float64(k))
+	}
+	if recovered > 0 {
+		c.log.Info("unacknowledged list items returned to the ready list", zap.Int64("count", recovered))
+	}
+	return res, nil
+}
+
+// ClaimTasks leases up to limit due tasks of a polled queue for lease,
+// counting a redelivery after an expired lease as an attempt. Tasks over
+// maxAttempts are dead-lettered as failed instead of returned. It returns
+// the tasks and the lease token that acknowledges them.
+func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, limit int, lease time.Duration,
+	owner string, maxAttempts int, m *metrics.Metrics, log *zap.Logger) ([]Task, string, error) {
+	// Polled tasks are held by the consumer that polled, not this replica.
+	mm := *m
+	mm.Inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"})
+	c := New(Config{Keys: k, BatchSize: limit, Lease: lease, Owner: owner, MaxAttempts: maxAttempts,
+		CountRedeliveries: true, Process: func(context.Context, []Task) []error { return nil }}, rdb, nil, &mm, log)
+	res, err := c.claim(ctx, limit)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(res.items) == 0 {
+		return nil, "", nil
+	}
+	var give, over []item
+	for _, it := range res.items {
+		if it.attempts >= maxAttempts {
+			over = append(over, it)
+		} else {
+			give = append(give, it)
+		}
+	}
+	if len(over) > 0 {
+		c.bury(over, ReasonFailed, "not acknowledged within its lease, max attempts reached")
+	}
+	if len(give) == 0 {
+		return nil, "", nil
+	}
+	tasks, err := c.loadTasks(give)
+	return tasks, give[0].token, err
+}
+
+// AckTasks completes polled tasks leased under token (compare-and-set: a
+// task whose lease expired and was handed to someone else is not touched)
+// and returns how many it completed.
+func AckTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) (int, error) {
+	args := append([]any{token}, anys(ids)...)
+	n, err := finishScript.Run(ctx, rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Payload}, args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("ack: %w", err)
+	}
+	return n, nil
+}

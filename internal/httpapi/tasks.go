@@ -1,0 +1,224 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/producer"
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/tasks"
+)
+
+// Task API, for the queues of the queues file (producer tokens apply):
+//
+//	PUT    /v1/queues/{queue}/tasks/{id}   {"after":"5m"|"at":"...", "payload":{...}, "reschedule":true|"only_later":true}
+//	GET    /v1/queues/{queue}/tasks/{id}
+//	DELETE /v1/queues/{queue}/tasks/{id}
+//	POST   /v1/queues/{queue}/batch-delete {"ids":["a","b"]}
+//	POST   /v1/queues/{queue}/poll?max=N   due tasks under a lease (poll queues)
+//	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]}
+
+// maxPoll bounds one poll.
+const maxPoll = 1000
+
+// EnableTasks serves the task API for m's queues.
+func (s *Server) EnableTasks(m *tasks.Manager) { s.tasks = m }
+
+func (s *Server) taskRoutes(mux *http.ServeMux) {
+	if s.tasks == nil {
+		return
+	}
+	mux.HandleFunc("PUT /v1/queues/{queue}/tasks/{id}", s.auth(s.withQueue(s.putTask)))
+	mux.HandleFunc("GET /v1/queues/{queue}/tasks/{id}", s.auth(s.withQueue(s.getTask)))
+	mux.HandleFunc("DELETE /v1/queues/{queue}/tasks/{id}", s.auth(s.withQueue(s.deleteTask)))
+	mux.HandleFunc("POST /v1/queues/{queue}/batch-delete", s.auth(s.withQueue(s.batchDelete)))
+	mux.HandleFunc("POST /v1/queues/{queue}/poll", s.auth(s.withQueue(s.poll)))
+	mux.HandleFunc("POST /v1/queues/{queue}/ack", s.auth(s.withQueue(s.ack)))
+}
+
+type queueHandler func(w http.ResponseWriter, r *http.Request, q *tasks.Runtime)
+
+func (s *Server) withQueue(h queueHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q, ok := s.tasks.Queue(r.PathValue("queue"))
+		if !ok {
+			writeError(w, http.StatusNotFound, "no such queue: "+r.PathValue("queue"))
+			return
+		}
+		h(w, r, q)
+	}
+}
+
+type putTaskBody struct {
+	After      string          `json:"after"`
+	At         string          `json:"at"`
+	Payload    json.RawMessage `json:"payload"`
+	Reschedule bool            `json:"reschedule"`
+	OnlyLater  bool            `json:"only_later"`
+}
+
+func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	var b putTaskBody
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, client.MaxPayloadBytes+MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "body too large")
+			return
+		}
+		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	req := producer.Request{Serial: r.PathValue("id"), Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
+	if b.After != "" {
+		d, err := time.ParseDuration(b.After)
+		if err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, "after: want a positive duration such as 5m")
+			return
+		}
+		req.After = d
+	}
+	if b.At != "" {
+		t, err := time.Parse(time.RFC3339Nano, b.At)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "at: want an RFC 3339 time")
+			return
+		}
+		req.At = t
+	}
+	deadline, err := req.Deadline(time.Now())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	mode, err := req.Mode()
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	res, at, err := q.Client.PutTask(r.Context(), req.Serial, b.Payload, deadline, mode)
+	if err != nil {
+		s.taskFail(w, err, q)
+		return
+	}
+	code := http.StatusOK
+	if res == client.Created {
+		code = http.StatusCreated
+		q.Metrics.Enqueued.Inc()
+	}
+	writeJSON(w, code, map[string]any{"id": req.Serial, "queue": q.Config.Name, "deadline": at.UTC(),
+		"deadline_ms": at.UnixMilli(), "result": res.String()})
+}
+
+func (s *Server) taskFail(w http.ResponseWriter, err error, q *tasks.Runtime) {
+	switch {
+	case errors.Is(err, client.ErrInvalidSerial), errors.Is(err, client.ErrInvalidDeadline), errors.Is(err, client.ErrInvalidPayload):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, client.ErrNotFound):
+		writeError(w, http.StatusNotFound, "no such task")
+	default:
+		q.Metrics.Errors.WithLabelValues("api").Inc()
+		s.log.Warn("task api: redis call failed")
+		writeError(w, http.StatusServiceUnavailable, "queue unavailable; retry later")
+	}
+}
+
+func (s *Server) getTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	t, err := q.Client.GetTask(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.taskFail(w, err, q)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": t.Serial, "queue": q.Config.Name, "deadline": t.Deadline.UTC(),
+		"state": t.State, "attempts": t.Attempts, "reason": t.Reason, "last_error": t.LastError, "payload": t.Payload})
+}
+
+func (s *Server) deleteTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	n, err := q.Client.DeleteTasks(r.Context(), r.PathValue("id"))
+	if err == nil && n == 0 {
+		err = client.ErrNotFound
+	}
+	if err != nil {
+		s.taskFail(w, err, q)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) batchDelete(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	var b struct {
+		IDs []string `json:"ids"`
+	}
+	if !decodeBody(w, r, &b) {
+		return
+	}
+	if len(b.IDs) == 0 || len(b.IDs) > 1000 {
+		writeError(w, http.StatusBadRequest, `give "ids": 1 to 1000 task ids`)
+		return
+	}
+	n, err := q.Client.DeleteTasks(r.Context(), b.IDs...)
+	if err != nil {
+		s.taskFail(w, err, q)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"deleted": n})
+}
+
+func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	if q.Config.Action.Type != tasks.ActionPoll {
+		writeError(w, http.StatusConflict, "queue "+q.Config.Name+" is served by its "+q.Config.Action.Type+" action, not polled")
+		return
+	}
+	max := 10
+	if v := r.URL.Query().Get("max"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxPoll {
+			writeError(w, http.StatusBadRequest, "max: want 1..1000")
+			return
+		}
+		max = n
+	}
+	lease := time.Duration(q.Config.Lease)
+	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, lease, "poll", q.Config.Retry.MaxAttempts, q.Metrics, s.log)
+	if err != nil {
+		s.taskFail(w, err, q)
+		return
+	}
+	if ts == nil {
+		ts = []consumer.Task{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"token": token, "lease_ms": lease.Milliseconds(), "tasks": ts})
+}
+
+func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	var b struct {
+		Token string   `json:"token"`
+		IDs   []string `json:"ids"`
+	}
+	if !decodeBody(w, r, &b) {
+		return
+	}
+	if b.Token == "" || len(b.IDs) == 0 || len(b.IDs) > maxPoll {
+		writeError(w, http.StatusBadRequest, `give "token" from the poll and "ids" (1 to 1000)`)
+		return
+	}
+	for _, id := range b.IDs {
+		if err := queue.ValidateSerial(id); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	n, err := consumer.AckTasks(r.Context(), q.Redis, q.Keys, b.Token, b.IDs)
+	if err != nil {
+		s.taskFail(w, err, q)
+		return
+	}
+	q.Metrics.Closed.Add(float64(n))
+	writeJSON(w, http.StatusOK, map[string]int{"acked": n, "expired": len(b.IDs) - n})
+}

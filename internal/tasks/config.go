@@ -1,0 +1,250 @@
+// Package tasks brings orderdelay's core to every "do this later" in a
+// shop: named delay queues declared in a file, tasks with JSON payloads kept
+// beside their sorted-set entry, and per-queue actions (a SQL statement, a
+// Redis Stream, a list, a webhook, or polling by consumers) with retry
+// policies. Task queues reuse the order queue's claim, lease,
+// compare-and-set removal and dead-letter machinery; the order queue's path
+// and settings are untouched.
+package tasks
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Actions a queue can take on due tasks.
+const (
+	ActionSQL     = "sql"     // a set-based statement: $1 text[] ids -> ids done
+	ActionStream  = "stream"  // XADD into {key}:stream, acknowledged delivery via consumer groups
+	ActionList    = "list"    // LPUSH into {key}:ready (at-most-once; reliable variant with reliable: true)
+	ActionWebhook = "webhook" // HTTP POST with idempotency key and HMAC signature
+	ActionPoll    = "poll"    // consumers poll due tasks under a lease and ack them
+)
+
+// Duration is a time.Duration written as "30s" in the file.
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil || v < 0 {
+		return fmt.Errorf("line %d: want a duration such as 30s or 5m, got %q", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// File is the configuration file (configs/orderdelay.yaml).
+type File struct {
+	Queues []Queue `yaml:"queues"`
+}
+
+// Queue declares one named queue.
+type Queue struct {
+	Name      string   `yaml:"name"`       // [a-z0-9_-], used in the API path and metric labels
+	Key       string   `yaml:"key"`        // Redis key; default "delaytask:<name>"
+	Lease     Duration `yaml:"lease"`      // default 60s
+	BatchSize int      `yaml:"batch_size"` // default 100
+	Workers   int      `yaml:"workers"`    // default 4 (sql, webhook)
+	Action    Action   `yaml:"action"`
+	Retry     Retry    `yaml:"retry"`
+}
+
+// Action says what happens to a due task.
+type Action struct {
+	Type string `yaml:"type"`
+	// sql
+	Statement string `yaml:"statement"`
+	// stream
+	MaxLen int64 `yaml:"max_len"` // approximate cap of the stream (default 100000)
+	// list
+	Reliable   bool     `yaml:"reliable"`    // consumers take with LMOVE and ack; unacked items return
+	AckTimeout Duration `yaml:"ack_timeout"` // reliable list: how long a taken item may stay unacked (default 5m)
+	// webhook
+	URL       string   `yaml:"url"`
+	Timeout   Duration `yaml:"timeout"`    // default 10s
+	SecretEnv string   `yaml:"secret_env"` // environment variable holding the HMAC secret
+}
+
+// Retry is a queue's retry policy: an explicit list of delays, or
+// exponential growth from Initial by Multiplier capped at Max, with jitter.
+// After MaxAttempts failed attempts a task is "failed" and dead-lettered.
+type Retry struct {
+	Backoff     []Duration `yaml:"backoff"`
+	Initial     Duration   `yaml:"initial"`    // default 1s
+	Max         Duration   `yaml:"max"`        // default 5m
+	Multiplier  float64    `yaml:"multiplier"` // default 2
+	Jitter      *bool      `yaml:"jitter"`     // default true
+	MaxAttempts int        `yaml:"max_attempts"`
+}
+
+// Delay is the wait before retry number attempts+1 (attempts already
+// failed, counting from 1). rnd returns a float in [0,1) for jitter.
+func (r Retry) Delay(attempts int, rnd func() float64) time.Duration {
+	if len(r.Backoff) > 0 {
+		return time.Duration(r.Backoff[min(max(attempts-1, 0), len(r.Backoff)-1)])
+	}
+	d := float64(r.Initial)
+	for i := 1; i < attempts && d < float64(r.Max); i++ {
+		d *= r.Multiplier
+	}
+	d = min(d, float64(r.Max))
+	if r.Jitter == nil || *r.Jitter {
+		d = d/2 + d/2*rnd()
+	}
+	return time.Duration(d)
+}
+
+// Load reads and validates the configuration file at path. An empty path
+// means no file: no task queues.
+func Load(path string) (File, error) {
+	if path == "" {
+		return File{}, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return File{}, err
+	}
+	return Parse(b)
+}
+
+// Parse decodes and validates a configuration file's contents. Unknown
+// fields are errors, so a typo never silently falls back to a default.
+func Parse(b []byte) (File, error) {
+	var f File
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return File{}, fmt.Errorf("queues file: %w", err)
+	}
+	if err := f.setDefaults(); err != nil {
+		return File{}, fmt.Errorf("queues file: %w", err)
+	}
+	return f, nil
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *File) setDefaults() error {
+	names, keys := map[string]bool{}, map[string]bool{}
+	for i := range f.Queues {
+		q := &f.Queues[i]
+		where := fmt.Sprintf("queue %d (%q)", i+1, q.Name)
+		if !validName(q.Name) {
+			return fmt.Errorf("%s: name must be 1-64 of a-z, 0-9, _ and -", where)
+		}
+		if names[q.Name] {
+			return fmt.Errorf("%s: name used twice", where)
+		}
+		names[q.Name] = true
+		if q.Key == "" {
+			q.Key = "delaytask:" + q.Name
+		}
+		if err := queue.ValidateKey(q.Key); err != nil {
+			return fmt.Errorf("%s: key: %w", where, err)
+		}
+		if keys[q.Key] || q.Key == queue.DefaultKey {
+			return fmt.Errorf("%s: key %q is already used (by another queue or the order queue)", where, q.Key)
+		}
+		keys[q.Key] = true
+		if q.Lease == 0 {
+			q.Lease = Duration(60 * time.Second)
+		}
+		if q.Lease < Duration(time.Second) {
+			return fmt.Errorf("%s: lease must be at least 1s", where)
+		}
+		if q.BatchSize == 0 {
+			q.BatchSize = 100
+		}
+		if q.Workers == 0 {
+			q.Workers = 4
+		}
+		if q.BatchSize < 1 || q.BatchSize > 5000 || q.Workers < 1 || q.Workers > 256 {
+			return fmt.Errorf("%s: batch_size must be 1-5000 and workers 1-256", where)
+		}
+		if err := q.Action.check(where, q.Lease); err != nil {
+			return err
+		}
+		if err := q.Retry.check(where); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *Action) check(where string, lease Duration) error {
+	types := []string{ActionSQL, ActionStream, ActionList, ActionWebhook, ActionPoll}
+	if !slices.Contains(types, a.Type) {
+		return fmt.Errorf("%s: action.type must be one of %s, got %q", where, strings.Join(types, ", "), a.Type)
+	}
+	switch a.Type {
+	case ActionSQL:
+		if strings.TrimSpace(a.Statement) == "" {
+			return fmt.Errorf("%s: a sql action needs statement ($1 text[] ids -> the ids it handled)", where)
+		}
+	case ActionStream:
+		if a.MaxLen == 0 {
+			a.MaxLen = 100000
+		}
+		if a.MaxLen < 0 {
+			return fmt.Errorf("%s: action.max_len must be positive", where)
+		}
+	case ActionList:
+		if a.AckTimeout == 0 {
+			a.AckTimeout = Duration(5 * time.Minute)
+		}
+	case ActionWebhook:
+		if !strings.HasPrefix(a.URL, "http://") && !strings.HasPrefix(a.URL, "https://") {
+			return fmt.Errorf("%s: a webhook action needs url (http:// or https://)", where)
+		}
+		if a.Timeout == 0 {
+			a.Timeout = Duration(10 * time.Second)
+		}
+		if a.Timeout >= lease {
+			return fmt.Errorf("%s: action.timeout must be below the lease", where)
+		}
+		if a.SecretEnv == "" || os.Getenv(a.SecretEnv) == "" {
+			return fmt.Errorf("%s: a webhook action needs secret_env naming a set environment variable with the HMAC secret", where)
+		}
+	}
+	return nil
+}
+
+func (r *Retry) check(where string) error {
+	if r.Initial == 0 {
+		r.Initial = Duration(time.Second)
+	}
+	if r.Max == 0 {
+		r.Max = Duration(5 * time.Minute)
+	}
+	if r.Multiplier == 0 {
+		r.Multiplier = 2
+	}
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = max(10, len(r.Backoff)+1)
+	}
+	if r.Multiplier < 1 || r.MaxAttempts < 1 || r.Max < r.Initial {
+		return fmt.Errorf("%s: retry needs multiplier >= 1, max_attempts >= 1 and max >= initial", where)
+	}
+	return nil
+}

@@ -1,0 +1,84 @@
+package tasks
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRefusesBadFiles(t *testing.T) {
+	t.Setenv("OD_SECRET", "s3cret")
+	cases := []struct{ name, yaml, want string }{
+		{"unknown field", "queues:\n  - name: a\n    actoin: {type: poll}\n", "actoin"},
+		{"bad name", "queues:\n  - name: A B\n    action: {type: poll}\n", "name must be"},
+		{"duplicate name", "queues:\n  - {name: a, action: {type: poll}}\n  - {name: a, action: {type: poll}}\n", "used twice"},
+		{"order key", "queues:\n  - {name: a, key: 'delaytask:order', action: {type: poll}}\n", "already used"},
+		{"brace key", "queues:\n  - {name: a, key: '{x}', action: {type: poll}}\n", "key"},
+		{"unknown action", "queues:\n  - {name: a, action: {type: fax}}\n", "action.type"},
+		{"sql without statement", "queues:\n  - {name: a, action: {type: sql}}\n", "statement"},
+		{"webhook without url", "queues:\n  - {name: a, action: {type: webhook, secret_env: OD_SECRET}}\n", "url"},
+		{"webhook without secret", "queues:\n  - {name: a, action: {type: webhook, url: 'http://x'}}\n", "secret_env"},
+		{"webhook secret unset", "queues:\n  - {name: a, action: {type: webhook, url: 'http://x', secret_env: OD_UNSET_VAR}}\n", "secret_env"},
+		{"timeout over lease", "queues:\n  - {name: a, lease: 5s, action: {type: webhook, url: 'http://x', timeout: 5s, secret_env: OD_SECRET}}\n", "below the lease"},
+		{"bad duration", "queues:\n  - {name: a, lease: soon, action: {type: poll}}\n", "duration"},
+		{"short lease", "queues:\n  - {name: a, lease: 10ms, action: {type: poll}}\n", "lease"},
+		{"batch too big", "queues:\n  - {name: a, batch_size: 9999, action: {type: poll}}\n", "batch_size"},
+		{"bad retry", "queues:\n  - {name: a, action: {type: poll}, retry: {initial: 1m, max: 1s}}\n", "retry"},
+		{"not yaml", "queues: [\n", "queues file"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.yaml))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Parse: %v, want an error mentioning %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	f, err := Parse([]byte("queues:\n  - name: confirm\n    action: {type: stream}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := f.Queues[0]
+	if q.Key != "delaytask:confirm" || q.Lease != Duration(time.Minute) || q.BatchSize != 100 || q.Workers != 4 ||
+		q.Action.MaxLen != 100000 || q.Retry.MaxAttempts != 10 {
+		t.Fatalf("defaults: %+v", q)
+	}
+	if f, err := Parse(nil); err != nil || len(f.Queues) != 0 {
+		t.Fatalf("empty file: %v, %d queues", err, len(f.Queues))
+	}
+	if f, err := Load(""); err != nil || len(f.Queues) != 0 {
+		t.Fatalf("no file: %v, %d queues", err, len(f.Queues))
+	}
+}
+
+func TestShippedExampleFileParses(t *testing.T) {
+	t.Setenv("CALLRECORD_WEBHOOK_SECRET", "x")
+	if _, err := Load(filepath.Join("..", "..", "configs", "orderdelay.yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRetryDelay(t *testing.T) {
+	no := false
+	r := Retry{Initial: Duration(time.Second), Max: Duration(10 * time.Second), Multiplier: 2, Jitter: &no}
+	for a, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 50: 10 * time.Second} {
+		if got := r.Delay(a, nil); got != want {
+			t.Errorf("exponential Delay(%d) = %s, want %s", a, got, want)
+		}
+	}
+	list := Retry{Backoff: []Duration{Duration(time.Minute), Duration(2 * time.Minute), Duration(4 * time.Minute)}}
+	for a, want := range map[int]time.Duration{1: time.Minute, 2: 2 * time.Minute, 3: 4 * time.Minute, 9: 4 * time.Minute} {
+		if got := list.Delay(a, nil); got != want {
+			t.Errorf("list Delay(%d) = %s, want %s", a, got, want)
+		}
+	}
+	jit := Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 2}
+	if lo, hi := jit.Delay(3, func() float64 { return 0 }), jit.Delay(3, func() float64 { return 0.999 }); lo != 2*time.Second || hi < 3900*time.Millisecond || hi > 4*time.Second {
+		t.Errorf("jittered Delay(3) spans %s..%s, want 2s..4s", lo, hi)
+	}
+}
+

@@ -1,0 +1,113 @@
+package tasks
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Runtime is one configured queue, ready to use.
+type Runtime struct {
+	Config  Queue
+	Keys    queue.Keys
+	Client  *client.Client
+	Metrics *metrics.Metrics
+	Redis   redis.UniversalClient
+}
+
+// Manager runs the task queues of a file.
+type Manager struct {
+	queues map[string]*Runtime
+	order  []string
+	rdb    redis.UniversalClient
+	db     *sqlx.DB
+	log    *zap.Logger
+	owner  string
+}
+
+// NewManager prepares the queues of f. db is needed only by sql actions.
+func NewManager(f File, rdb redis.UniversalClient, db *sqlx.DB, fam *metrics.TaskFamilies, log *zap.Logger, owner string) (*Manager, error) {
+	m := &Manager{queues: map[string]*Runtime{}, rdb: rdb, db: db, log: log, owner: owner}
+	for _, q := range f.Queues {
+		cl, err := client.New(rdb, q.Key)
+		if err != nil {
+			return nil, fmt.Errorf("queue %q: %w", q.Name, err)
+		}
+		m.queues[q.Name] = &Runtime{Config: q, Keys: queue.NewKeys(q.Key), Client: cl, Metrics: fam.For(q.Name), Redis: rdb}
+		m.order = append(m.order, q.Name)
+	}
+	return m, nil
+}
+
+// Queue returns the named queue.
+func (m *Manager) Queue(name string) (*Runtime, bool) {
+	r, ok := m.queues[name]
+	return r, ok
+}
+
+// Names lists the queues in file order.
+func (m *Manager) Names() []string { return m.order }
+
+// Verify checks the sql actions' statements.
+func (m *Manager) Verify(ctx context.Context) error {
+	for _, name := range m.order {
+		q := m.queues[name].Config
+		if q.Action.Type != ActionSQL {
+			continue
+		}
+		if err := orders.VerifyStatement(ctx, m.db, q.Action.Statement); err != nil {
+			return fmt.Errorf("queue %q: statement: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Run runs a consumer for every queue the daemon itself serves (all but
+// poll queues, which consumers poll through the API) until ctx ends.
+func (m *Manager) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, name := range m.order {
+		r := m.queues[name]
+		q := r.Config
+		if q.Action.Type == ActionPoll {
+			continue
+		}
+		lease := time.Duration(q.Lease)
+		retry := q.Retry
+		cfg := consumer.Config{
+			Keys: r.Keys, Workers: q.Workers, BatchSize: q.BatchSize, Lease: lease,
+			StatementTimeout: lease * 3 / 4, DrainTimeout: lease / 2, MaxAttempts: retry.MaxAttempts,
+			Retry: func(a int) time.Duration { return retry.Delay(a, rand.Float64) },
+			Owner: m.owner + "/" + name,
+		}
+		switch q.Action.Type {
+		case ActionStream, ActionList:
+			cfg.Workers = 1
+			cfg.Forward = &consumer.Forward{Kind: q.Action.Type, Queue: name, MaxLen: q.Action.MaxLen, Reliable: q.Action.Reliable}
+		case ActionSQL:
+			cfg.Process = sqlAction(m.db, q.Action.Statement)
+		case ActionWebhook:
+			cfg.Process = webhookAction(name, q.Action.URL, time.Duration(q.Action.Timeout), []byte(os.Getenv(q.Action.SecretEnv)), nil)
+		}
+		c := consumer.New(cfg, m.rdb, nil, r.Metrics, m.log.Named(name))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.Run(ctx) //nolint:errcheck // returns nil when ctx ends
+		}()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,385 @@
+package orderdelay_test
+
+// Named task queues (issue "Beyond orders"): each action runs against the
+// real binary, Redis and PostgreSQL. Tests are named after the scenarios of
+// the seed articles they reproduce.
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/tasks"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+const webhookSecret = "whsec-0123456789abcdef"
+
+// taskWorld writes a queues file whose keys belong to this test and starts
+// the daemon with it.
+type taskWorld struct {
+	*world
+	prefix string
+	file   string
+}
+
+func newTaskWorld(t *testing.T, yaml string) *taskWorld {
+	t.Helper()
+	w := newWorld(t)
+	prefix := "test:" + testenv.Name(t)
+	yaml = strings.ReplaceAll(yaml, "PREFIX", prefix)
+	file := filepath.Join(t.TempDir(), "queues.yaml")
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tw := &taskWorld{world: w, prefix: prefix, file: file}
+	t.Cleanup(func() {
+		f, _ := tasks.Parse([]byte(yaml))
+		for _, q := range f.Queues {
+			testenv.DeleteQueue(w.rdb, queue.NewKeys(q.Key))
+		}
+	})
+	return tw
+}
+
+func (tw *taskWorld) start(extra ...string) *daemon {
+	return tw.world.start(append([]string{"ORDERDELAY_QUEUES_FILE=" + tw.file, "OD_TEST_SECRET=" + webhookSecret}, extra...)...)
+}
+
+func (tw *taskWorld) keys(name string) queue.Keys { return queue.NewKeys(tw.prefix + ":" + name) }
+
+func call(t *testing.T, d *daemon, method, path, body string, out any) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, d.url(path), strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+// Seed 001, scenario 2: a call record is re-pushed to a third party until it
+// accepts, with growing delays, then given up on.
+func TestSeed001CallRecordRepushWebhookWithRetries(t *testing.T) {
+	var mu sync.Mutex
+	attempts := map[string][]int{}
+	keys := map[string]map[string]bool{}
+	var badSig int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		ts, _ := strconv.ParseInt(r.Header.Get(tasks.HeaderTimestamp), 10, 64)
+		want := tasks.Sign([]byte(webhookSecret), ts, body)
+		var b tasks.WebhookBody
+		json.Unmarshal(body, &b)
+		mu.Lock()
+		defer mu.Unlock()
+		if !hmac.Equal([]byte(want), []byte(r.Header.Get(tasks.HeaderSignature))) || time.Since(time.Unix(ts, 0)) > time.Minute {
+			badSig++
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		attempts[b.ID] = append(attempts[b.ID], b.Attempt)
+		if keys[b.ID] == nil {
+			keys[b.ID] = map[string]bool{}
+		}
+		keys[b.ID][r.Header.Get(tasks.HeaderIdempotencyKey)] = true
+		if b.ID == "cr-flaky" && b.Attempt == 1 || b.ID == "cr-down" {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	tw := newTaskWorld(t, `
+queues:
+  - name: callrecord
+    key: PREFIX:callrecord
+    action: {type: webhook, url: `+srv.URL+`, timeout: 2s, secret_env: OD_TEST_SECRET}
+    retry: {backoff: [200ms, 400ms], max_attempts: 3}
+`)
+	d := tw.start()
+	for _, id := range []string{"cr-ok", "cr-flaky", "cr-down"} {
+		if code := call(t, d, http.MethodPut, "/v1/queues/callrecord/tasks/"+id, `{"after":"100ms","payload":{"call":"`+id+`","secs":42}}`, nil); code != http.StatusCreated {
+			t.Fatalf("PUT %s: %d", id, code)
+		}
+	}
+	waitFor(t, "cr-down given up on", 30*time.Second, func() bool {
+		var got struct {
+			State  string `json:"state"`
+			Reason string `json:"reason"`
+		}
+		call(t, d, http.MethodGet, "/v1/queues/callrecord/tasks/cr-down", "", &got)
+		return got.State == "dead" && got.Reason == "failed"
+	})
+	waitFor(t, "cr-ok and cr-flaky done", 30*time.Second, func() bool {
+		return call(t, d, http.MethodGet, "/v1/queues/callrecord/tasks/cr-flaky", "", nil) == http.StatusNotFound &&
+			call(t, d, http.MethodGet, "/v1/queues/callrecord/tasks/cr-ok", "", nil) == http.StatusNotFound
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if badSig != 0 {
+		t.Errorf("%d requests with a bad signature", badSig)
+	}
+	if got := fmt.Sprint(attempts["cr-ok"], attempts["cr-flaky"], attempts["cr-down"]); got != "[1] [1 2] [1 2 3]" {
+		t.Errorf("attempts per task %s, want [1] [1 2] [1 2 3] (the attempt count travels with the task)", got)
+	}
+	if len(keys["cr-flaky"]) != 1 || len(keys["cr-down"]) != 1 {
+		t.Errorf("idempotency keys changed between attempts: %v", keys)
+	}
+	m := d.metrics()
+	if m[`orderdelay_task_done_total{queue="callrecord"}`] != 2 || m[`orderdelay_task_dead_lettered_total{queue="callrecord",reason="failed"}`] != 1 {
+		t.Errorf("task metrics: done %v, failed %v", m[`orderdelay_task_done_total{queue="callrecord"}`],
+			m[`orderdelay_task_dead_lettered_total{queue="callrecord",reason="failed"}`])
+	}
+	d.stop()
+}
+
+// Seed 000: tasks with payloads, added and removed atomically, batch delete.
+func TestSeed000PayloadTasksAndBatchDelete(t *testing.T) {
+	tw := newTaskWorld(t, `
+queues:
+  - name: later
+    key: PREFIX:later
+    action: {type: poll}
+`)
+	d := tw.start()
+	ctx := context.Background()
+	for i := range 5 {
+		body := fmt.Sprintf(`{"after":"1h","payload":{"n":%d}}`, i)
+		if code := call(t, d, http.MethodPut, fmt.Sprintf("/v1/queues/later/tasks/t-%d", i), body, nil); code != http.StatusCreated {
+			t.Fatalf("PUT: %d", code)
+		}
+	}
+	// A retry does not move the task or replace its payload.
+	var got struct {
+		Result  string          `json:"result"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	call(t, d, http.MethodPut, "/v1/queues/later/tasks/t-0", `{"after":"2h","payload":{"n":99}}`, &got)
+	call(t, d, http.MethodGet, "/v1/queues/later/tasks/t-0", "", &got)
+	if string(got.Payload) != `{"n":0}` {
+		t.Errorf("payload after a retried create %s, want the first", got.Payload)
+	}
+	for _, bad := range []string{`{"after":"1h","payload":{bad}}`, `{"after":"1h","payload":1,"x":2}`} {
+		if code := call(t, d, http.MethodPut, "/v1/queues/later/tasks/bad", bad, nil); code != http.StatusBadRequest {
+			t.Errorf("PUT %s: %d, want 400", bad, code)
+		}
+	}
+	if code := call(t, d, http.MethodPut, "/v1/queues/nope/tasks/x", `{"after":"1h"}`, nil); code != http.StatusNotFound {
+		t.Errorf("unknown queue: %d, want 404", code)
+	}
+	var del struct {
+		Deleted int `json:"deleted"`
+	}
+	if code := call(t, d, http.MethodPost, "/v1/queues/later/batch-delete", `{"ids":["t-0","t-1","t-2","missing"]}`, &del); code != http.StatusOK || del.Deleted != 3 {
+		t.Fatalf("batch delete: %d, deleted %d, want 3", code, del.Deleted)
+	}
+	k := tw.keys("later")
+	if n, _ := tw.rdb.HLen(ctx, k.Payload).Result(); n != 2 {
+		t.Errorf("%d payloads left, want 2: payloads go with their entries", n)
+	}
+	if n, _ := tw.rdb.ZCard(ctx, k.Queue).Result(); n != 2 {
+		t.Errorf("%d entries left, want 2", n)
+	}
+	out := tw.cli("task", "get", "later", "t-3", "--queues-file", tw.file)
+	if !strings.Contains(out, `"n": 3`) {
+		t.Errorf("task get: %s", out)
+	}
+	d.stop()
+}
+
+func TestTaskActionsStreamListSQLAndPoll(t *testing.T) {
+	tw := newTaskWorld(t, `
+queues:
+  - name: events
+    key: PREFIX:events
+    action: {type: stream}
+  - name: ready
+    key: PREFIX:ready
+    action: {type: list}
+  - name: reliable
+    key: PREFIX:reliable
+    action: {type: list, reliable: true, ack_timeout: 1s}
+  - name: confirm
+    key: PREFIX:confirm
+    action: {type: sql, statement: "UPDATE receipts SET confirmed = true WHERE id = ANY($1) RETURNING id"}
+  - name: jobs
+    key: PREFIX:jobs
+    lease: 1s
+    action: {type: poll}
+    retry: {max_attempts: 2}
+`)
+	if _, err := tw.db.Exec("CREATE TABLE receipts (id text PRIMARY KEY, confirmed bool NOT NULL DEFAULT false)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.db.Exec("INSERT INTO receipts (id) SELECT 'rcpt-' || g FROM generate_series(1, 50) g"); err != nil {
+		t.Fatal(err)
+	}
+	d := tw.start()
+	ctx := context.Background()
+	put := func(q, id string) {
+		t.Helper()
+		if code := call(t, d, http.MethodPut, "/v1/queues/"+q+"/tasks/"+id, `{"after":"100ms","payload":{"id":"`+id+`"}}`, nil); code != http.StatusCreated {
+			t.Fatalf("PUT %s/%s: %d", q, id, code)
+		}
+	}
+
+	// stream: acknowledged delivery through a consumer group.
+	ek := tw.keys("events")
+	if err := tw.rdb.XGroupCreateMkStream(ctx, ek.Stream, "workers", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		put("events", fmt.Sprintf("ev-%d", i))
+	}
+	var first []redis.XMessage
+	waitFor(t, "stream entries", 20*time.Second, func() bool {
+		res, err := tw.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "workers", Consumer: "c1", Streams: []string{ek.Stream, ">"}, Count: 10, Block: -1}).Result()
+		if err == nil && len(res) == 1 {
+			first = append(first, res[0].Messages...)
+		}
+		return len(first) == 3
+	})
+	if p := first[0].Values["payload"]; !strings.Contains(fmt.Sprint(p), `"ev-`) {
+		t.Errorf("stream entry without its payload: %v", first[0].Values)
+	}
+	// c1 crashes before acking ev-0..2; another consumer claims them.
+	claimed, _, err := tw.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: ek.Stream, Group: "workers", Consumer: "c2", MinIdle: 0, Start: "0"}).Result()
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("XAUTOCLAIM after a consumer crash: %d entries (%v), want 3", len(claimed), err)
+	}
+
+	// list: at-most-once ready list.
+	put("ready", "r-1")
+	waitFor(t, "ready list item", 20*time.Second, func() bool {
+		v, err := tw.rdb.RPop(ctx, tw.keys("ready").Ready).Result()
+		if err != nil {
+			return false
+		}
+		var it client.ListItem
+		return json.Unmarshal([]byte(v), &it) == nil && it.ID == "r-1" && strings.Contains(string(it.Payload), "r-1")
+	})
+
+	// reliable list: an unacknowledged item comes back.
+	put("reliable", "rl-1")
+	rc, err := client.New(tw.rdb, tw.prefix+":reliable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it client.ListItem
+	waitFor(t, "take", 20*time.Second, func() bool { it, err = rc.Take(ctx, time.Second); return err == nil })
+	if it.ID != "rl-1" {
+		t.Fatalf("took %+v", it)
+	}
+	// The consumer dies without Ack; after the timeout the item is back.
+	waitFor(t, "redelivered after the ack timeout", 20*time.Second, func() bool {
+		it, err = rc.Take(ctx, time.Minute)
+		return err == nil && it.ID == "rl-1"
+	})
+	if err := rc.Ack(ctx, "rl-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := tw.rdb.LLen(ctx, tw.keys("reliable").Processing).Result(); n != 0 {
+		t.Errorf("processing list holds %d after ack", n)
+	}
+
+	// sql: a set-based statement.
+	for i := 1; i <= 50; i++ {
+		put("confirm", fmt.Sprintf("rcpt-%d", i))
+	}
+	waitFor(t, "receipts confirmed", 20*time.Second, func() bool {
+		return tw.count("SELECT count(*) FROM receipts WHERE confirmed") == 50
+	})
+
+	// poll: lease, ack, redelivery counted as an attempt, then failed.
+	put("jobs", "j-1")
+	put("jobs", "j-2")
+	type polled struct {
+		Token string `json:"token"`
+		Tasks []struct {
+			ID       string `json:"id"`
+			Attempts int    `json:"attempts"`
+		} `json:"tasks"`
+	}
+	var p polled
+	waitFor(t, "poll returns both", 20*time.Second, func() bool {
+		p = polled{}
+		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", &p)
+		return len(p.Tasks) == 2
+	})
+	var ack struct {
+		Acked int `json:"acked"`
+	}
+	call(t, d, http.MethodPost, "/v1/queues/jobs/ack", `{"token":"`+p.Token+`","ids":["j-1"]}`, &ack)
+	if ack.Acked != 1 {
+		t.Fatalf("ack: %d", ack.Acked)
+	}
+	// j-2 was not acked: after its 1 s lease it comes back with attempts 1.
+	waitFor(t, "j-2 redelivered", 20*time.Second, func() bool {
+		p = polled{}
+		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", &p)
+		return len(p.Tasks) == 1 && p.Tasks[0].ID == "j-2" && p.Tasks[0].Attempts == 1
+	})
+	waitFor(t, "j-2 failed after max attempts", 20*time.Second, func() bool {
+		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", nil)
+		var got struct {
+			State string `json:"state"`
+		}
+		call(t, d, http.MethodGet, "/v1/queues/jobs/tasks/j-2", "", &got)
+		return got.State == "dead"
+	})
+	if code := call(t, d, http.MethodPost, "/v1/queues/events/poll", "", nil); code != http.StatusConflict {
+		t.Errorf("polling a stream queue: %d, want 409", code)
+	}
+	m := d.metrics()
+	if m[`orderdelay_task_forwarded_total{queue="events"}`] != 3 {
+		t.Errorf("forwarded{events} %v, want 3", m[`orderdelay_task_forwarded_total{queue="events"}`])
+	}
+	d.stop()
+}
+
+func TestTaskQueuesFileErrorsExit2AndOrdersStillClose(t *testing.T) {
+	w := newWorld(t)
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("queues:\n  - name: x\n    action: {type: carrier-pigeon}\n"), 0o644)
+	cmd := exec.Command(binary, "run")
+	cmd.Env = w.env("ORDERDELAY_QUEUES_FILE="+bad, "ORDERDELAY_HTTP_ADDR="+freeAddr(t))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(out.String(), "ORDERDELAY_QUEUES_FILE") {
+		t.Fatalf("bad queues file: exit %d (%v), output:\n%s", code, err, out.String())
+	}
+	// With a valid file, the order queue runs exactly as before.
+	tw := newTaskWorld(t, "queues:\n  - name: side\n    key: PREFIX:side\n    action: {type: stream}\n")
+	tw.world = w
+	d := tw.start()
+	past := time.Now().Add(-time.Second)
+	w.zadd(w.createOrders("with-tasks", 100, past), float64(queue.DeadlineMillis(past)))
+	waitFor(t, "orders closed", 30*time.Second, func() bool { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 100 })
+	d.stop()
+}
