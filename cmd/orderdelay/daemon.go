@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -374,34 +375,62 @@ func (d *daemon) checkRedis(ctx context.Context) {
 }
 
 func (d *daemon) redisWarnings(ctx context.Context) error {
-	info, err := d.rdb.Info(ctx, "server").Result()
-	if err != nil {
-		return err
+	// On a cluster every master holds part of the keyspace: check each.
+	nodes := []redis.UniversalClient{d.rdb}
+	if cc, ok := d.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		nodes = nil
+		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			nodes = append(nodes, c)
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 	}
-	v := infoField(info, "redis_version")
-	old := v != "" && versionBelow(v, 6, 2)
+	var old, evicts, volatile bool
+	for _, n := range nodes {
+		o, e, v, err := d.nodeWarnings(ctx, n)
+		if err != nil {
+			return err
+		}
+		old, evicts, volatile = old || o, evicts || e, volatile || v
+	}
 	d.m.Warn(metrics.CheckRedisVersion, old)
-	if old {
-		d.log.Warn("redis is older than 6.2; orderdelay needs ZRANGE BYSCORE and ZMSCORE", zap.String("redis_version", v))
+	d.m.Warn(metrics.CheckRedisEviction, evicts)
+	d.m.Warn(metrics.CheckRedisPersistence, volatile)
+	return nil
+}
+
+// nodeWarnings checks one Redis node and logs what it finds.
+func (d *daemon) nodeWarnings(ctx context.Context, n redis.UniversalClient) (old, evicts, volatile bool, err error) {
+	info, err := n.Info(ctx, "server").Result()
+	if err != nil {
+		return false, false, false, err
 	}
-	cfgs, err := d.rdb.ConfigGet(ctx, "*").Result()
+	addr := infoField(info, "tcp_port")
+	v := infoField(info, "redis_version")
+	if old = v != "" && versionBelow(v, 6, 2); old {
+		d.log.Warn("redis is older than 6.2; orderdelay needs ZRANGE BYSCORE and ZMSCORE",
+			zap.String("redis_version", v), zap.String("port", addr))
+	}
+	cfgs, err := n.ConfigGet(ctx, "*").Result()
 	if err != nil {
 		d.log.Info("cannot read redis CONFIG (managed Redis?); check maxmemory-policy and persistence yourself", zap.Error(err))
-		return nil
+		return old, false, false, nil
 	}
 	p := cfgs["maxmemory-policy"]
-	evicts := p != "" && p != "noeviction"
-	d.m.Warn(metrics.CheckRedisEviction, evicts)
-	if evicts {
+	if evicts = p != "" && p != "noeviction"; evicts {
 		d.log.Warn("redis maxmemory-policy is not noeviction: under memory pressure Redis may evict the whole queue",
-			zap.String("maxmemory-policy", p))
+			zap.String("maxmemory-policy", p), zap.String("port", addr))
 	}
-	volatile := cfgs["save"] == "" && cfgs["appendonly"] != "yes"
-	d.m.Warn(metrics.CheckRedisPersistence, volatile)
-	if volatile {
-		d.log.Warn("redis persists nothing (no RDB snapshots, no AOF): a restart empties the queue and only the reconciler recovers it")
+	if volatile = cfgs["save"] == "" && cfgs["appendonly"] != "yes"; volatile {
+		d.log.Warn("redis persists nothing (no RDB snapshots, no AOF): a restart empties the queue and only the reconciler recovers it",
+			zap.String("port", addr))
 	}
-	return nil
+	return old, evicts, volatile, nil
 }
 
 func infoField(info, name string) string {

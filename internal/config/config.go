@@ -82,7 +82,7 @@ var Settings = []Setting{
 		Help: "Redis URL (`redis://` or `rediss://`, user and password in the URL); for sentinel and cluster see `ORDERDELAY_REDIS_MODE`",
 		set:  func(c *Config, v string) error { c.RedisURL = v; return nil }},
 	{Env: "ORDERDELAY_REDIS_MODE", Default: "standalone",
-		Help: "`standalone`, `sentinel` (URL: `redis://[user:pass@]sentinel:26379?master_name=NAME&addr=sentinel2:26379`) or `cluster` (URL: `redis://node1:6379?addr=node2:6379`)",
+		Help: "`standalone`, `sentinel` (URL: `redis://[sentinel-user:sentinel-pass@]sentinel:26379?master_name=NAME&addr=sentinel2:26379&password=MASTER-PASS`; the userinfo logs in to the sentinels, `password=` to the master) or `cluster` (URL: `redis://node1:6379?addr=node2:6379`)",
 		set:  func(c *Config, v string) error { c.RedisMode = v; return nil }},
 	{Env: "ORDERDELAY_DATABASE_URL", Default: "postgres://127.0.0.1:5432/orderdelay?sslmode=disable", Secret: true,
 		Help: "PostgreSQL URL or key=value DSN; `sslmode` is honoured",
@@ -343,9 +343,11 @@ var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S
 // Mask hides the password of a URL (scheme://user:pass@host) or key=value
 // DSN (password=...), for logs and messages.
 func Mask(s string) string {
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
+		if u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			}
 		}
 		q := u.Query()
 		if q.Has("password") {
@@ -354,7 +356,7 @@ func Mask(s string) string {
 		}
 		return u.String()
 	}
-	// Not a URL with a user (a DSN, or a URL that does not parse): mask
+	// Not a URL (a DSN, or a URL that does not parse): mask
 	// every password Redact can find in it.
 	return Redact(s, s)
 }

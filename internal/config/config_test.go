@@ -585,3 +585,12 @@ func FuzzMask(f *testing.F) {
 		}
 	})
 }
+
+// A password in a URL's query is hidden without dropping the other
+// parameters (a Sentinel URL's addr= list must stay readable in logs).
+func TestMaskKeepsOtherQueryParameters(t *testing.T) {
+	got := config.Mask("redis://sentinel:26379?master_name=m&password=s3cret&addr=s2:26379")
+	if strings.Contains(got, "s3cret") || !strings.Contains(got, "addr=s2%3A26379") || !strings.Contains(got, "master_name=m") {
+		t.Fatalf("Mask = %q", got)
+	}
+}
