@@ -38,6 +38,8 @@ var requiredAlerts = []string{
 	"OrderdelayScannerStalled",          // last scan too old
 	"OrderdelayReclaimsClimbing",        // leases expiring: database too slow
 	"OrderdelayReconcilerClosingOrders", // the fast path lost orders
+	"OrderdelayPausedTooLong",           // closing paused by an operator and not resumed
+	"OrderdelayConfigWarning",           // a start-up check found a risky setup
 }
 
 // prometheusRule decodes the PrometheusRule strictly from its source file.
@@ -328,6 +330,62 @@ orderdelay_reclaimed_total{namespace="shop",job="orderdelay",pod="a"} 0+5x40`,
 		alert:  "OrderdelayReconcilerClosingOrders",
 		series: `orderdelay_orders_reconciled_total{namespace="shop",job="orderdelay",pod="a"} 0x40`,
 		at:     40 * time.Minute,
+	},
+	{
+		name:  "paused for 35 minutes, seen by both replicas: one alert",
+		alert: "OrderdelayPausedTooLong",
+		series: `
+orderdelay_paused{namespace="shop",job="orderdelay",pod="a"} 0x5 1x40
+orderdelay_paused{namespace="shop",job="orderdelay",pod="b"} 0x6 1x39`,
+		at:   40 * time.Minute, // paused from 6m, so firing from 36m
+		want: []map[string]string{{"namespace": "shop", "job": "orderdelay"}},
+	},
+	{
+		name:  "a 20-minute pause that was resumed does not fire",
+		alert: "OrderdelayPausedTooLong",
+		series: `
+orderdelay_paused{namespace="shop",job="orderdelay",pod="a"} 0x5 1x20 0x30`,
+		at: 50 * time.Minute,
+	},
+	{
+		name:  "a pause seen by one replica only still fires",
+		alert: "OrderdelayPausedTooLong",
+		series: `
+orderdelay_paused{namespace="shop",job="orderdelay",pod="a"} 1x45
+orderdelay_paused{namespace="shop",job="orderdelay",pod="b"} 0x45`,
+		at:   40 * time.Minute,
+		want: []map[string]string{{"namespace": "shop", "job": "orderdelay"}},
+	},
+	{
+		name:  "start-up warnings fire once per check, not per replica",
+		alert: "OrderdelayConfigWarning",
+		series: `
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="redis_eviction"} 1x20
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="b",check="redis_eviction"} 1x20
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="pending_index"} 1x20
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="redis_persistence"} 0x20
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="redis_version"} 0x20
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="schema_version"} 0x20`,
+		at: 15 * time.Minute,
+		want: []map[string]string{
+			{"namespace": "shop", "job": "orderdelay", "check": "pending_index"},
+			{"namespace": "shop", "job": "orderdelay", "check": "redis_eviction"},
+		},
+	},
+	{
+		name:  "a warning cleared by a fix and a restart resolves",
+		alert: "OrderdelayConfigWarning",
+		series: `
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="redis_persistence"} 1x20 _x2
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="c",check="redis_persistence"} _x22 0x10`,
+		at: 30 * time.Minute,
+	},
+	{
+		name:  "a warning younger than 10 minutes stays pending",
+		alert: "OrderdelayConfigWarning",
+		series: `
+orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="schema_version"} 0x5 1x10`,
+		at: 12 * time.Minute,
 	},
 }
 

@@ -86,13 +86,16 @@ var (
 // _bucket/_sum/_count series.
 var histogramFamilies = map[string]bool{"orderdelay_close_lateness_seconds": true}
 
-// redisGauges are read from Redis and identical on every replica: summing
-// them over replicas multiplies the truth by the replica count.
+// redisGauges are read from the shared Redis (or, for the start-up checks,
+// from the shared Redis and database) and identical on every replica:
+// summing them over replicas multiplies the truth by the replica count.
 var redisGauges = map[string]bool{
 	"orderdelay_queue_depth":            true,
 	"orderdelay_overdue_orders":         true,
 	"orderdelay_oldest_overdue_seconds": true,
 	"orderdelay_dead_letter_depth":      true,
+	"orderdelay_paused":                 true,
+	"orderdelay_config_warning":         true,
 }
 
 // metricLabels are the labels each daemon family carries and, where the
@@ -104,6 +107,7 @@ var metricLabels = map[string]map[string][]string{
 	"orderdelay_dependency_up":          {"dependency": {"redis", "postgres"}},
 	"orderdelay_build_info":             {"version": nil, "revision": nil, "goversion": nil},
 	"orderdelay_close_lateness_seconds": {"le": nil},
+	"orderdelay_config_warning":         {"check": {"redis_eviction", "redis_persistence", "redis_version", "schema_version", "pending_index"}},
 }
 
 // targetLabels are attached by Prometheus (static configs, the
@@ -174,7 +178,7 @@ func (c *exprChecker) check(expr string) []error {
 			}
 			parser.Inspect(n.Expr, func(inner parser.Node, _ []parser.Node) error {
 				if vs, ok := inner.(*parser.VectorSelector); ok && redisGauges[selectorName(vs)] {
-					errs = append(errs, fmt.Errorf("sum() over %s: it is read from Redis and the same on every replica; aggregate it with max()", selectorName(vs)))
+					errs = append(errs, fmt.Errorf("sum() over %s: it is read from the shared Redis or database and the same on every replica; aggregate it with max()", selectorName(vs)))
 				}
 				return nil
 			})
