@@ -123,8 +123,8 @@ type Verdict struct {
 	UnpaidLeft     int // unpaid orders still pending
 	Complete       bool
 	Violations     []string
-	KnownDefect    bool // violations expected of this contender (asynq's early closes)
-	LatenessMillis []float64
+	KnownDefect    bool      // violations expected of this contender (asynq's early closes)
+	LatenessMillis []float64 `json:"-"` // sorted; plotted, summarized, not stored
 }
 
 // OK reports whether the run has no violation (known defects excepted).

@@ -71,6 +71,14 @@ var secretSettings = map[string]bool{
 	"ORDERDELAY_REDIS_URL":    true,
 	"ORDERDELAY_DATABASE_URL": true,
 	"ORDERDELAY_API_TOKEN":    true,
+	"ORDERDELAY_ADMIN_TOKEN":  true,
+}
+
+// optionalSecrets may be absent: an empty API token means no auth on the
+// producer API, an empty admin token means no admin API.
+var optionalSecrets = map[string]bool{
+	"ORDERDELAY_API_TOKEN":   true,
+	"ORDERDELAY_ADMIN_TOKEN": true,
 }
 
 // Names the daemon cannot export but the alerts and the dashboard may use.

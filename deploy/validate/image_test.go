@@ -439,6 +439,7 @@ func TestDaemonAcceptsRenderedSettings(t *testing.T) {
 		"ORDERDELAY_REDIS_URL":    "redis://127.0.0.1:1/0",
 		"ORDERDELAY_DATABASE_URL": "postgres://127.0.0.1:1/orderdelay?sslmode=disable",
 		"ORDERDELAY_API_TOKEN":    "validate-token-0123456789",
+		"ORDERDELAY_ADMIN_TOKEN":  "validate-admin-token-0123456789",
 	}
 	seen := map[string]bool{}
 	for _, r := range built(t) {
@@ -455,8 +456,9 @@ func TestDaemonAcceptsRenderedSettings(t *testing.T) {
 				var env []string
 				for name, v := range containerEnv(t, r, c) {
 					switch {
-					case v.Source == "secret" && name == "ORDERDELAY_API_TOKEN" && r.Secret(v.Ref.SecretKeyRef.Name) != nil:
-						// A generated (dev) Secret: check its real token.
+					case v.Source == "secret" && optionalSecrets[name] && r.Secret(v.Ref.SecretKeyRef.Name) != nil:
+						// A generated (dev) Secret: check its real tokens
+						// (long enough, admin token not a producer token).
 						env = append(env, name+"="+string(r.Secret(v.Ref.SecretKeyRef.Name).Data[v.Ref.SecretKeyRef.Key]))
 					case placeholders[name] != "":
 						env = append(env, name+"="+placeholders[name])
