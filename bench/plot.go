@@ -106,6 +106,7 @@ func contenderBars(r *Report, path string) error {
 		return err
 	}
 	bars.Color = color.RGBA{R: 70, G: 110, B: 190, A: 255}
+	p.Y.Tick.Marker = thousands{}
 	p.Add(plotter.NewGrid(), bars)
 	for i, n := range names {
 		names[i] = fmt.Sprintf("%s\n%s/s", strings.ReplaceAll(n, "orderdelay-", "od-"), num(vals[i]))
@@ -154,7 +155,22 @@ func sweepPlot(sweep []DrainResult, ceiling float64, x func(Settings) (float64, 
 		p.Legend.Add("60% of the ceiling (target)", line60)
 	}
 	p.Y.Min = 0
+	p.Y.Tick.Marker = thousands{}
 	p.Legend.Top = false
 	p.Legend.Left = false
 	return p.Save(7*vg.Inch, 4*vg.Inch, path)
+}
+
+// thousands labels the default ticks as whole numbers with separators
+// (gonum's default prints "250000.00").
+type thousands struct{}
+
+func (thousands) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = num(ts[i].Value)
+		}
+	}
+	return ts
 }
