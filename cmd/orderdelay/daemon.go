@@ -117,6 +117,9 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	}))
 	d.store = orders.NewStore(d.db, cfg.Statements())
 	var closer consumer.Store = d.store
+	if cfg.CloseEvents {
+		closer = orders.WithOutbox{Store: d.store}
+	}
 	if cfg.DryRun {
 		closer = orders.DryRun{Store: d.store}
 		log.Warn("dry run: the close statement runs in transactions that are rolled back; nothing is closed and the queue is left as it is")
@@ -132,6 +135,13 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 			return usageError{err}
 		}
 		log.Info("task queues", zap.Strings("queues", d.tasks.Names()))
+	}
+	if cfg.ReminderQueue != "" {
+		rq, ok := d.tasks.Queue(cfg.ReminderQueue)
+		if !ok {
+			return usagef("ORDERDELAY_REMINDER_QUEUE: no queue %q in ORDERDELAY_QUEUES_FILE", cfg.ReminderQueue)
+		}
+		d.prod.WithReminders(rq.Client, cfg.ReminderBefore)
 	}
 	d.cons = consumer.New(consumer.Config{
 		Keys: keys, Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
@@ -180,7 +190,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		var rec *consumer.Reconciler
 		if cfg.ReconcileInterval > 0 && !cfg.DryRun {
 			rec = consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Interval: cfg.ReconcileInterval,
-				Grace: cfg.ReconcileGrace}, d.rdb, d.store, d.m, log)
+				Grace: cfg.ReconcileGrace, Outbox: cfg.CloseEvents}, d.rdb, d.store, d.m, log)
 		}
 		recDone := make(chan struct{})
 		go func() {
@@ -189,6 +199,16 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 				rec.Run(ctx) //nolint:errcheck // returns nil when ctx ends
 			}
 		}()
+		relayDone := make(chan struct{})
+		go func() {
+			defer close(relayDone)
+			if cfg.CloseEvents && !cfg.DryRun {
+				r := &consumer.Relay{DB: d.db, Redis: d.rdb, Stream: keys.Events, MaxLen: cfg.CloseEventsMaxLen,
+					Log: log, Relayed: d.m.EventsRelayed}
+				r.Run(ctx)
+			}
+		}()
+		defer func() { <-relayDone }()
 		tasksDone := make(chan struct{})
 		go func() {
 			defer close(tasksDone)
@@ -303,6 +323,15 @@ func (d *daemon) tryPrepareDB(ctx context.Context, migrate bool) error {
 	}
 	if err := d.store.Verify(ctx); err != nil {
 		return err
+	}
+	if d.cfg.CloseEvents {
+		if _, err := d.db.ExecContext(ctx, "SELECT 1 FROM "+orders.OutboxTable+" LIMIT 0"); err != nil {
+			if orders.Transient(err) {
+				return err
+			}
+			return &orders.StatementError{Name: "close events", Setting: "ORDERDELAY_CLOSE_EVENTS",
+				Err: fmt.Errorf("the outbox table is missing (run orderdelay migrate): %w", err)}
+		}
 	}
 	if d.tasks != nil {
 		if err := d.tasks.Verify(ctx); err != nil {

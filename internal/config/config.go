@@ -59,6 +59,10 @@ type Config struct {
 	DeadRetention     time.Duration // dead letters older than this are purged; 0 keeps them
 	DeadMax           int           // most dead letters kept (oldest purged first); 0: no cap
 	QueuesFile        string        // named task queues; empty: none
+	CloseEvents       bool          // publish a close event per closed order
+	CloseEventsMaxLen int64         // approximate cap of the events stream
+	ReminderQueue     string        // task queue that gets a reminder per order; empty: none
+	ReminderBefore    time.Duration // how long before the deadline the reminder is due
 }
 
 // Setting describes one setting.
@@ -165,6 +169,28 @@ var Settings = []Setting{
 		set: intIn(func(c *Config) *int { return &c.DeadMax }, 0, 100_000_000)},
 	{Env: "ORDERDELAY_QUEUES_FILE", Default: "", Help: "YAML file declaring named task queues (see `configs/orderdelay.yaml`); empty: the order queue only",
 		set: func(c *Config, v string) error { c.QueuesFile = v; return nil }},
+	{Env: "ORDERDELAY_CLOSE_EVENTS", Default: "false", Help: "publish every close on the stream `{KEY}:events` (serial, reason, closed_at), at least once, through an outbox table written in the close transaction (needs `orderdelay migrate`)",
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("want true or false, got %q", v)
+			}
+			c.CloseEvents = b
+			return nil
+		}},
+	{Env: "ORDERDELAY_CLOSE_EVENTS_MAXLEN", Default: "1000000", Help: "approximate cap of the close-event stream (XADD MAXLEN ~)",
+		set: func(c *Config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 1000 || n > 1_000_000_000 {
+				return fmt.Errorf("want an integer from 1000 to 1000000000, got %q", v)
+			}
+			c.CloseEventsMaxLen = n
+			return nil
+		}},
+	{Env: "ORDERDELAY_REMINDER_QUEUE", Default: "", Help: "name of a task queue (in `ORDERDELAY_QUEUES_FILE`) that gets a reminder task per order enqueued through the API or CLI, due `ORDERDELAY_REMINDER_BEFORE` before its deadline (empty: no reminders)",
+		set: func(c *Config, v string) error { c.ReminderQueue = v; return nil }},
+	{Env: "ORDERDELAY_REMINDER_BEFORE", Default: "10m", Help: "how long before an order's deadline its reminder is due",
+		set: durationIn(func(c *Config) *time.Duration { return &c.ReminderBefore }, time.Second, 30*24*time.Hour)},
 }
 
 // Error is a refused setting; the command exits 2 on it.
@@ -256,6 +282,9 @@ func (c *Config) validate() []error {
 			bad("ORDERDELAY_ADMIN_TOKEN", "must differ from every ORDERDELAY_API_TOKEN: a producer must not be able to pause closing")
 			break
 		}
+	}
+	if c.ReminderQueue != "" && c.QueuesFile == "" {
+		bad("ORDERDELAY_REMINDER_QUEUE", "names a task queue, so ORDERDELAY_QUEUES_FILE must be set")
 	}
 	if c.HTTPAddr != "" && c.HTTPAddr == c.PprofAddr {
 		bad("ORDERDELAY_PPROF_ADDR", "must differ from ORDERDELAY_HTTP_ADDR: pprof never shares the public port")

@@ -75,6 +75,10 @@ func TestDefaults(t *testing.T) {
 		{"ORDERDELAY_DEAD_LETTER_RETENTION", c.DeadRetention, 7 * 24 * time.Hour},
 		{"ORDERDELAY_DEAD_LETTER_MAX", c.DeadMax, 100000},
 		{"ORDERDELAY_QUEUES_FILE", c.QueuesFile, ""},
+		{"ORDERDELAY_CLOSE_EVENTS", c.CloseEvents, false},
+		{"ORDERDELAY_CLOSE_EVENTS_MAXLEN", c.CloseEventsMaxLen, int64(1000000)},
+		{"ORDERDELAY_REMINDER_QUEUE", c.ReminderQueue, ""},
+		{"ORDERDELAY_REMINDER_BEFORE", c.ReminderBefore, 10 * time.Minute},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

@@ -30,6 +30,7 @@ type ReconcilerConfig struct {
 	Interval time.Duration // time between passes (jittered ±20%)
 	Grace    time.Duration // how long past its deadline an order must be
 	PageSize int           // orders per transaction
+	Outbox   bool          // record a close event per reconciled order
 }
 
 // Reconciler closes pending orders that are past their deadline by more
@@ -133,6 +134,11 @@ func (r *Reconciler) page(ctx context.Context) (closed int, more bool, err error
 			return 0, false, fmt.Errorf("reconcile close: %w", err)
 		}
 		closed = len(done)
+		if r.cfg.Outbox {
+			if err := orders.RecordClosed(ctx, tx, done, "reconciled"); err != nil {
+				return 0, false, err
+			}
+		}
 		if closed > 0 {
 			if err := tx.Commit(); err != nil {
 				return 0, false, fmt.Errorf("reconcile commit: %w", err)

@@ -58,6 +58,8 @@ type Metrics struct {
 	ConfigWarning    *prometheus.GaugeVec
 	// Forwarded counts tasks moved to a stream or list (task queues only).
 	Forwarded prometheus.Counter
+	// EventsRelayed counts close events published on the events stream.
+	EventsRelayed prometheus.Counter
 }
 
 // Config-warning checks label orderdelay_config_warning.
@@ -147,6 +149,11 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 		m.ConfigWarning.WithLabelValues(c)
 	}
 	m.Forwarded = prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"}) // order queue: nothing forwarded
+	m.EventsRelayed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "orderdelay_close_events_relayed_total",
+		Help: "Close events this replica published on the events stream (ORDERDELAY_CLOSE_EVENTS).",
+	})
+	reg.MustRegister(m.EventsRelayed)
 	for _, r := range []string{SkipSettled, SkipNotFound} {
 		m.Skipped.WithLabelValues(r)
 	}

@@ -254,3 +254,40 @@ func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
 func RunIDs(ctx context.Context, db *sqlx.DB, query string, ids []string) ([]string, error) {
 	return querySerials(ctx, db, query, len(ids), pq.Array(ids))
 }
+
+// OutboxTable holds close events until the relay has published them.
+const OutboxTable = "orderdelay_close_outbox"
+
+// RecordClosed writes a close event per serial into the outbox, on q (the
+// transaction that closed them).
+func RecordClosed(ctx context.Context, q Querier, serials []string, reason string) error {
+	if len(serials) == 0 {
+		return nil
+	}
+	rows, err := q.QueryContext(ctx, "INSERT INTO "+OutboxTable+" (serial_no, reason) SELECT unnest($1::text[]), $2", pq.Array(serials), reason)
+	if err != nil {
+		return fmt.Errorf("record close events: %w", err)
+	}
+	return rows.Close()
+}
+
+// WithOutbox is a Store whose Close also writes a close event per closed
+// order into the outbox, in the same transaction as the close.
+type WithOutbox struct{ *Store }
+
+// Close closes the pending orders among serials and records their events.
+func (o WithOutbox) Close(ctx context.Context, serials []string) ([]string, error) {
+	tx, err := o.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	closed, err := o.CloseOn(ctx, tx, serials)
+	if err != nil {
+		return nil, err
+	}
+	if err := RecordClosed(ctx, tx, closed, "timeout"); err != nil {
+		return nil, err
+	}
+	return closed, tx.Commit()
+}

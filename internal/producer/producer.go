@@ -7,6 +7,7 @@ package producer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -62,6 +63,16 @@ type Producer struct {
 	c   *client.Client
 	m   *metrics.Metrics
 	now func() time.Time
+	// Reminders, when set, gets a task per order due Before its deadline.
+	reminders *client.Client
+	before    time.Duration
+}
+
+// WithReminders makes every order put through p also put a reminder task
+// on the task queue of rc, due before ahead of the order's deadline (when
+// that is still in the future), and every cancel remove it.
+func (p *Producer) WithReminders(rc *client.Client, before time.Duration) {
+	p.reminders, p.before = rc, before
 }
 
 // New returns a Producer writing through c.
@@ -95,7 +106,29 @@ func (p *Producer) Put(ctx context.Context, r Request) (client.Result, time.Time
 	if res == client.Created && p.m != nil {
 		p.m.Enqueued.Inc()
 	}
+	if p.reminders != nil && res != client.Unchanged {
+		if err := p.remind(ctx, r.Serial, at); err != nil {
+			return res, at, err
+		}
+	}
 	return res, at, nil
+}
+
+// remind puts (or moves) the reminder of an order due at deadline.
+func (p *Producer) remind(ctx context.Context, serial string, deadline time.Time) error {
+	due := deadline.Add(-p.before)
+	if !due.After(p.now()) {
+		_, err := p.reminders.DeleteTasks(ctx, serial) // too late to remind
+		return err
+	}
+	payload, err := json.Marshal(map[string]any{"serial": serial, "deadline": deadline.UTC(), "deadline_ms": deadline.UnixMilli()})
+	if err != nil {
+		return err
+	}
+	if _, _, err := p.reminders.PutTask(ctx, serial, payload, due, client.Reschedule); err != nil {
+		return fmt.Errorf("reminder: %w", err)
+	}
+	return nil
 }
 
 // Get returns the entry for serial.
@@ -112,6 +145,11 @@ func (p *Producer) Cancel(ctx context.Context, serial string) error {
 	err := p.c.Cancel(ctx, serial)
 	if errors.Is(err, client.ErrInvalidSerial) {
 		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if p.reminders != nil && (err == nil || errors.Is(err, client.ErrNotFound)) {
+		if _, rerr := p.reminders.DeleteTasks(ctx, serial); rerr != nil {
+			return fmt.Errorf("reminder: %w", rerr)
+		}
 	}
 	return err
 }

@@ -15,6 +15,7 @@
 //	{Q}:deadinfo       hash: serial -> "reason|attempts|deadline|last error"
 //	{Q}:wake           pub/sub channel: deadline of a newly added entry
 //	{Q}:paused         string: why closing is paused (absent: not paused)
+//	{Q}:events         stream: close events (ORDERDELAY_CLOSE_EVENTS)
 //
 // Task queues (named queues with payloads) add:
 //
@@ -62,6 +63,7 @@ type Keys struct {
 	DeadInfo  string // per-entry dead-letter record
 	Wake      string // pub/sub channel announcing new early deadlines
 	Paused    string // present while closing is paused; holds the reason
+	Events    string // stream of close events
 
 	// Task queues only.
 	Payload    string // task id -> payload
@@ -85,6 +87,7 @@ func NewKeys(key string) Keys {
 		DeadInfo:  tag + "deadinfo",
 		Wake:      tag + "wake",
 		Paused:    tag + "paused",
+		Events:    tag + "events",
 
 		Payload:    tag + "payload",
 		Stream:     tag + "stream",

@@ -1,0 +1,94 @@
+package orderdelay_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+func TestCloseEventsThroughTheOutbox(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	// A close committed before a crash, whose event was never published.
+	if _, err := w.db.Exec("INSERT INTO orderdelay_close_outbox (serial_no, reason) VALUES ('crashed-before-xadd', 'timeout')"); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Second)
+	serials := w.createOrders("ev", 300, past)
+	w.zadd(serials, float64(queue.DeadlineMillis(past)))
+	lost := w.createOrders("lost", 5, time.Now().Add(-time.Hour)) // the reconciler closes these
+	d := w.start("ORDERDELAY_CLOSE_EVENTS=true", "ORDERDELAY_RECONCILE_INTERVAL=200ms",
+		"ORDERDELAY_RECONCILE_GRACE=2m", "ORDERDELAY_LEASE=30s", "ORDERDELAY_STATEMENT_TIMEOUT=5s", "ORDERDELAY_DRAIN_TIMEOUT=5s")
+	waitFor(t, "every close published", 30*time.Second, func() bool {
+		n, _ := w.rdb.XLen(ctx, w.keys.Events).Result()
+		return n == 306
+	})
+	msgs, err := w.rdb.XRange(ctx, w.keys.Events, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[string]string{}
+	for _, m := range msgs {
+		reasons[m.Values["serial"].(string)] = m.Values["reason"].(string)
+		if _, err := time.Parse(time.RFC3339Nano, m.Values["closed_at"].(string)); err != nil {
+			t.Errorf("closed_at %v: %v", m.Values["closed_at"], err)
+		}
+	}
+	if len(reasons) != 306 || reasons[serials[0]] != "timeout" || reasons[lost[0]] != "reconciled" || reasons["crashed-before-xadd"] != "timeout" {
+		t.Errorf("events: %d distinct serials; %s=%q %s=%q", len(reasons), serials[0], reasons[serials[0]], lost[0], reasons[lost[0]])
+	}
+	if n := w.count("SELECT count(*) FROM orderdelay_close_outbox"); n != 0 {
+		t.Errorf("%d events left in the outbox", n)
+	}
+	if v := d.metrics()["orderdelay_close_events_relayed_total"]; v != 306 {
+		t.Errorf("close_events_relayed_total %v, want 306", v)
+	}
+	d.stop()
+}
+
+func TestRemindersFireBeforeTheDeadline(t *testing.T) {
+	tw := newTaskWorld(t, "queues:\n  - name: remind\n    key: PREFIX:remind\n    action: {type: stream}\n")
+	d := tw.start("ORDERDELAY_REMINDER_QUEUE=remind", "ORDERDELAY_REMINDER_BEFORE=1s")
+	ctx := context.Background()
+	serials := tw.createOrders("rem", 2, time.Now().Add(2500*time.Millisecond))
+	if code := put(t, d, serials[0], `{"after":"2500ms"}`); code != http.StatusCreated {
+		t.Fatalf("PUT: %d", code)
+	}
+	if code := put(t, d, serials[1], `{"after":"1h"}`); code != http.StatusCreated {
+		t.Fatalf("PUT: %d", code)
+	}
+	if code := status(t, d, http.MethodDelete, "/v1/timeouts/"+serials[1], ""); code != http.StatusNoContent {
+		t.Fatalf("DELETE: %d", code)
+	}
+	stream := tw.keys("remind").Stream
+	var msg redis.XMessage
+	waitFor(t, "reminder published", 20*time.Second, func() bool {
+		msgs, _ := tw.rdb.XRange(ctx, stream, "-", "+").Result()
+		if len(msgs) > 0 {
+			msg = msgs[0]
+		}
+		return len(msgs) > 0
+	})
+	remindedAt := time.Now()
+	if !strings.Contains(msg.Values["payload"].(string), serials[0]) {
+		t.Errorf("reminder payload %v", msg.Values)
+	}
+	waitFor(t, "order closed", 20*time.Second, func() bool { return tw.status(serials[0]) == "closed" })
+	var closedAt time.Time
+	if err := tw.db.Get(&closedAt, "SELECT closed_at FROM orders WHERE serial_no = $1", serials[0]); err != nil {
+		t.Fatal(err)
+	}
+	if !remindedAt.Before(closedAt) {
+		t.Errorf("reminded at %s, after the close at %s", remindedAt, closedAt)
+	}
+	if n, _ := tw.rdb.ZCard(ctx, tw.keys("remind").Queue).Result(); n != 0 {
+		t.Errorf("%d reminders left: the cancelled order's reminder was not removed", n)
+	}
+	d.stop()
+}

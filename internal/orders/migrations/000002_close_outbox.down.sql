@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS orderdelay_close_outbox;
