@@ -119,6 +119,10 @@ type Client struct {
 	rdb  redis.UniversalClient
 	keys queue.Keys
 	now  func() time.Time
+	// shards is the number of shard keys order timeouts are spread over
+	// (WithShards); 1: the queue key only.
+	shards int
+	shard  []queue.Keys // the shards' keys; nil when shards is 1
 }
 
 // Option configures a Client.
@@ -136,14 +140,19 @@ func New(rdb redis.UniversalClient, key string, opts ...Option) (*Client, error)
 	if err := queue.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	c := &Client{rdb: rdb, keys: queue.NewKeys(key), now: time.Now}
+	c := &Client{rdb: rdb, keys: queue.NewKeys(key), now: time.Now, shards: 1}
 	for _, o := range opts {
 		o(c)
 	}
+	if c.shards < 1 || c.shards > queue.MaxShards {
+		return nil, fmt.Errorf("shards: want 1 to %d, got %d", queue.MaxShards, c.shards)
+	}
+	c.shard = queue.ShardKeys(key, c.shards)
 	return c, nil
 }
 
-// Keys returns the Redis keys of the client's queue.
+// Keys returns the Redis keys of the client's queue (its base key when
+// sharded; see AllKeys).
 func (c *Client) Keys() queue.Keys { return c.keys }
 
 // maxPerCall bounds how many entries one script call writes, so a huge batch
@@ -237,7 +246,15 @@ type ItemResult struct {
 // chunks of up to 1,000 per script call, all chunks in one pipeline.
 func (c *Client) EnqueueMany(ctx context.Context, items []Item, mode Mode) ([]ItemResult, error) {
 	now := c.now()
-	args := make([]any, 0, 2*len(items)+1)
+	// One group of script calls per key written: the queue key, or each
+	// shard an item hashes to; idx maps a group's replies back to items.
+	type group struct {
+		k    queue.Keys
+		args []any
+		idx  []int
+	}
+	var groups []*group
+	byKey := map[string]*group{}
 	for i, it := range items {
 		if err := queue.ValidateSerial(it.Serial); err != nil {
 			return nil, fmt.Errorf("item %d: %w", i, err)
@@ -246,25 +263,47 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item, mode Mode) ([]It
 		if err := queue.ValidateDeadline(ms, now); err != nil {
 			return nil, fmt.Errorf("item %d (%q): %w", i, it.Serial, err)
 		}
-		args = append(args, it.Serial, ms)
+		k := c.keysFor(it.Serial)
+		g := byKey[k.Queue]
+		if g == nil {
+			g = &group{k: k, args: make([]any, 0, 2*len(items))}
+			byKey[k.Queue] = g
+			groups = append(groups, g)
+		}
+		g.args = append(g.args, it.Serial, ms)
+		g.idx = append(g.idx, i)
 	}
-	keys := []string{c.keys.Queue, c.keys.Lease, c.keys.Inflight, c.keys.Deadlines, c.keys.Wake}
+	if c.shards > 1 && mode != Create {
+		if err := c.adopt(ctx, items); err != nil {
+			return nil, fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	type call struct {
+		g     *group
+		first int // index into g.idx of the call's first item
+	}
 	var cmds []*redis.Cmd
+	var calls []call
 	run := func(p redis.Scripter) {
-		cmds = cmds[:0]
-		for start := 0; start < len(args); start += 2 * maxPerCall {
-			end := min(start+2*maxPerCall, len(args))
-			a := make([]any, 0, end-start+1)
-			a = append(a, mode.arg())
-			a = append(a, args[start:end]...)
-			cmds = append(cmds, enqueueScript.EvalSha(ctx, p, keys, a...))
+		cmds, calls = cmds[:0], calls[:0]
+		for _, g := range groups {
+			keys := []string{g.k.Queue, g.k.Lease, g.k.Inflight, g.k.Deadlines, g.k.Wake}
+			for start := 0; start < len(g.args); start += 2 * maxPerCall {
+				end := min(start+2*maxPerCall, len(g.args))
+				a := make([]any, 0, end-start+1)
+				a = append(a, mode.arg())
+				a = append(a, g.args[start:end]...)
+				cmds = append(cmds, enqueueScript.EvalSha(ctx, p, keys, a...))
+				calls = append(calls, call{g: g, first: start / 2})
+			}
 		}
 	}
 	if err := c.pipelined(ctx, run, &cmds); err != nil {
 		return nil, fmt.Errorf("enqueue: %w", err)
 	}
-	out := make([]ItemResult, 0, len(items))
-	for _, cmd := range cmds {
+	out := make([]ItemResult, len(items))
+	got := 0
+	for n, cmd := range cmds {
 		vals, err := cmd.Int64Slice()
 		if err != nil {
 			return nil, fmt.Errorf("enqueue: %w", err)
@@ -272,12 +311,17 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item, mode Mode) ([]It
 		if len(vals)%2 != 0 {
 			return nil, fmt.Errorf("enqueue: odd reply length %d", len(vals))
 		}
+		g, first := calls[n].g, calls[n].first
+		if first+len(vals)/2 > len(g.idx) {
+			return nil, fmt.Errorf("enqueue: %d results for %d items", first+len(vals)/2, len(g.idx))
+		}
 		for i := 0; i < len(vals); i += 2 {
-			out = append(out, ItemResult{Result: Result(vals[i]), Deadline: time.UnixMilli(vals[i+1])})
+			out[g.idx[first+i/2]] = ItemResult{Result: Result(vals[i]), Deadline: time.UnixMilli(vals[i+1])}
+			got++
 		}
 	}
-	if len(out) != len(items) {
-		return nil, fmt.Errorf("enqueue: %d results for %d items", len(out), len(items))
+	if got != len(items) {
+		return nil, fmt.Errorf("enqueue: %d results for %d items", got, len(items))
 	}
 	return out, nil
 }
@@ -330,12 +374,24 @@ end
 return nil
 `)
 
-// Get returns the entry for serial, or ErrNotFound.
+// Get returns the entry for serial, or ErrNotFound. A sharded client looks
+// in the serial's shard, then in the queue key (entries written before the
+// switch to shards, or by producers that ignore them).
 func (c *Client) Get(ctx context.Context, serial string) (Entry, error) {
 	if err := queue.ValidateSerial(serial); err != nil {
 		return Entry{}, err
 	}
-	keys := []string{c.keys.Queue, c.keys.Lease, c.keys.Inflight, c.keys.DeadInfo}
+	if c.shards > 1 {
+		e, err := c.get(ctx, c.keysFor(serial), serial)
+		if !errors.Is(err, ErrNotFound) {
+			return e, err
+		}
+	}
+	return c.get(ctx, c.keys, serial)
+}
+
+func (c *Client) get(ctx context.Context, k queue.Keys, serial string) (Entry, error) {
+	keys := []string{k.Queue, k.Lease, k.Inflight, k.DeadInfo}
 	vals, err := getScript.Run(ctx, c.rdb, keys, serial).StringSlice()
 	if errors.Is(err, redis.Nil) {
 		return Entry{}, ErrNotFound
@@ -391,18 +447,37 @@ return 0
 `)
 
 // Cancel removes the entry for serial (a paid order no longer needs its
-// timeout). It returns ErrNotFound if there was none.
+// timeout). It returns ErrNotFound if there was none. A sharded client
+// removes it from the serial's shard and from the queue key.
 func (c *Client) Cancel(ctx context.Context, serial string) error {
 	if err := queue.ValidateSerial(serial); err != nil {
 		return err
 	}
-	keys := []string{c.keys.Queue, c.keys.Lease, c.keys.Inflight, c.keys.Deadlines}
-	n, err := cancelScript.Run(ctx, c.rdb, keys, serial).Int()
-	if err != nil {
-		return fmt.Errorf("cancel %q: %w", serial, err)
+	n := 0
+	if c.shards > 1 {
+		m, err := c.cancel(ctx, c.keysFor(serial), serial)
+		if err != nil {
+			return err
+		}
+		n += m
 	}
-	if n == 0 {
+	m, err := c.cancel(ctx, c.keys, serial)
+	if err != nil {
+		return err
+	}
+	if n+m == 0 {
 		return ErrNotFound
 	}
 	return nil
+}
+
+// cancel runs cancelScript on the queue with keys k; it returns 1 if it
+// removed an entry, else 0.
+func (c *Client) cancel(ctx context.Context, k queue.Keys, serial string) (int, error) {
+	keys := []string{k.Queue, k.Lease, k.Inflight, k.Deadlines}
+	n, err := cancelScript.Run(ctx, c.rdb, keys, serial).Int()
+	if err != nil {
+		return 0, fmt.Errorf("cancel %q: %w", serial, err)
+	}
+	return n, nil
 }
