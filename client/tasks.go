@@ -234,3 +234,54 @@ func (c *Client) Ack(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// TaskItem is one task for PutTasks.
+type TaskItem struct {
+	ID       string
+	Payload  json.RawMessage
+	Deadline time.Time
+}
+
+// PutTasks is PutTask for a batch, pipelined in one round trip. Items are
+// validated first; nothing is written if any is invalid.
+func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]Result, error) {
+	now := c.now()
+	for i := range items {
+		if err := queue.ValidateSerial(items[i].ID); err != nil {
+			return nil, fmt.Errorf("task %d: %w", i, err)
+		}
+		if len(items[i].Payload) == 0 {
+			items[i].Payload = json.RawMessage("null")
+		}
+		if len(items[i].Payload) > MaxPayloadBytes || !json.Valid(items[i].Payload) {
+			return nil, fmt.Errorf("task %d: %w", i, ErrInvalidPayload)
+		}
+		if err := queue.ValidateDeadline(queue.DeadlineMillis(items[i].Deadline), now); err != nil {
+			return nil, fmt.Errorf("task %d: %w", i, err)
+		}
+	}
+	k := c.keys
+	keys := []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Payload}
+	if err := putTaskScript.Load(ctx, c.rdb).Err(); err != nil {
+		return nil, fmt.Errorf("put tasks: %w", err)
+	}
+	cmds := make([]*redis.Cmd, len(items))
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, it := range items {
+			cmds[i] = putTaskScript.EvalSha(ctx, p, keys, mode.arg(), it.ID, queue.DeadlineMillis(it.Deadline), string(it.Payload))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("put tasks: %w", err)
+	}
+	out := make([]Result, len(items))
+	for i, cmd := range cmds {
+		v, err := cmd.Int64Slice()
+		if err != nil || len(v) != 2 {
+			return nil, fmt.Errorf("put tasks: reply %d: %v", i, err)
+		}
+		out[i] = Result(v[0])
+	}
+	return out, nil
+}

@@ -157,6 +157,14 @@ local room = limit - n
 if room > 0 then
   local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
   local rem = {}
+  -- Lease records left by earlier attempts, read in one call per 500.
+  local members = {}
+  for i = 1, #due, 2 do members[#members+1] = due[i] end
+  local recs = {}
+  for i = 1, #members, 500 do
+    local part = redis.call('HMGET', KEYS[4], unpack(members, i, math.min(i + 499, #members)))
+    for j = 1, #part do recs[i + j - 1] = part[j] end
+  end
   for i = 1, #due, 2 do
     local s, raw = due[i], due[i+1]
     local d = tonumber(raw)
@@ -166,7 +174,7 @@ if room > 0 then
     elseif d < 946684800000 then
       bury(s, 'score_out_of_range', raw)
     else
-      local _, a = parse(redis.call('HGET', KEYS[4], s))
+      local _, a = parse(recs[(i + 1) / 2] or nil)
       lease(s, d, a or 0)
       claimed[#claimed+1] = s; claimed[#claimed+1] = d
       claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
@@ -211,9 +219,21 @@ return {now, head(KEYS[1]), head(KEYS[2]), claimed, dead, 0}
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]
 local rem = {}
-for i = 2, #ARGV do
-  local _, _, tok = parse(redis.call('HGET', KEYS[3], ARGV[i]))
-  if tok == token then rem[#rem+1] = ARGV[i] end
+local needle = '|' .. token .. '|'
+for i = 2, #ARGV, 500 do
+  local last = math.min(i + 499, #ARGV)
+  local recs = redis.call('HMGET', KEYS[3], unpack(ARGV, i, last))
+  for j = 1, #recs do
+    -- The token is the third field; the first two are numbers, so the
+    -- first match of |token| is that field.
+    local rec = recs[j]
+    if rec then
+      local at = string.find(rec, needle, 1, true)
+      if at and not string.find(string.sub(rec, 1, at - 1), '|', string.find(rec, '|', 1, true) + 1, true) then
+        rem[#rem+1] = ARGV[i + j - 1]
+      end
+    end
+  end
 end
 if #rem > 0 then
   bulk('HDEL', KEYS[3], rem)

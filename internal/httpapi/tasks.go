@@ -102,7 +102,11 @@ func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtim
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	res, at, err := q.Client.PutTask(r.Context(), req.Serial, b.Payload, deadline, mode)
+	put := q.Client.PutTask
+	if q.Durable != nil {
+		put = q.Durable.Put
+	}
+	res, at, err := put(r.Context(), req.Serial, b.Payload, deadline, mode)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return
@@ -130,6 +134,15 @@ func (s *Server) taskFail(w http.ResponseWriter, err error, q *tasks.Runtime) {
 }
 
 func (s *Server) getTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	if q.Durable != nil {
+		row, err := q.Durable.Get(r.Context(), r.PathValue("id"))
+		if err != nil {
+			s.taskFail(w, err, q)
+			return
+		}
+		writeJSON(w, http.StatusOK, row)
+		return
+	}
 	t, err := q.Client.GetTask(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.taskFail(w, err, q)
@@ -140,6 +153,18 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtim
 }
 
 func (s *Server) deleteTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	if q.Durable != nil {
+		err := q.Durable.Cancel(r.Context(), r.PathValue("id"))
+		if errors.Is(err, tasks.ErrNotScheduled) {
+			err = client.ErrNotFound
+		}
+		if err != nil {
+			s.taskFail(w, err, q)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	n, err := q.Client.DeleteTasks(r.Context(), r.PathValue("id"))
 	if err == nil && n == 0 {
 		err = client.ErrNotFound
@@ -162,7 +187,20 @@ func (s *Server) batchDelete(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 		writeError(w, http.StatusBadRequest, `give "ids": 1 to 1000 task ids`)
 		return
 	}
-	n, err := q.Client.DeleteTasks(r.Context(), b.IDs...)
+	var n int
+	var err error
+	if q.Durable != nil {
+		for _, id := range b.IDs {
+			switch cerr := q.Durable.Cancel(r.Context(), id); {
+			case cerr == nil:
+				n++
+			case !errors.Is(cerr, tasks.ErrNotScheduled):
+				err = cerr
+			}
+		}
+	} else {
+		n, err = q.Client.DeleteTasks(r.Context(), b.IDs...)
+	}
 	if err != nil {
 		s.taskFail(w, err, q)
 		return

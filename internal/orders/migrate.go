@@ -16,7 +16,7 @@ import (
 var migrationFS embed.FS
 
 // SchemaVersion is the version the embedded migrations bring the schema to.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // MigrationsTable is where the schema version is recorded.
 const MigrationsTable = "orderdelay_schema_migrations"

@@ -22,21 +22,22 @@ import (
 )
 
 // DefaultCloseSQL closes the pending orders among $1 and returns the serials
-// it closed. Rows are locked in serial order, so concurrent closers,
-// the reconciler and a shop's own jobs cannot deadlock on them; a row paid
-// while this statement waited for its lock is re-checked and left alone.
-const DefaultCloseSQL = `WITH due AS (
-    SELECT serial_no FROM orders
-    WHERE serial_no = ANY($1) AND status = 'pending'
-    ORDER BY serial_no
-    FOR UPDATE
-)
-UPDATE orders o
+// it closed. The inner query locks the rows in serial order, so concurrent
+// closers, the reconciler and a shop's own jobs cannot deadlock on them; a
+// row paid while this statement waited for its lock is re-checked and left
+// alone. Feeding the locked serials back as an array keeps the primary-key
+// plan at any batch size (a CTE joined back to the UPDATE switches to a hash
+// join over the whole table around 1,000 serials: see BENCHMARKS.md).
+const DefaultCloseSQL = `UPDATE orders
 SET status = 'closed', closed_at = now(), close_reason = 'timeout',
     closed_by = current_setting('application_name')
-FROM due
-WHERE o.serial_no = due.serial_no AND o.status = 'pending'
-RETURNING o.serial_no`
+WHERE serial_no = ANY(ARRAY(
+        SELECT serial_no FROM orders
+        WHERE serial_no = ANY($1) AND status = 'pending'
+        ORDER BY serial_no
+        FOR UPDATE))
+  AND status = 'pending'
+RETURNING serial_no`
 
 // DefaultLookupSQL returns the serials among $1 that have an order row.
 const DefaultLookupSQL = `SELECT serial_no FROM orders WHERE serial_no = ANY($1)`

@@ -58,6 +58,10 @@ type Queue struct {
 	Workers   int      `yaml:"workers"`    // default 4 (sql, webhook)
 	Action    Action   `yaml:"action"`
 	Retry     Retry    `yaml:"retry"`
+	// Durable keeps every task in PostgreSQL (orderdelay_tasks, with a log)
+	// and only those due within Window in Redis (sql and webhook actions).
+	Durable bool     `yaml:"durable"`
+	Window  Duration `yaml:"window"` // default 5m
 }
 
 // Action says what happens to a due task.
@@ -187,6 +191,15 @@ func (f *File) setDefaults() error {
 		}
 		if err := q.Retry.check(where); err != nil {
 			return err
+		}
+		if q.Window == 0 {
+			q.Window = Duration(5 * time.Minute)
+		}
+		if q.Durable && q.Action.Type != ActionSQL && q.Action.Type != ActionWebhook {
+			return fmt.Errorf("%s: durable queues take the sql or webhook action (their executor records the outcome)", where)
+		}
+		if q.Window < Duration(time.Second) {
+			return fmt.Errorf("%s: window must be at least 1s", where)
 		}
 	}
 	return nil

@@ -81,4 +81,3 @@ func TestRetryDelay(t *testing.T) {
 		t.Errorf("jittered Delay(3) spans %s..%s, want 2s..4s", lo, hi)
 	}
 }
-

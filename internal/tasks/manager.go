@@ -26,6 +26,7 @@ type Runtime struct {
 	Client  *client.Client
 	Metrics *metrics.Metrics
 	Redis   redis.UniversalClient
+	Durable *Durable // nil unless the queue is durable
 }
 
 // Manager runs the task queues of a file.
@@ -46,7 +47,14 @@ func NewManager(f File, rdb redis.UniversalClient, db *sqlx.DB, fam *metrics.Tas
 		if err != nil {
 			return nil, fmt.Errorf("queue %q: %w", q.Name, err)
 		}
-		m.queues[q.Name] = &Runtime{Config: q, Keys: queue.NewKeys(q.Key), Client: cl, Metrics: fam.For(q.Name), Redis: rdb}
+		r := &Runtime{Config: q, Keys: queue.NewKeys(q.Key), Client: cl, Metrics: fam.For(q.Name), Redis: rdb}
+		if q.Durable {
+			if db == nil {
+				return nil, fmt.Errorf("queue %q: a durable queue needs the database", q.Name)
+			}
+			r.Durable = &Durable{DB: db, Queue: q.Name, Window: time.Duration(q.Window), Client: cl, Log: log.Named(q.Name)}
+		}
+		m.queues[q.Name] = r
 		m.order = append(m.order, q.Name)
 	}
 	return m, nil
@@ -101,6 +109,14 @@ func (m *Manager) Run(ctx context.Context) {
 			cfg.Process = sqlAction(m.db, q.Action.Statement)
 		case ActionWebhook:
 			cfg.Process = webhookAction(name, q.Action.URL, time.Duration(q.Action.Timeout), []byte(os.Getenv(q.Action.SecretEnv)), nil)
+		}
+		if r.Durable != nil {
+			cfg.Process = r.Durable.Executor(cfg.Process, retry.MaxAttempts)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.Durable.RunLoader(ctx)
+			}()
 		}
 		c := consumer.New(cfg, m.rdb, nil, r.Metrics, m.log.Named(name))
 		wg.Add(1)

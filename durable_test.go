@@ -1,0 +1,104 @@
+package orderdelay_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Seeds 001 and 002: the database is the source of truth; Redis holds only
+// the near future. Tasks due in a week cost Redis nothing until their window
+// opens, and then all fire on time; cancel works in both tiers; an executed
+// task re-added to Redis does not run twice.
+func TestSeed002DurableQueueLoadsOnlyTheNearFuture(t *testing.T) {
+	tw := newTaskWorld(t, `
+queues:
+  - name: confirm
+    key: PREFIX:confirm
+    durable: true
+    window: 10s
+    action:
+      type: sql
+      statement: "UPDATE receipts SET hits = hits + 1, confirmed_at = coalesce(confirmed_at, now()) WHERE id = ANY($1) RETURNING id"
+`)
+	if _, err := tw.db.Exec(`CREATE TABLE receipts (id text PRIMARY KEY, hits int NOT NULL DEFAULT 0, confirmed_at timestamptz);
+		INSERT INTO receipts (id) SELECT 'r-' || g FROM generate_series(1, 1000) g`); err != nil {
+		t.Fatal(err)
+	}
+	d := tw.start()
+	ctx := context.Background()
+	k := tw.keys("confirm")
+	// 1,000 tasks due in a week, through the API, 16 at a time.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := 1; i <= 1000; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			body := fmt.Sprintf(`{"after":"168h","payload":{"receipt":"r-%d"}}`, i)
+			if code := call(t, d, http.MethodPut, fmt.Sprintf("/v1/queues/confirm/tasks/r-%d", i), body, nil); code != http.StatusCreated {
+				t.Errorf("PUT r-%d: %d", i, code)
+			}
+		}()
+	}
+	wg.Wait()
+	if n, _ := tw.rdb.Exists(ctx, k.Queue, k.Payload).Result(); n != 0 {
+		t.Fatalf("tasks due in a week already cost Redis %d keys", n)
+	}
+	if n := tw.count("SELECT count(*) FROM orderdelay_tasks WHERE queue = 'confirm' AND state = 'SCHEDULED'"); n != 1000 {
+		t.Fatalf("%d scheduled rows, want 1000", n)
+	}
+	// Cancelled while only in PostgreSQL: it never runs.
+	if code := call(t, d, http.MethodDelete, "/v1/queues/confirm/tasks/r-1", "", nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE: %d", code)
+	}
+	// The window opens: move the data, not the clock. r-2 is overdue
+	// already (the seeds' compensation: picked up at once).
+	if _, err := tw.db.Exec(`UPDATE orderdelay_tasks SET due_at = now() + interval '3 seconds' WHERE queue = 'confirm' AND id <> 'r-2';
+		UPDATE orderdelay_tasks SET due_at = now() - interval '1 hour' WHERE queue = 'confirm' AND id = 'r-2'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all fired and recorded", 60*time.Second, func() bool {
+		return tw.count("SELECT count(*) FROM orderdelay_tasks WHERE queue = 'confirm' AND state = 'EXECUTED'") == 999
+	})
+	if n := tw.count("SELECT count(*) FROM receipts WHERE hits <> 1 AND id <> 'r-1'"); n != 0 {
+		t.Errorf("%d tasks ran more or less than once", n)
+	}
+	if n := tw.count("SELECT count(*) FROM receipts r JOIN orderdelay_tasks t ON t.id = r.id AND t.queue = 'confirm' WHERE r.confirmed_at < t.due_at"); n != 0 {
+		t.Errorf("%d tasks fired before they were due", n)
+	}
+	var p99 float64
+	tw.db.Get(&p99, `SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM r.confirmed_at - t.due_at))
+		FROM receipts r JOIN orderdelay_tasks t ON t.id = r.id AND t.queue = 'confirm' WHERE t.id <> 'r-2' AND r.confirmed_at IS NOT NULL`)
+	t.Logf("998 tasks whose window opened fired with lateness p99 %.0f ms", p99*1000)
+	if n := tw.count("SELECT count(*) FROM orderdelay_tasks WHERE queue = 'confirm' AND state = 'EXECUTED'"); n != 999 {
+		t.Errorf("%d rows EXECUTED, want 999", n)
+	}
+	if st := tw.count("SELECT count(*) FROM orderdelay_tasks WHERE queue = 'confirm' AND id = 'r-1' AND state = 'CANCELLED'"); st != 1 {
+		t.Errorf("r-1 is not CANCELLED")
+	}
+	if n := tw.count("SELECT count(*) FROM orderdelay_task_log WHERE queue = 'confirm' AND task_id = 'r-5'"); n != 2 {
+		t.Errorf("r-5 has %d log rows, want 2 (SCHEDULED, EXECUTED)", n)
+	}
+	// The loader (or a stale copy) re-adds an executed task: no second run.
+	if _, err := tw.rdb.ZAdd(ctx, k.Queue, redisZ("r-3", time.Now().Add(-time.Second))).Result(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "stale entry dropped", 30*time.Second, func() bool { n, _ := tw.rdb.ZCard(ctx, k.Queue).Result(); return n == 0 })
+	if n := tw.count("SELECT hits FROM receipts WHERE id = 'r-3'"); n != 1 {
+		t.Errorf("an executed task ran again: hits %d", n)
+	}
+	d.stop()
+}
+
+func redisZ(member string, at time.Time) redis.Z {
+	return redis.Z{Score: float64(queue.DeadlineMillis(at)), Member: member}
+}
