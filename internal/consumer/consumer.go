@@ -74,6 +74,13 @@ type Config struct {
 	// MaxCloseRate caps the orders this replica claims (and so closes) per
 	// second; 0 means unlimited.
 	MaxCloseRate float64
+	// Slots, if set, is a worker budget shared with other consumers (the
+	// shards of one logical queue, see Group): a claim takes a slot and its
+	// batch gives it back. nil: a pool of Workers slots of its own.
+	Slots chan struct{}
+	// Limiter, if set, is a MaxCloseRate limiter shared with other
+	// consumers; it replaces this consumer's own.
+	Limiter *rate.Limiter
 	// DryRun leaves the queue as it is: due entries are read, not leased,
 	// each once; the Store's Close is expected not to commit (see
 	// orders.DryRun); nothing is removed, retried or dead-lettered.
@@ -154,7 +161,9 @@ type Consumer struct {
 func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff()}
-	if cfg.MaxCloseRate > 0 {
+	if cfg.Limiter != nil {
+		c.limiter = cfg.Limiter
+	} else if cfg.MaxCloseRate > 0 {
 		c.limiter = rate.NewLimiter(rate.Limit(cfg.MaxCloseRate), cfg.BatchSize)
 	}
 	c.beat.Store(time.Now().UnixNano())
@@ -263,7 +272,10 @@ func (c *Consumer) subscribe(ctx context.Context, wake chan<- int64) <-chan stru
 }
 
 func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <-chan int64) {
-	sem := make(chan struct{}, c.cfg.Workers)
+	sem := c.cfg.Slots
+	if sem == nil {
+		sem = make(chan struct{}, c.cfg.Workers)
+	}
 	redisBack := newDependencyBackoff()
 	beat := time.NewTicker(time.Second)
 	defer beat.Stop()

@@ -26,7 +26,10 @@ const (
 
 // ReconcilerConfig configures a Reconciler. Zero values take the defaults.
 type ReconcilerConfig struct {
-	Keys     queue.Keys
+	Keys queue.Keys
+	// Shards are the logical queue's further keys (ORDERDELAY_QUEUE_SHARDS);
+	// a serial in any of them is not missing.
+	Shards   []queue.Keys
 	Interval time.Duration // time between passes (jittered ±20%)
 	Grace    time.Duration // how long past its deadline an order must be
 	PageSize int           // orders per transaction
@@ -149,26 +152,35 @@ func (r *Reconciler) page(ctx context.Context) (closed int, more bool, err error
 	return closed, len(serials) == r.cfg.PageSize, nil
 }
 
-// missing returns the serials that are nowhere in the queue's keys.
+// missing returns the serials that are nowhere in the queue's keys (the
+// queue key and every shard, in one pipeline).
 func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, error) {
-	k := r.cfg.Keys
-	var scores *redis.FloatSliceCmd
-	var leased *redis.SliceCmd
+	all := append([]queue.Keys{r.cfg.Keys}, r.cfg.Shards...)
+	scores := make([]*redis.FloatSliceCmd, len(all))
+	leased := make([]*redis.SliceCmd, len(all))
 	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		scores = p.ZMScore(ctx, k.Queue, serials...)
-		leased = p.HMGet(ctx, k.Lease, serials...)
+		for i, k := range all {
+			scores[i] = p.ZMScore(ctx, k.Queue, serials...)
+			leased[i] = p.HMGet(ctx, k.Lease, serials...)
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: check queue: %w", err)
 	}
-	sc, ls := scores.Val(), leased.Val()
-	if len(sc) != len(serials) || len(ls) != len(serials) {
-		return nil, fmt.Errorf("reconcile: check queue: %w", errReply)
+	found := make([]bool, len(serials))
+	for i := range all {
+		sc, ls := scores[i].Val(), leased[i].Val()
+		if len(sc) != len(serials) || len(ls) != len(serials) {
+			return nil, fmt.Errorf("reconcile: check queue: %w", errReply)
+		}
+		for j := range serials {
+			found[j] = found[j] || sc[j] != 0 || ls[j] != nil
+		}
 	}
 	var out []string
 	for i, s := range serials {
-		if sc[i] == 0 && ls[i] == nil {
+		if !found[i] {
 			out = append(out, s)
 		}
 	}

@@ -1,0 +1,213 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// shardKeys returns the queue key and shards shard keys of e's queue,
+// deleted when the test ends.
+func (e *env) shardKeys(shards int) []queue.Keys {
+	e.t.Helper()
+	all := append([]queue.Keys{e.keys}, queue.ShardKeys(e.keys.Queue, shards)...)
+	e.t.Cleanup(func() {
+		for _, k := range all[1:] {
+			testenv.DeleteQueue(e.rdb, k)
+		}
+	})
+	return all
+}
+
+func (e *env) zadd(key string, serials []string, deadline time.Time) {
+	e.t.Helper()
+	z := make([]redis.Z, len(serials))
+	for i, s := range serials {
+		z[i] = redis.Z{Score: float64(queue.DeadlineMillis(deadline)), Member: s}
+	}
+	if err := e.rdb.ZAdd(context.Background(), key, z...).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// recordingStore closes through Store and records, per Close call, the
+// serial prefix of its batch ("k3" for key 3) and the most calls at once.
+type recordingStore struct {
+	Store
+	mu       sync.Mutex
+	batches  []string
+	inFlight int
+	most     int
+}
+
+func (r *recordingStore) Close(ctx context.Context, serials []string) ([]string, error) {
+	r.mu.Lock()
+	prefix, _, _ := strings.Cut(serials[0], "-")
+	r.batches = append(r.batches, prefix)
+	r.inFlight++
+	r.most = max(r.most, r.inFlight)
+	r.mu.Unlock()
+	time.Sleep(5 * time.Millisecond) // a database that takes its time
+	defer func() {
+		r.mu.Lock()
+		r.inFlight--
+		r.mu.Unlock()
+	}()
+	return r.Store.Close(ctx, serials)
+}
+
+func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	all := e.shardKeys(4)
+	const perKey, batch, workers = 400, 20, 2
+	due := time.Now().Add(-time.Minute)
+	for i, k := range all {
+		e.zadd(k.Queue, e.orders(fmt.Sprintf("k%d", i), perKey, due), due)
+	}
+	rec := &recordingStore{Store: e.store}
+	g := NewGroup(Config{Workers: workers, BatchSize: batch, HeadCheck: 20 * time.Millisecond}, all,
+		e.rdb, rec, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if n := len(g.Consumers()); n != len(all) {
+		t.Fatalf("%d consumers, want one per key (%d)", n, len(all))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, "every order closed", 60*time.Second, func() bool {
+		return e.statusCounts()["closed"] == perKey*len(all)
+	})
+	cancel()
+	<-done
+	for i, k := range all {
+		if n := e.card(k.Queue) + e.card(k.Inflight); n != 0 {
+			t.Errorf("key %d (%s) still holds %d entries", i, k.Queue, n)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.most > workers {
+		t.Errorf("%d batches closed at once, want at most the shared budget of %d", rec.most, workers)
+	}
+	// Fair: while every key still had a backlog (the first half of the
+	// batches), each key got its share, give or take two batches.
+	half := rec.batches[:len(rec.batches)/2]
+	count := map[string]int{}
+	for _, b := range half {
+		count[b]++
+	}
+	for i := range all {
+		got, want := count[fmt.Sprintf("k%d", i)], len(half)/len(all)
+		if got < want-2 || got > want+2 {
+			t.Errorf("key %d closed %d of the first %d batches, want about %d: %v", i, got, len(half), want, half)
+		}
+	}
+	if v := testutil.ToFloat64(e.m.Claimed); v != perKey*float64(len(all)) {
+		t.Errorf("claimed_total %v, want %d", v, perKey*len(all))
+	}
+}
+
+func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
+	e := newRedisEnv(t)
+	cfg := Config{Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second}
+	g := NewGroup(cfg, []queue.Keys{e.keys}, e.rdb, nil, e.m, zap.NewNop())
+	if len(g.Consumers()) != 1 {
+		t.Fatalf("%d consumers, want 1", len(g.Consumers()))
+	}
+	got := g.Consumers()[0].Config()
+	want := New(Config{Keys: e.keys, Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second, Owner: got.Owner}, e.rdb, nil, e.m, zap.NewNop()).Config()
+	if got.Slots != nil || got.Limiter != nil || got.HeadCheck != want.HeadCheck || got.Keys != want.Keys || got.Workers != want.Workers {
+		t.Errorf("group of one: config %+v, want that of New: %+v", got, want)
+	}
+	sharded := NewGroup(cfg, e.shardKeys(4), e.rdb, nil, e.m, zap.NewNop())
+	cs := sharded.Consumers()
+	for i, c := range cs {
+		cc := c.Config()
+		if cc.Slots == nil || cc.Slots != cs[0].Config().Slots || cap(cc.Slots) != 3 {
+			t.Errorf("consumer %d: slots %v (cap %d), want the group's shared 3", i, cc.Slots, cap(cc.Slots))
+		}
+		if cc.Limiter == nil || cc.Limiter != cs[0].Config().Limiter {
+			t.Errorf("consumer %d: limiter not shared", i)
+		}
+		if cc.HeadCheck != 2500*time.Millisecond {
+			t.Errorf("consumer %d: head check every %s, want 2.5s (1s × 5 keys / 2)", i, cc.HeadCheck)
+		}
+		if i > 0 && cc.Owner != cs[0].Config().Owner+fmt.Sprintf("#%d", i-1) {
+			t.Errorf("consumer %d: owner %q, want the replica's with #%d", i, cc.Owner, i-1)
+		}
+	}
+}
+
+func TestReadStatsAllSumsTheKeys(t *testing.T) {
+	e := newRedisEnv(t)
+	all := e.shardKeys(3)
+	now := e.redisNow()
+	e.zadd(all[0].Queue, []string{"a1", "a2"}, now.Add(-10*time.Second))
+	e.zadd(all[1].Queue, []string{"b1"}, now.Add(-30*time.Second))
+	e.zadd(all[2].Queue, []string{"c1", "c2", "c3"}, now.Add(time.Hour))
+	e.zadd(all[3].Queue, []string{"d1"}, now.Add(time.Minute))
+	if err := e.rdb.ZAdd(context.Background(), all[3].Dead, redis.Z{Score: 1, Member: "x"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sum, each, err := ReadStatsAll(context.Background(), e.rdb, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(each) != 4 || each[2].Depth != 3 {
+		t.Fatalf("per-key stats %+v, want 4 with key 2 at depth 3", each)
+	}
+	if sum.Depth != 7 || sum.Overdue != 3 || sum.DeadLetters != 1 {
+		t.Errorf("depth %d, overdue %d, dead %d; want 7, 3, 1", sum.Depth, sum.Overdue, sum.DeadLetters)
+	}
+	if sum.OldestDue < 29*time.Second || sum.OldestDue > 40*time.Second {
+		t.Errorf("oldest overdue %s, want about 30s (the oldest over all keys)", sum.OldestDue)
+	}
+	if d := sum.NextDeadline.Sub(now); d < 50*time.Second || d > 70*time.Second {
+		t.Errorf("next deadline in %s, want about 1m (the earliest over all keys)", d)
+	}
+}
+
+func TestReconcilerLooksInEveryShard(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	all := e.shardKeys(4)
+	longAgo := time.Now().Add(-time.Hour)
+	lost := e.orders("lost", 30, longAgo)
+	inShard := e.orders("shard", 4, longAgo)
+	inBase := e.orders("base", 2, longAgo)
+	for i, s := range inShard {
+		e.zadd(all[1+i].Queue, []string{s}, longAgo)
+	}
+	e.zadd(all[0].Queue, inBase, longAgo)
+	// One shard entry is leased: it lives in its lease hash only.
+	if err := e.rdb.ZRem(context.Background(), all[4].Queue, inShard[3]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.HSet(context.Background(), all[4].Lease, inShard[3], "1|0|r:1|").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReconciler(ReconcilerConfig{Keys: all[0], Shards: all[1:], Grace: 5 * time.Minute},
+		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	n, err := r.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(lost) {
+		t.Errorf("reconciled %d, want the %d in no key", n, len(lost))
+	}
+	for _, s := range append(inShard, inBase...) {
+		if st := e.status(s); st != "pending" {
+			t.Errorf("%s is %s; it is in the queue and must be left to the fast path", s, st)
+		}
+	}
+}
