@@ -34,6 +34,7 @@ type Config struct {
 	RedisMode         string // standalone | sentinel | cluster
 	DatabaseURL       string
 	QueueKey          string
+	QueueShards       int // shard keys the order queue is spread over; 1: the queue key only
 	ScanInterval      time.Duration
 	Workers           int
 	BatchSize         int
@@ -94,6 +95,8 @@ var Settings = []Setting{
 	{Env: "ORDERDELAY_QUEUE_KEY", Default: queue.DefaultKey,
 		Help: "the queue's sorted set; companions are named `{KEY}:suffix`",
 		set:  func(c *Config, v string) error { c.QueueKey = v; return queue.ValidateKey(v) }},
+	{Env: "ORDERDELAY_QUEUE_SHARDS", Default: "1", Help: "spread the order queue over this many shard keys (`KEY#<n>.<k>`, each in a Redis Cluster slot of its own; an order goes to shard CRC-32(serial) mod this number); the queue key itself is still served (`1`: the queue key only; see `docs/scaling.md`)",
+		set: intIn(func(c *Config) *int { return &c.QueueShards }, 1, queue.MaxShards)},
 	{Env: "ORDERDELAY_SCAN_INTERVAL", Default: "5s", Help: "longest sleep between scans",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ScanInterval }, 10*time.Millisecond, time.Hour)},
 	{Env: "ORDERDELAY_WORKERS", Default: "4", Help: "batches closed concurrently (= database connections in use)",
