@@ -27,11 +27,11 @@ func withTools(ctx context.Context, cfg config.Config, withDB bool, timeout time
 			return usageError{err}
 		}
 		defer db.Close()
-		tools, err = admin.New(rdb, cfg.QueueKey, db)
+		tools, err = admin.New(rdb, cfg.QueueKey, db, shardOpts(cfg)...)
 		if err != nil {
 			return usageError{err}
 		}
-	} else if tools, err = admin.New(rdb, cfg.QueueKey, nil); err != nil {
+	} else if tools, err = admin.New(rdb, cfg.QueueKey, nil, shardOpts(cfg)...); err != nil {
 		return usageError{err}
 	}
 	if timeout > 0 {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -18,7 +19,6 @@ import (
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/producer"
-	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // cliTimeout bounds every CLI command's work.
@@ -47,7 +47,7 @@ func withProducer(ctx context.Context, cfg config.Config, f func(ctx context.Con
 		return usageError{redactErr(err, cfg)}
 	}
 	defer rdb.Close()
-	cl, err := client.New(rdb, cfg.QueueKey)
+	cl, err := client.New(rdb, cfg.QueueKey, shardOpts(cfg)...)
 	if err != nil {
 		return usageError{err}
 	}
@@ -123,6 +123,9 @@ type inspectJSON struct {
 	NextDeadline         *string          `json:"next_deadline"`
 	DeadLetters          int64            `json:"dead_letters"`
 	Paused               admin.PauseState `json:"pause"`
+	// Shards lists each key of a sharded queue (ORDERDELAY_QUEUE_SHARDS >
+	// 1), the queue key first; the figures above are their sums.
+	Shards []shardJSON `json:"shards,omitempty"`
 }
 
 func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
@@ -152,11 +155,11 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if dead {
 		return printDead(ctx, stdout, rdb, cfg, limit, asJSON)
 	}
-	s, err := consumer.ReadStats(ctx, rdb, queue.NewKeys(cfg.QueueKey))
+	s, shards, err := readQueueStats(ctx, rdb, cfg)
 	if err != nil {
 		return redactErr(err, cfg)
 	}
-	tools, err := admin.New(rdb, cfg.QueueKey, nil)
+	tools, err := admin.New(rdb, cfg.QueueKey, nil, shardOpts(cfg)...)
 	if err != nil {
 		return usageError{err}
 	}
@@ -165,7 +168,7 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		return redactErr(err, cfg)
 	}
 	out := inspectJSON{Queue: cfg.QueueKey, Depth: s.Depth, Overdue: s.Overdue,
-		OldestOverdueSeconds: s.OldestDue.Seconds(), DeadLetters: s.DeadLetters, Paused: pause}
+		OldestOverdueSeconds: s.OldestDue.Seconds(), DeadLetters: s.DeadLetters, Paused: pause, Shards: shards}
 	next := "none"
 	if !s.NextDeadline.IsZero() {
 		next = s.NextDeadline.UTC().Format(time.RFC3339Nano)
@@ -181,6 +184,19 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if pause.Paused {
 		fmt.Fprintf(stdout, "PAUSED          since %s: %s\n", pause.Since.UTC().Format(time.RFC3339), pause.Reason)
 	}
+	if len(shards) > 0 {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "\nSHARD\tKEY\tSLOT\tDEPTH\tOVERDUE\tOLDEST\tDEAD")
+		for _, sh := range shards {
+			name := strconv.Itoa(sh.Shard)
+			if sh.Shard < 0 {
+				name = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\n", name, sh.Key, sh.Slot, sh.Depth, sh.Overdue,
+				time.Duration(sh.OldestOverdueSeconds*float64(time.Second)).Round(time.Millisecond), sh.DeadLetters)
+		}
+		return tw.Flush()
+	}
 	return nil
 }
 
@@ -188,7 +204,11 @@ func printDead(ctx context.Context, stdout io.Writer, rdb redis.UniversalClient,
 	if limit < 1 {
 		return usagef("--limit: want at least 1, got %d", limit)
 	}
-	entries, err := consumer.ListDead(ctx, rdb, queue.NewKeys(cfg.QueueKey), limit)
+	tools, err := admin.New(rdb, cfg.QueueKey, nil, shardOpts(cfg)...)
+	if err != nil {
+		return usageError{err}
+	}
+	entries, err := tools.Dead(ctx, limit)
 	if err != nil {
 		return redactErr(err, cfg)
 	}
@@ -231,12 +251,15 @@ func cmdRequeue(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(ctx, cliTimeout)
 	defer cancel()
-	keys := queue.NewKeys(cfg.QueueKey)
+	tools, err := admin.New(rdb, cfg.QueueKey, nil, shardOpts(cfg)...)
+	if err != nil {
+		return usageError{err}
+	}
 	var n int
 	if all {
-		n, err = consumer.RequeueAll(ctx, rdb, keys)
+		n, err = tools.RequeueAll(ctx)
 	} else {
-		n, err = consumer.Requeue(ctx, rdb, keys, pos...)
+		n, err = tools.Requeue(ctx, pos...)
 	}
 	if err != nil {
 		return redactErr(err, cfg)

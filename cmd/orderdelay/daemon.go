@@ -65,7 +65,7 @@ type daemon struct {
 	store *orders.Store
 	m     *metrics.Metrics
 	prod  *producer.Producer
-	cons  *consumer.Consumer
+	cons  *consumer.Group // one consumer per key of the order queue (shards)
 	api   *httpapi.Server
 	tasks *tasks.Manager // nil without a queues file
 }
@@ -90,6 +90,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	log.Info("starting orderdelay", zap.String("version", version), zap.String("revision", revision),
 		zap.String("redis_url", config.Mask(cfg.RedisURL)), zap.String("redis_mode", cfg.RedisMode),
 		zap.String("database_url", config.Mask(cfg.DatabaseURL)), zap.String("queue_key", cfg.QueueKey),
+		zap.Int("queue_shards", cfg.QueueShards),
 		zap.Int("workers", cfg.Workers), zap.Int("batch_size", cfg.BatchSize), zap.Duration("lease", cfg.Lease),
 		zap.Duration("scan_interval", cfg.ScanInterval), zap.Bool("api_auth", len(cfg.APITokens) > 0))
 	d := &daemon{cfg: cfg, log: log}
@@ -107,12 +108,13 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	}
 	defer d.db.Close()
 	keys := queue.NewKeys(cfg.QueueKey)
+	allKeys := queueKeys(cfg) // keys, then the shards' (ORDERDELAY_QUEUE_SHARDS)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewDBStatsCollector(d.db.DB, "orderdelay"))
 	d.m = metrics.New(reg, version, revision)
-	reg.MustRegister(consumer.NewStatsCollector(d.rdb, keys, func(err error) {
+	reg.MustRegister(consumer.NewGroupStatsCollector(d.rdb, allKeys, func(err error) {
 		log.Debug("queue gauges unavailable for this scrape", zap.Error(err))
 	}))
 	d.store = orders.NewStore(d.db, cfg.Statements())
@@ -124,7 +126,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		closer = orders.DryRun{Store: d.store}
 		log.Warn("dry run: the close statement runs in transactions that are rolled back; nothing is closed and the queue is left as it is")
 	}
-	cl, err := client.New(d.rdb, cfg.QueueKey)
+	cl, err := client.New(d.rdb, cfg.QueueKey, shardOpts(cfg)...)
 	if err != nil {
 		return usageError{err}
 	}
@@ -143,12 +145,12 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		}
 		d.prod.WithReminders(rq.Client, cfg.ReminderBefore)
 	}
-	d.cons = consumer.New(consumer.Config{
-		Keys: keys, Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
+	d.cons = consumer.NewGroup(consumer.Config{
+		Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
 		Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, DrainTimeout: cfg.DrainTimeout,
 		MaxAttempts: cfg.MaxAttempts, BackoffMax: cfg.BackoffMax, Owner: replicaName(),
 		CloseDelay: cfg.CloseDelay, MaxCloseRate: cfg.MaxCloseRate, DryRun: cfg.DryRun,
-	}, d.rdb, closer, d.m, log)
+	}, allKeys, d.rdb, closer, d.m, log)
 	live := liveness(cfg)
 	d.api = httpapi.New(httpapi.Config{
 		Tokens: cfg.APITokens,
@@ -161,7 +163,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		Ping: func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() },
 	}, d.prod, d.m, reg, log)
 	if len(cfg.AdminTokens) > 0 {
-		tools, err := admin.New(d.rdb, cfg.QueueKey, d.db)
+		tools, err := admin.New(d.rdb, cfg.QueueKey, d.db, shardOpts(cfg)...)
 		if err != nil {
 			return usageError{err}
 		}
@@ -189,7 +191,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		go d.janitor(ctx)
 		var rec *consumer.Reconciler
 		if cfg.ReconcileInterval > 0 && !cfg.DryRun {
-			rec = consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Interval: cfg.ReconcileInterval,
+			rec = consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Shards: allKeys[1:], Interval: cfg.ReconcileInterval,
 				Grace: cfg.ReconcileGrace, Outbox: cfg.CloseEvents}, d.rdb, d.store, d.m, log)
 		}
 		recDone := make(chan struct{})
@@ -373,7 +375,7 @@ func (d *daemon) janitor(ctx context.Context) {
 		return
 	}
 	for {
-		n, err := consumer.PurgeDead(ctx, d.rdb, queue.NewKeys(d.cfg.QueueKey), d.cfg.DeadRetention, d.cfg.DeadMax)
+		n, err := purgeDead(ctx, d.rdb, d.cfg)
 		if err != nil && ctx.Err() == nil {
 			d.log.Debug("dead-letter purge failed; retrying later", zap.Error(err))
 		}

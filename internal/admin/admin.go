@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,18 +29,21 @@ import (
 type Tools struct {
 	rdb  redis.UniversalClient
 	keys queue.Keys
+	all  []queue.Keys // keys, then the shards' keys (client.WithShards)
 	cl   *client.Client
 	db   *sqlx.DB // nil: Redis-only tools
 }
 
 // New returns the tools for the queue named key. db may be nil for tools
-// that need only Redis.
-func New(rdb redis.UniversalClient, key string, db *sqlx.DB) (*Tools, error) {
-	cl, err := client.New(rdb, key)
+// that need only Redis. opts configure the client the tools write through;
+// with client.WithShards every tool covers the queue key and all its
+// shards.
+func New(rdb redis.UniversalClient, key string, db *sqlx.DB, opts ...client.Option) (*Tools, error) {
+	cl, err := client.New(rdb, key, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &Tools{rdb: rdb, keys: cl.Keys(), cl: cl, db: db}, nil
+	return &Tools{rdb: rdb, keys: cl.Keys(), all: cl.AllKeys(), cl: cl, db: db}, nil
 }
 
 // ErrNoDatabase is returned by tools that need PostgreSQL when none is set.
@@ -60,20 +64,25 @@ func (t *Tools) Pause(ctx context.Context, reason string) (PauseState, error) {
 		reason = "paused by an operator"
 	}
 	val := strconv.FormatInt(time.Now().UnixMilli(), 10) + "|" + strings.ReplaceAll(reason, "\n", " ")
-	if err := t.rdb.SetNX(ctx, t.keys.Paused, val, 0).Err(); err != nil {
-		return PauseState{}, fmt.Errorf("pause: %w", err)
+	// Each shard's claim script reads its own flag (one slot per script).
+	for _, k := range t.all {
+		if err := t.rdb.SetNX(ctx, k.Paused, val, 0).Err(); err != nil {
+			return PauseState{}, fmt.Errorf("pause: %w", err)
+		}
 	}
 	return t.PauseState(ctx)
 }
 
 // Resume lets replicas claim again and wakes those waiting.
 func (t *Tools) Resume(ctx context.Context) error {
-	if err := t.rdb.Del(ctx, t.keys.Paused).Err(); err != nil {
-		return fmt.Errorf("resume: %w", err)
-	}
-	// Any deadline wakes a paused scanner; 0 is earlier than all of them.
-	if err := t.rdb.Publish(ctx, t.keys.Wake, 0).Err(); err != nil {
-		return fmt.Errorf("resume: wake replicas: %w", err)
+	for _, k := range t.all {
+		if err := t.rdb.Del(ctx, k.Paused).Err(); err != nil {
+			return fmt.Errorf("resume: %w", err)
+		}
+		// Any deadline wakes a paused scanner; 0 is earlier than all of them.
+		if err := t.rdb.Publish(ctx, k.Wake, 0).Err(); err != nil {
+			return fmt.Errorf("resume: wake replicas: %w", err)
+		}
 	}
 	return nil
 }
@@ -144,14 +153,32 @@ func (t *Tools) Extend(ctx context.Context, within, by time.Duration, moveRows b
 	if err != nil {
 		return res, fmt.Errorf("extend: %w", err)
 	}
-	cursor := strconv.FormatInt(queue.DeadlineMillis(now.Add(within)), 10)
+	// An order can have an entry in the queue key and one in its shard
+	// (see client.WithShards): its row moves once.
+	var rowMoved map[string]struct{}
+	if len(t.all) > 1 {
+		rowMoved = map[string]struct{}{}
+	}
+	for _, k := range t.all {
+		if err := t.extend(ctx, k, now.Add(within), by, moveRows, rowMoved, &res); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// extend is Extend on the sorted set of k, for entries due by until.
+// rowMoved, if not nil, holds the serials whose rows have moved already.
+func (t *Tools) extend(ctx context.Context, k queue.Keys, until time.Time, by time.Duration, moveRows bool,
+	rowMoved map[string]struct{}, res *ExtendResult) error {
+	cursor := strconv.FormatInt(queue.DeadlineMillis(until), 10)
 	var cursorScore float64 = -1
 	seen := map[string]struct{}{}
 	for {
-		zs, err := t.rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: t.keys.Queue, Start: cursor, Stop: "-inf",
+		zs, err := t.rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: k.Queue, Start: cursor, Stop: "-inf",
 			ByScore: true, Rev: true, Count: int64(extendBatch + len(seen))}).Result()
 		if err != nil {
-			return res, fmt.Errorf("extend: %w", err)
+			return fmt.Errorf("extend: %w", err)
 		}
 		args := []any{by.Milliseconds()}
 		for _, z := range zs {
@@ -170,20 +197,27 @@ func (t *Tools) Extend(ctx context.Context, within, by time.Duration, moveRows b
 			}
 		}
 		if len(args) == 1 {
-			return res, nil
+			return nil
 		}
 		cursor = strconv.FormatInt(int64(cursorScore), 10)
-		moved, err := extendScript.Run(ctx, t.rdb, []string{t.keys.Queue}, args...).StringSlice()
+		moved, err := extendScript.Run(ctx, t.rdb, []string{k.Queue}, args...).StringSlice()
 		if err != nil {
-			return res, fmt.Errorf("extend: %w", err)
+			return fmt.Errorf("extend: %w", err)
 		}
 		res.BatchCalls++
 		res.Moved += len(moved)
+		if rowMoved != nil {
+			moved = slices.DeleteFunc(moved, func(s string) bool {
+				_, done := rowMoved[s]
+				rowMoved[s] = struct{}{}
+				return done
+			})
+		}
 		if moveRows && len(moved) > 0 {
 			r, err := t.db.ExecContext(ctx, `UPDATE orders SET expires_at = expires_at + $2 * interval '1 millisecond'
 				WHERE serial_no = ANY($1) AND status = 'pending'`, pq.Array(moved), by.Milliseconds())
 			if err != nil {
-				return res, fmt.Errorf("extend: move expires_at: %w", err)
+				return fmt.Errorf("extend: move expires_at: %w", err)
 			}
 			n, _ := r.RowsAffected()
 			res.RowsMoved += int(n)
@@ -307,23 +341,71 @@ func (t *Tools) Order(ctx context.Context, serial string) (OrderReport, error) {
 	return rep, nil
 }
 
-// Dead lists up to limit dead letters, oldest first.
+// Dead lists up to limit dead letters, oldest first (over every shard).
 func (t *Tools) Dead(ctx context.Context, limit int64) ([]consumer.DeadEntry, error) {
-	return consumer.ListDead(ctx, t.rdb, t.keys, limit)
+	if len(t.all) == 1 {
+		return consumer.ListDead(ctx, t.rdb, t.keys, limit)
+	}
+	var out []consumer.DeadEntry
+	for _, k := range t.all {
+		es, err := consumer.ListDead(ctx, t.rdb, k, limit)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, es...)
+	}
+	slices.SortStableFunc(out, func(a, b consumer.DeadEntry) int { return a.At.Compare(b.At) })
+	return out[:min(int64(len(out)), limit)], nil
 }
 
-// Requeue puts the named dead letters back on the queue, due now.
+// Requeue puts the named dead letters back on the queue (the shard they
+// died in), due now.
 func (t *Tools) Requeue(ctx context.Context, serials ...string) (int, error) {
-	return consumer.Requeue(ctx, t.rdb, t.keys, serials...)
+	if len(t.all) == 1 {
+		return consumer.Requeue(ctx, t.rdb, t.keys, serials...)
+	}
+	total := 0
+	for _, k := range t.all {
+		n, err := consumer.Requeue(ctx, t.rdb, k, serials...)
+		total += n
+		if err != nil && !errors.Is(err, consumer.ErrNotDead) {
+			return total, err
+		}
+	}
+	if total == 0 && len(serials) == 1 {
+		return 0, fmt.Errorf("%s: %w", serials[0], consumer.ErrNotDead)
+	}
+	return total, nil
 }
 
 // RequeueAll puts every dead letter back on the queue, due now.
 func (t *Tools) RequeueAll(ctx context.Context) (int, error) {
-	return consumer.RequeueAll(ctx, t.rdb, t.keys)
+	total := 0
+	for _, k := range t.all {
+		n, err := consumer.RequeueAll(ctx, t.rdb, k)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // PurgeDead removes dead letters older than olderThan (0: none by age) and
-// the oldest beyond keepMax (0: no cap).
+// the oldest beyond keepMax (0: no cap). A sharded queue keeps at most
+// keepMax / (shards + 1), rounded up, per key.
 func (t *Tools) PurgeDead(ctx context.Context, olderThan time.Duration, keepMax int) (int, error) {
-	return consumer.PurgeDead(ctx, t.rdb, t.keys, olderThan, keepMax)
+	if len(t.all) == 1 {
+		return consumer.PurgeDead(ctx, t.rdb, t.keys, olderThan, keepMax)
+	}
+	per := (keepMax + len(t.all) - 1) / len(t.all)
+	total := 0
+	for _, k := range t.all {
+		n, err := consumer.PurgeDead(ctx, t.rdb, k, olderThan, per)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }

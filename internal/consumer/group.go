@@ -28,9 +28,10 @@ import (
 // when every shard has a backlog they take turns batch by batch, and the
 // database sees at most Workers batches at once, as unsharded.
 //
-// Idle cost: each key's head check runs every HeadCheck × keys / 2, so all
-// of them together poll about 8 times a second (the unsharded queue: 4),
-// plus one claim per key per ScanInterval.
+// Idle cost: each key's head check runs every HeadCheck × keys, so all of
+// them together poll as often as an unsharded queue's (4 times a second by
+// default); on top come one claim per key per ScanInterval and the wake
+// subscriptions' health-check pings (go-redis: one per key every 3 s).
 type Group struct {
 	cons []*Consumer
 }
@@ -49,7 +50,7 @@ func NewGroup(cfg Config, keys []queue.Keys, rdb redis.UniversalClient, store St
 		cfg.Limiter = rate.NewLimiter(rate.Limit(cfg.MaxCloseRate), cfg.BatchSize)
 	}
 	if cfg.HeadCheck > 0 {
-		cfg.HeadCheck = max(cfg.HeadCheck, cfg.HeadCheck*time.Duration(len(keys))/2)
+		cfg.HeadCheck *= time.Duration(len(keys))
 	}
 	owner := cfg.Owner
 	g := &Group{}

@@ -140,8 +140,8 @@ func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
 		if cc.Limiter == nil || cc.Limiter != cs[0].Config().Limiter {
 			t.Errorf("consumer %d: limiter not shared", i)
 		}
-		if cc.HeadCheck != 2500*time.Millisecond {
-			t.Errorf("consumer %d: head check every %s, want 2.5s (1s × 5 keys / 2)", i, cc.HeadCheck)
+		if cc.HeadCheck != 5*time.Second {
+			t.Errorf("consumer %d: head check every %s, want 5s (1s × 5 keys)", i, cc.HeadCheck)
 		}
 		if i > 0 && cc.Owner != cs[0].Config().Owner+fmt.Sprintf("#%d", i-1) {
 			t.Errorf("consumer %d: owner %q, want the replica's with #%d", i, cc.Owner, i-1)
