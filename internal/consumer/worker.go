@@ -208,8 +208,8 @@ func (c *Consumer) finish(items []item) {
 		keys = append(keys, k.Payload)
 	}
 	for tok, serials := range byToken(items) {
-		// go-redis flattens the []string into arguments.
-		if err := finishScript.Run(ctx, c.rdb, keys, tok, serials).Err(); err != nil {
+		args := append([]any{tok}, anys(serials)...)
+		if err := finishScript.Run(ctx, c.rdb, keys, args...).Err(); err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
