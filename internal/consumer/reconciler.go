@@ -92,6 +92,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 
 // RunOnce does one pass and returns how many orders it closed.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
+	// A pause means nobody is closed (the payment provider is down, say):
+	// the safety net waits too.
+	if n, err := r.rdb.Exists(ctx, r.cfg.Keys.Paused).Result(); err != nil || n == 1 {
+		if err != nil {
+			return 0, fmt.Errorf("reconcile: pause flag: %w", err)
+		}
+		return 0, nil
+	}
 	total := 0
 	for range maxPagesPerRun {
 		n, more, err := r.page(ctx)

@@ -71,3 +71,20 @@ func TestReconcilerYieldsToAnotherReplicaHoldingTheLock(t *testing.T) {
 		t.Fatalf("closed %d (%v) while another replica held the lock, want 0", n, err)
 	}
 }
+
+func TestReconcilerWaitsWhileClosingIsPaused(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	lost := e.orders("lost", 3, time.Now().Add(-time.Hour))
+	if err := e.rdb.Set(ctx, e.keys.Paused, "1|PSP outage", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReconciler(ReconcilerConfig{Keys: e.keys}, e.rdb, e.store, e.m, zaptest.NewLogger(t))
+	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("closed %d (%v) while paused, want 0", n, err)
+	}
+	e.rdb.Del(ctx, e.keys.Paused)
+	if n, err := r.RunOnce(ctx); err != nil || n != len(lost) {
+		t.Fatalf("closed %d (%v) after resume, want %d", n, err, len(lost))
+	}
+}
