@@ -586,8 +586,27 @@ func (r costRun) measure(t *testing.T, n int) {
 	for i, sr := range serials {
 		items[i] = client.Item{Serial: sr, Deadline: due}
 	}
+	// A checkout enqueues one order per call (as the HTTP API does), from
+	// many requests at once; a batch importer many per call. The first
+	// tenth goes one by one from 16 goroutines.
+	single := n / 10
+	cpuS := redisCPU(t, r.nodes)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < single; i += 16 {
+				if _, _, err := cl.Enqueue(ctx, items[i].Serial, items[i].Deadline, client.Create); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 	cpu0, cs0 := redisCPU(t, r.nodes), commandStats(t, r.nodes)
-	for i := 0; i < n; i += 100 { // a checkout enqueues one order or a few at a time
+	for i := single; i < n; i += 100 {
 		if _, err := cl.EnqueueMany(ctx, items[i:min(i+100, n)], client.Create); err != nil {
 			t.Fatal(err)
 		}
@@ -667,7 +686,7 @@ func (r costRun) measure(t *testing.T, n int) {
 		span := samples[last+1].at - samples[first].at
 		rates = append(rates, fmt.Sprintf("%s %.0f/s", name, float64(samples[first].lens[i])/span.Seconds()))
 	}
-	perOrder := func(a, b []time.Duration) (total float64, each []string) {
+	perOrder := func(a, b []time.Duration, n int) (total float64, each []string) {
 		for i := range a {
 			us := float64((b[i] - a[i]).Microseconds()) / float64(n)
 			total += us
@@ -675,29 +694,31 @@ func (r costRun) measure(t *testing.T, n int) {
 		}
 		return total, each
 	}
-	enqCPU, enqEach := perOrder(cpu0, cpu1)
-	drainCPU, drainEach := perOrder(cpu1, cpu2)
-	script := func(d map[string][2]int64) (calls, usec float64) {
+	singleCPU, singleEach := perOrder(cpuS, cpu0, single)
+	enqCPU, enqEach := perOrder(cpu0, cpu1, n-single)
+	drainCPU, drainEach := perOrder(cpu1, cpu2, n)
+	script := func(d map[string][2]int64, n int) (calls, usec float64) {
 		for _, c := range []string{"evalsha", "eval"} {
 			calls += float64(d[c][0])
 			usec += float64(d[c][1])
 		}
 		return calls / float64(n), usec / float64(n)
 	}
-	ec, eu := script(enq)
-	dc, du := script(drain)
+	ec, eu := script(enq, n-single)
+	dc, du := script(drain, n)
 	var idleTop []string
 	for name, v := range idle {
 		idleTop = append(idleTop, fmt.Sprintf("%s %.1f", name, float64(v[0])/idleFor.Seconds()))
 	}
 	sort.Strings(idleTop)
 	t.Logf("%s, %d orders:\n"+
+		"  enqueue one per call (Enqueue, 16 callers at once): %.1f µs Redis CPU/order (per server %v)\n"+
 		"  enqueue (EnqueueMany, 100 a call): %.1f µs Redis CPU/order (per server %v), scripts %.3f calls %.1f µs/order\n"+
 		"  claim + remove (daemon draining):  %.1f µs Redis CPU/order (per server %v), scripts %.3f calls %.1f µs/order\n"+
 		"  drained in %s (%.0f orders/s; race-instrumented daemon, PostgreSQL on the same 2 cores)\n"+
 		"  per-key claim rates: %s\n"+
 		"  idle: %.1f commands/s (%s)",
-		r.name, n, enqCPU, enqEach, ec, eu, drainCPU, drainEach, dc, du,
+		r.name, n, singleCPU, singleEach, enqCPU, enqEach, ec, eu, drainCPU, drainEach, dc, du,
 		drained.Round(10*time.Millisecond), float64(n)/drained.Seconds(), strings.Join(rates, ", "),
 		float64(sumCalls(idle))/idleFor.Seconds(), strings.Join(idleTop, ", "))
 }
