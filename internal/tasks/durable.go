@@ -172,7 +172,7 @@ func (d *Durable) log(ctx context.Context, q execer, id, state string, version i
 	return err
 }
 
-// loaderPage bounds one loader transaction.
+// loaderPage bounds one loader query and pipeline.
 const loaderPage = 2000
 
 // Load moves scheduled tasks due within the window into Redis (NX: a task
@@ -190,28 +190,41 @@ func (d *Durable) Load(ctx context.Context) (int, error) {
 	if err := tx.GetContext(ctx, &got, "SELECT pg_try_advisory_xact_lock($1)", int64(h.Sum64())); err != nil || !got {
 		return 0, err
 	}
-	var rows []Row
-	err = tx.SelectContext(ctx, &rows, `SELECT id, due_at, payload, state, attempts, version FROM orderdelay_tasks
-		WHERE queue = $1 AND state = 'SCHEDULED' AND due_at < now() + $2 * interval '1 millisecond'
-		ORDER BY due_at LIMIT $3`, d.Queue, d.Window.Milliseconds(), loaderPage)
-	if err != nil {
-		return 0, err
-	}
-	items := make([]client.TaskItem, len(rows))
-	for i, r := range rows {
-		items[i] = client.TaskItem{ID: r.ID, Payload: r.Payload, Deadline: r.Due}
-	}
-	res, err := d.Client.PutTasks(ctx, items, client.Create)
-	if err != nil {
-		return 0, err
-	}
+	// Walk the whole window in keyset order, so tasks loaded earlier (and
+	// not yet executed) do not hide the ones behind them.
 	added := 0
-	for _, r := range res {
-		if r == client.Created {
-			added++
+	after := struct {
+		due time.Time
+		id  string
+	}{time.Unix(0, 0), ""}
+	for {
+		var rows []Row
+		err = tx.SelectContext(ctx, &rows, `SELECT id, due_at, payload, state, attempts, version FROM orderdelay_tasks
+			WHERE queue = $1 AND state = 'SCHEDULED' AND due_at < now() + $2 * interval '1 millisecond'
+			  AND (due_at, id) > ($4, $5)
+			ORDER BY due_at, id LIMIT $3`, d.Queue, d.Window.Milliseconds(), loaderPage, after.due, after.id)
+		if err != nil || len(rows) == 0 {
+			return added, err
+		}
+		items := make([]client.TaskItem, len(rows))
+		for i, r := range rows {
+			items[i] = client.TaskItem{ID: r.ID, Payload: r.Payload, Deadline: r.Due}
+		}
+		res, err := d.Client.PutTasks(ctx, items, client.Create)
+		if err != nil {
+			return added, err
+		}
+		for _, r := range res {
+			if r == client.Created {
+				added++
+			}
+		}
+		last := rows[len(rows)-1]
+		after.due, after.id = last.Due, last.ID
+		if len(rows) < loaderPage {
+			return added, nil
 		}
 	}
-	return added, nil
 }
 
 // RunLoader loads every tenth of the window (at most every 30 s) until ctx
@@ -227,9 +240,6 @@ func (d *Durable) RunLoader(ctx context.Context) {
 			d.Log.Debug("durable loader moved tasks into Redis", zap.Int("tasks", n))
 		}
 		wait := every
-		if n == loaderPage {
-			wait = 0
-		}
 		select {
 		case <-ctx.Done():
 			return
