@@ -36,7 +36,7 @@ WHERE serial_no = $1 AND status = 'pending'`
 	ceilingBatch = 1000
 	// orderdelayLimit bounds an orderdelay drain; it has to finish.
 	orderdelayLimit = 5 * time.Minute
-	ceilingConns = 4
+	ceilingConns    = 4
 )
 
 const (
