@@ -97,10 +97,16 @@ func cmdResume(ctx context.Context, args []string, stdout, stderr io.Writer, get
 func cmdExtend(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	var within, by time.Duration
 	var moveRows bool
+	var explicit func() bool
 	cfg, pos, err := parse("extend", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.DurationVar(&within, "within", 0, "extend entries due within this window from now, overdue ones included (e.g. 1h)")
 		fs.DurationVar(&by, "by", 0, "by this much (e.g. 15m)")
-		fs.BoolVar(&moveRows, "move-rows", true, "also move expires_at of pending rows in the reference schema")
+		fs.BoolVar(&moveRows, "move-rows", true, "also move expires_at of pending rows in the reference schema (default: only when ORDERDELAY_CLOSE_SQL is not set)")
+		explicit = func() bool {
+			set := false
+			fs.Visit(func(f *flag.Flag) { set = set || f.Name == "move-rows" })
+			return set
+		}
 	})
 	if err != nil {
 		return err
@@ -110,6 +116,9 @@ func cmdExtend(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	}
 	if within <= 0 || by <= 0 {
 		return usagef("extend needs --within and --by, both positive (e.g. --within 1h --by 15m)")
+	}
+	if !explicit() && cfg.CloseSQL != "" {
+		moveRows = false // a shop's own schema: its expires_at is not ours to move
 	}
 	return withTools(ctx, cfg, moveRows, 0, func(ctx context.Context, t *admin.Tools) error {
 		res, err := t.Extend(ctx, within, by, moveRows)

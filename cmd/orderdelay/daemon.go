@@ -167,7 +167,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		if err != nil {
 			return usageError{err}
 		}
-		d.api.EnableAdmin(httpapi.AdminConfig{Tokens: cfg.AdminTokens, Tools: tools})
+		d.api.EnableAdmin(httpapi.AdminConfig{Tokens: cfg.AdminTokens, Tools: tools, ReferenceSchema: cfg.CloseSQL == ""})
 	}
 
 	if d.tasks != nil {

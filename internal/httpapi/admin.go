@@ -34,6 +34,9 @@ import (
 type AdminConfig struct {
 	Tokens []string
 	Tools  *admin.Tools
+	// ReferenceSchema: the orders table is orderdelay's own, so extend moves
+	// expires_at in step unless the request says otherwise.
+	ReferenceSchema bool
 }
 
 // EnableAdmin serves the admin API with cfg.
@@ -131,7 +134,10 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	moveRows := body.MoveRows == nil || *body.MoveRows
+	moveRows := s.admin.ReferenceSchema
+	if body.MoveRows != nil {
+		moveRows = *body.MoveRows
+	}
 	res, err := s.admin.Tools.Extend(r.Context(), within, by, moveRows)
 	if err != nil {
 		s.adminFail(w, err)
