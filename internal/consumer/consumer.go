@@ -81,6 +81,9 @@ type Config struct {
 	// Limiter, if set, is a MaxCloseRate limiter shared with other
 	// consumers; it replaces this consumer's own.
 	Limiter *rate.Limiter
+	// SharedWake: the Group subscribes to the wake channels of all its
+	// consumers on one connection, so this consumer does not subscribe.
+	SharedWake bool
 	// DryRun leaves the queue as it is: due entries are read, not leased,
 	// each once; the Store's Close is expected not to commit (see
 	// orders.DryRun); nothing is removed, retried or dead-lettered.
@@ -161,6 +164,7 @@ type Consumer struct {
 func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff()}
+	c.wake = make(chan int64, 64)
 	if cfg.Limiter != nil {
 		c.limiter = cfg.Limiter
 	} else if cfg.MaxCloseRate > 0 {
@@ -219,9 +223,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var wg sync.WaitGroup
-	wake := make(chan int64, 64)
-	c.wake = wake
-	subDone := c.subscribe(ctx, wake)
+	wake := c.wake
+	var subDone <-chan struct{}
+	if c.cfg.SharedWake {
+		closed := make(chan struct{})
+		close(closed) // the Group subscribes for all its consumers
+		subDone = closed
+	} else {
+		subDone = subscribe(ctx, c.rdb, map[string]chan int64{c.cfg.Keys.Wake: wake})
+	}
 
 	c.scan(ctx, workCtx, &wg, wake)
 
@@ -240,11 +250,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
-// subscribe forwards deadlines published by producers to wake until ctx
-// ends. Dropped messages are harmless: the head check catches up.
-func (c *Consumer) subscribe(ctx context.Context, wake chan<- int64) <-chan struct{} {
+// subscribe forwards deadlines published on each channel of wakes to its
+// consumer's wake-up channel until ctx ends, on one connection. Dropped
+// messages are harmless: the head check catches up.
+func subscribe(ctx context.Context, rdb redis.UniversalClient, wakes map[string]chan int64) <-chan struct{} {
 	done := make(chan struct{})
-	ps := c.rdb.Subscribe(ctx, c.cfg.Keys.Wake)
+	channels := make([]string, 0, len(wakes))
+	for ch := range wakes {
+		channels = append(channels, ch)
+	}
+	ps := rdb.Subscribe(ctx, channels...)
 	go func() {
 		defer close(done)
 		defer ps.Close()
@@ -258,7 +273,8 @@ func (c *Consumer) subscribe(ctx context.Context, wake chan<- int64) <-chan stru
 					return
 				}
 				d, err := strconv.ParseInt(msg.Payload, 10, 64)
-				if err != nil {
+				wake, ok := wakes[msg.Channel]
+				if err != nil || !ok {
 					continue
 				}
 				select {

@@ -57,6 +57,7 @@ func NewGroup(cfg Config, keys []queue.Keys, rdb redis.UniversalClient, store St
 	for i, k := range keys {
 		c := cfg
 		c.Keys = k
+		c.SharedWake = true
 		if i > 0 {
 			c.Owner = owner + "#" + strconv.Itoa(i-1) // shard i-1; lease tokens say which
 		}
@@ -74,6 +75,16 @@ func (g *Group) Consumers() []*Consumer { return g.cons }
 // DrainTimeout too).
 func (g *Group) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	if len(g.cons) > 1 {
+		// One subscription for every key's wake channel: one connection and
+		// one health-check ping instead of one per key.
+		wakes := make(map[string]chan int64, len(g.cons))
+		for _, c := range g.cons {
+			wakes[c.cfg.Keys.Wake] = c.wake
+		}
+		subDone := subscribe(ctx, g.cons[0].rdb, wakes)
+		defer func() { <-subDone }()
+	}
 	for _, c := range g.cons {
 		wg.Add(1)
 		go func() {
