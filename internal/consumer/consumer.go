@@ -446,7 +446,14 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 			c.heartbeat()
 			head = time.After(jitter(c.cfg.HeadCheck))
 			vals, err := c.rdb.ZRangeWithScores(ctx, c.cfg.Keys.Queue, 0, 0).Result()
-			if err != nil || len(vals) == 0 {
+			if err != nil && ctx.Err() == nil {
+				// Redis went away while the scanner slept: say so now,
+				// not at the next claim (at most one error per head check).
+				c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
+				c.m.SetUp(metrics.DepRedis, false)
+				continue
+			}
+			if len(vals) == 0 {
 				continue
 			}
 			d := int64(vals[0].Score) + c.cfg.CloseDelay.Milliseconds()
