@@ -115,16 +115,17 @@ func checkout(ctx context.Context, d *daemon, rate float64) {
 	report := time.NewTicker(5 * time.Second)
 	defer report.Stop()
 	prefix := fmt.Sprintf("demo-%d-", time.Now().Unix())
-	for n := 1; ; n++ {
+	n := 0
+	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-report.C:
-			demoReport(ctx, d, log)
-			n--
+			demoReport(ctx, d, log, prefix)
 			continue
 		case <-tick.C:
 		}
+		n++
 		serial := fmt.Sprintf("%s%05d", prefix, n)
 		timeout := 2*time.Second + rand.N(6*time.Second)
 		deadline := time.Now().Add(timeout)
@@ -171,12 +172,14 @@ func pay(ctx context.Context, d *daemon, log *zap.Logger, serial string) {
 	}
 }
 
-func demoReport(ctx context.Context, d *daemon, log *zap.Logger) {
+// demoReport logs what the orders table says of this run's orders (the
+// demo database keeps earlier runs' orders too).
+func demoReport(ctx context.Context, d *daemon, log *zap.Logger, prefix string) {
 	var counts []struct {
 		Status string `db:"status"`
 		N      int    `db:"n"`
 	}
-	if err := d.db.SelectContext(ctx, &counts, "SELECT status, count(*) AS n FROM orders GROUP BY status ORDER BY status"); err != nil {
+	if err := d.db.SelectContext(ctx, &counts, "SELECT status, count(*) AS n FROM orders WHERE starts_with(serial_no, $1) GROUP BY status ORDER BY status", prefix); err != nil {
 		return
 	}
 	fields := make([]zap.Field, 0, len(counts))
