@@ -69,6 +69,21 @@ local function parse(rec)
   local d, a, tok, e = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|?(.*)$')
   return tonumber(d), tonumber(a) or 0, tok, e
 end
+-- owned returns {serial, deadline, attempts} for each serial of
+-- ARGV[first..] whose lease record in key carries token: the
+-- compare-and-set every change to a leased entry goes through. Records are
+-- read with one HMGET per 500 serials.
+local function owned(key, token, first)
+  local out = {}
+  for i = first, #ARGV, 500 do
+    local recs = redis.call('HMGET', key, unpack(ARGV, i, math.min(i + 499, #ARGV)))
+    for j = 1, #recs do
+      local d, a, tok = parse(recs[j])
+      if tok == token then out[#out+1] = {ARGV[i + j - 1], d, a} end
+    end
+  end
+  return out
+end
 local function bulk(cmd, key, args)
   for i = 1, #args, 500 do
     redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
@@ -254,21 +269,15 @@ return #rem
 //
 // Compare-and-set as finishScript. Returns the number moved.
 var retryScript = redis.NewScript(luaHelpers + `
-local token = ARGV[1]
 local at = now_ms() + tonumber(ARGV[2])
 local spend = tonumber(ARGV[3])
 local err = string.gsub(ARGV[4], '|', '/')
-local moved = 0
-for i = 5, #ARGV do
-  local s = ARGV[i]
-  local d, a, tok = parse(redis.call('HGET', KEYS[2], s))
-  if tok == token then
-    redis.call('HSET', KEYS[2], s, d .. '|' .. (a + spend) .. '|-|' .. err)
-    redis.call('ZADD', KEYS[1], at, s)
-    moved = moved + 1
-  end
+local mine = owned(KEYS[2], ARGV[1], 5)
+for _, e in ipairs(mine) do
+  redis.call('HSET', KEYS[2], e[1], e[2] .. '|' .. (e[3] + spend) .. '|-|' .. err)
+  redis.call('ZADD', KEYS[1], at, e[1])
 end
-return moved
+return #mine
 `)
 
 // buryScript dead-letters leased entries.
@@ -282,23 +291,18 @@ return moved
 // attempts (including the one that failed), deadline and last error.
 // Returns the number moved.
 var buryScript = redis.NewScript(luaHelpers + `
-local token = ARGV[1]
 local now = now_ms()
 local err = string.gsub(ARGV[3], '|', '/')
-local moved = 0
-for i = 4, #ARGV do
-  local s = ARGV[i]
-  local d, a, tok = parse(redis.call('HGET', KEYS[3], s))
-  if tok == token then
-    redis.call('HDEL', KEYS[3], s)
-    redis.call('ZREM', KEYS[1], s)
-    redis.call('ZREM', KEYS[2], s)
-    redis.call('ZADD', KEYS[4], now, s)
-    redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. (a + 1) .. '|' .. d .. '|' .. err)
-    moved = moved + 1
-  end
+local mine = owned(KEYS[3], ARGV[1], 4)
+for _, e in ipairs(mine) do
+  local s = e[1]
+  redis.call('HDEL', KEYS[3], s)
+  redis.call('ZREM', KEYS[1], s)
+  redis.call('ZREM', KEYS[2], s)
+  redis.call('ZADD', KEYS[4], now, s)
+  redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. (e[3] + 1) .. '|' .. e[2] .. '|' .. err)
 end
-return moved
+return #mine
 `)
 
 // handBackScript returns leased entries to the queue with their true
@@ -311,20 +315,15 @@ return moved
 // Compare-and-set as finishScript; ZADD NX keeps an entry a producer wrote
 // meanwhile. Returns the number handed back.
 var handBackScript = redis.NewScript(luaHelpers + `
-local token = ARGV[1]
-local n = 0
-for i = 2, #ARGV do
-  local s = ARGV[i]
-  local d, _, tok = parse(redis.call('HGET', KEYS[4], s))
-  if tok == token then
-    redis.call('HDEL', KEYS[4], s)
-    redis.call('ZREM', KEYS[2], s)
-    redis.call('ZREM', KEYS[3], s)
-    redis.call('ZADD', KEYS[1], 'NX', d, s)
-    n = n + 1
-  end
+local mine = owned(KEYS[4], ARGV[1], 2)
+for _, e in ipairs(mine) do
+  local s = e[1]
+  redis.call('HDEL', KEYS[4], s)
+  redis.call('ZREM', KEYS[2], s)
+  redis.call('ZREM', KEYS[3], s)
+  redis.call('ZADD', KEYS[1], 'NX', e[2], s)
 end
-return n
+return #mine
 `)
 
 // statsScript reads the queue gauges in one consistent step, on Redis's
