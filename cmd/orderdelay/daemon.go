@@ -181,49 +181,46 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	// Shutdown, step 1: readiness answers 503 as soon as the signal arrives,
 	// before anything else stops, so load balancers move producers away.
 	go func() { <-ctx.Done(); d.api.SetStopping() }()
-	go d.checkRedis(ctx)
+
+	// Background actors (start-up checks, janitor, reconciler, event relay,
+	// task queues, the demo's checkout) each return when bgCtx ends; bg.Wait
+	// below is their one owner.
+	bgCtx, cancelBg := context.WithCancel(ctx)
+	defer cancelBg()
+	var bg sync.WaitGroup
+	spawn := func(f func(context.Context)) {
+		bg.Add(1)
+		go func() { defer bg.Done(); f(bgCtx) }()
+	}
+	spawn(d.checkRedis)
 
 	err = d.prepareDB(ctx, opts.migrate)
 	if err == nil {
 		if opts.started != nil {
-			go opts.started(ctx, d)
+			spawn(func(ctx context.Context) { opts.started(ctx, d) })
 		}
-		go d.janitor(ctx)
-		var rec *consumer.Reconciler
+		spawn(d.janitor)
 		if cfg.ReconcileInterval > 0 && !cfg.DryRun {
-			rec = consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Shards: allKeys[1:], Interval: cfg.ReconcileInterval,
+			rec := consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Shards: allKeys[1:], Interval: cfg.ReconcileInterval,
 				Grace: cfg.ReconcileGrace, Outbox: cfg.CloseEvents}, d.rdb, d.store, d.m, log)
+			spawn(func(ctx context.Context) { rec.Run(ctx) }) //nolint:errcheck // returns nil when ctx ends
 		}
-		recDone := make(chan struct{})
-		go func() {
-			defer close(recDone)
-			if rec != nil {
-				rec.Run(ctx) //nolint:errcheck // returns nil when ctx ends
-			}
-		}()
-		relayDone := make(chan struct{})
-		go func() {
-			defer close(relayDone)
-			if cfg.CloseEvents && !cfg.DryRun {
-				r := &consumer.Relay{DB: d.db, Redis: d.rdb, Stream: keys.Events, MaxLen: cfg.CloseEventsMaxLen,
-					Log: log, Relayed: d.m.EventsRelayed}
-				r.Run(ctx)
-			}
-		}()
-		defer func() { <-relayDone }()
-		tasksDone := make(chan struct{})
-		go func() {
-			defer close(tasksDone)
-			if d.tasks != nil {
-				d.tasks.Run(ctx) // each queue drains and hands back like the order queue
-			}
-		}()
-		defer func() { <-tasksDone }()
+		if cfg.CloseEvents && !cfg.DryRun {
+			r := &consumer.Relay{DB: d.db, Redis: d.rdb, Stream: keys.Events, MaxLen: cfg.CloseEventsMaxLen,
+				Log: log, Relayed: d.m.EventsRelayed}
+			spawn(r.Run)
+		}
+		if d.tasks != nil {
+			spawn(d.tasks.Run) // each queue drains and hands back like the order queue
+		}
 		// Steps 2-4: stop claiming, finish in-flight batches within the
 		// drain timeout, hand back what is left (consumer.Run, in order).
 		d.cons.Run(ctx) //nolint:errcheck // returns nil when ctx ends
-		<-recDone
 	}
+	// Every background actor has stopped (task queues drained too) before
+	// HTTP stops.
+	cancelBg()
+	bg.Wait()
 	// Step 5: stop HTTP. Step 6: close the clients (deferred above).
 	stopHTTP()
 	if err != nil && ctx.Err() == nil {
