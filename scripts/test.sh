@@ -7,14 +7,14 @@
 #   4. the integration tests again against private servers on free ports, so
 #      the "start our own servers" path is exercised even where shared ones
 #      exist (skip with ORDERDELAY_SKIP_PRIVATE=1);
-#   5. a short fuzzing run of every Fuzz target (ORDERDELAY_FUZZTIME, 5s).
+#   5. a short fuzzing run of every Fuzz target (ORDERDELAY_FUZZTIME, default 10000x: a count, never a clock).
 #
 # Stops at the first failing step, naming it; the last line printed is
 # "suite: N passed, 0 failed" on success.
 #
 # Environment: ORDERDELAY_SERVICES (auto|reuse|private, see services.sh),
 # ORDERDELAY_TEST_REDIS_URL / ORDERDELAY_TEST_DATABASE_URL (reuse these),
-# ORDERDELAY_SKIP_PRIVATE=1, ORDERDELAY_FUZZTIME (default 5s).
+# ORDERDELAY_SKIP_PRIVATE=1, ORDERDELAY_FUZZTIME (default 10000x).
 
 # The functions run through step(), which shellcheck cannot follow.
 # shellcheck disable=SC2317
@@ -130,8 +130,8 @@ fuzz_all() {
 		ok*)
 			pkg=$(printf '%s\n' "$line" | awk '{print $2}')
 			for name in ${names[@]+"${names[@]}"}; do
-				echo "--- fuzz $pkg $name (${ORDERDELAY_FUZZTIME:-5s})"
-				go test -run '^$' -fuzz "^${name}\$" -fuzztime "${ORDERDELAY_FUZZTIME:-5s}" "$pkg" || return 1
+				echo "--- fuzz $pkg $name (${ORDERDELAY_FUZZTIME:-10000x})"
+				go test -run '^$' -fuzz "^${name}\$" -fuzztime "${ORDERDELAY_FUZZTIME:-10000x}" "$pkg" || return 1
 				count=$((count + 1))
 			done
 			names=()
