@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,7 +211,7 @@ func BenchmarkBatchClose(b *testing.B) {
 		})
 		b.Run("orderdelay-default-sql/"+strconv.Itoa(size), func(b *testing.B) {
 			benchClose(b, size, func(ctx context.Context, db *sql.DB, s []string) (int, error) {
-				out, err := orders.NewStore(sqlx.NewDb(db, "postgres"), orders.Statements{}).Close(ctx, s)
+				out, err := orders.NewStore(sqlx.NewDb(db, "postgres"), orders.Statements{}).Close(ctx, s, nil)
 				return len(out), err
 			})
 		})
@@ -223,12 +224,22 @@ func BenchmarkBatchClose(b *testing.B) {
 }
 
 // allClosed is a Store for which every order is unpaid and closes at once:
-// with it the consumer runs only its Redis side (claim, finish) and its own
-// Go code.
+// with it the consumer runs only its Redis side (claim, fence, finish) and
+// its own Go code.
 type allClosed struct{}
 
-func (allClosed) Close(_ context.Context, s []string) ([]string, error) { return s, nil }
-func (allClosed) Lookup(context.Context, []string) ([]string, error)    { return nil, nil }
+func (allClosed) Close(ctx context.Context, s []string, fence orders.Fence) ([]string, error) {
+	if fence == nil {
+		return s, nil
+	}
+	drop, err := fence(ctx, s)
+	if err != nil || len(drop) > 0 {
+		return nil, fmt.Errorf("fence: dropped %d, %v", len(drop), err)
+	}
+	return s, nil
+}
+
+func (allClosed) Lookup(context.Context, []string) ([]orders.Found, error) { return nil, nil }
 
 // BenchmarkClaimFinish drains b.N due entries through the real consumer
 // with a store that closes everything instantly: the claim script, the

@@ -118,6 +118,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		log.Debug("queue gauges unavailable for this scrape", zap.Error(err))
 	}))
 	d.store = orders.NewStore(d.db, cfg.Statements())
+	d.store.SetTimeouts(cfg.StatementTimeout, orders.LockTimeoutFor(cfg.StatementTimeout))
 	var closer consumer.Store = d.store
 	if cfg.CloseEvents {
 		closer = orders.WithOutbox{Store: d.store}

@@ -136,7 +136,7 @@ var Settings = []Setting{
 		set: oneOf(func(c *Config) *string { return &c.LogFormat }, "json", "console")},
 	{Env: "ORDERDELAY_CLOSE_SQL", Default: "", Help: "close statement: `$1 text[]` → the serials it closed (empty: reference schema)",
 		set: func(c *Config, v string) error { c.CloseSQL = v; return nil }},
-	{Env: "ORDERDELAY_LOOKUP_SQL", Default: "", Help: "lookup statement: `$1 text[]` → the serials that exist (empty: reference schema)",
+	{Env: "ORDERDELAY_LOOKUP_SQL", Default: "", Help: "lookup statement: `$1 text[]` → each serial that has a row and whether it is still pending (`text, boolean`; empty: reference schema)",
 		set: func(c *Config, v string) error { c.LookupSQL = v; return nil }},
 	{Env: "ORDERDELAY_OVERDUE_SQL", Default: "", Help: "reconciler statement: `$1 bigint` grace ms, `$2 bigint` limit → pending serials past deadline + grace (empty: reference schema)",
 		set: func(c *Config, v string) error { c.OverdueSQL = v; return nil }},

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -130,10 +131,15 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Store is what the consumer needs from the database.
+// Store is what the consumer needs from the database (orders.Store and
+// its WithOutbox and DryRun variants).
 type Store interface {
-	Close(ctx context.Context, serials []string) ([]string, error)
-	Lookup(ctx context.Context, serials []string) ([]string, error)
+	// Close closes the pending orders among serials and returns those it
+	// closed; fence is asked before the commit (see orders.Fence).
+	Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error)
+	// Lookup returns the serials that have a row and whether each is
+	// still pending.
+	Lookup(ctx context.Context, serials []string) ([]orders.Found, error)
 }
 
 // Consumer claims and closes due orders. Build it with New; run it with Run.

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
@@ -51,7 +52,7 @@ type recordingStore struct {
 	most     int
 }
 
-func (r *recordingStore) Close(ctx context.Context, serials []string) ([]string, error) {
+func (r *recordingStore) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
 	r.mu.Lock()
 	prefix, _, _ := strings.Cut(serials[0], "-")
 	r.batches = append(r.batches, prefix)
@@ -64,7 +65,7 @@ func (r *recordingStore) Close(ctx context.Context, serials []string) ([]string,
 		r.inFlight--
 		r.mu.Unlock()
 	}()
-	return r.Store.Close(ctx, serials)
+	return r.Store.Close(ctx, serials, fence)
 }
 
 func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {

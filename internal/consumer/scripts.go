@@ -105,8 +105,12 @@ end
 //	ARGV[6] -> "1" to count a re-claim of an expired lease as an attempt
 //	           (task queues whose consumers poll), else "0"
 //
-// First it takes back entries whose lease or backoff expired, then due
-// entries from the queue. Members that are not valid serials, scores that are
+// First it takes back entries whose lease or backoff expired (unless a
+// producer wrote the serial into the queue key meanwhile: then the queue
+// key's deadline decides and the stale lease is dropped), then due entries
+// from the queue. A due queue entry whose serial another replica still
+// leases is taken over: the producer wrote it after that claim, and the
+// other replica's fence (fenceScript) sees its token gone. Members that are not valid serials, scores that are
 // not integers or lie outside [2000-01-01, now + ARGV[4]] go to the
 // dead-letter set instead. "Now" is Redis's clock, so all replicas agree and
 // nothing is claimed before its deadline.
@@ -152,19 +156,44 @@ local function bury(s, reason, score)
   deadInfoArgs[#deadInfoArgs+1] = reason .. '|0|' .. score .. '|'
 end
 
--- 1. expired leases and finished backoffs
+-- 1. expired leases and finished backoffs. A serial that is in the queue
+-- key as well was written there by a producer meanwhile (a raw ZADD during
+-- the lease or backoff): the queue key's deadline decides, so the stale
+-- companion is dropped here and the queue entry is claimed below when it is
+-- due, never twice in one batch.
 local exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-for i = 1, #exp, 2 do
-  local s = exp[i]
-  local d, a, tok = parse(redis.call('HGET', KEYS[4], s))
-  if not d then d = tonumber(redis.call('ZSCORE', KEYS[3], s)) or tonumber(exp[i+1]) end
-  local again = 0
-  if tok and tok ~= '-' then again = 1 end
-  a = a or 0
-  if again == 1 and ARGV[6] == '1' then a = a + 1 end
-  lease(s, d, a)
-  claimed[#claimed+1] = s; claimed[#claimed+1] = d
-  claimed[#claimed+1] = a; claimed[#claimed+1] = again
+if #exp > 0 then
+  local members = {}
+  for i = 1, #exp, 2 do members[#members+1] = exp[i] end
+  local recs, queued = {}, {}
+  for i = 1, #members, 500 do
+    local last = math.min(i + 499, #members)
+    local part = redis.call('HMGET', KEYS[4], unpack(members, i, last))
+    local qs = redis.call('ZMSCORE', KEYS[1], unpack(members, i, last))
+    for j = 1, #part do recs[i + j - 1] = part[j]; queued[i + j - 1] = qs[j] end
+  end
+  local stale = {}
+  for i = 1, #members do
+    local s = members[i]
+    if queued[i] then
+      stale[#stale+1] = s
+    else
+      local d, a, tok = parse(recs[i] or nil)
+      if not d then d = tonumber(redis.call('ZSCORE', KEYS[3], s)) or tonumber(exp[2 * i]) end
+      local again = 0
+      if tok and tok ~= '-' then again = 1 end
+      a = a or 0
+      if again == 1 and ARGV[6] == '1' then a = a + 1 end
+      lease(s, d, a)
+      claimed[#claimed+1] = s; claimed[#claimed+1] = d
+      claimed[#claimed+1] = a; claimed[#claimed+1] = again
+    end
+  end
+  if #stale > 0 then
+    bulk('ZREM', KEYS[2], stale)
+    bulk('ZREM', KEYS[3], stale)
+    bulk('HDEL', KEYS[4], stale)
+  end
 end
 
 -- 2. due entries of the queue
@@ -267,7 +296,8 @@ return #rem
 //	ARGV[1] -> lease token; ARGV[2] -> delay ms; ARGV[3] -> 1 to spend an
 //	attempt, 0 not to; ARGV[4] -> last error; ARGV[5..] -> serials
 //
-// Compare-and-set as finishScript. Returns the number moved.
+// Compare-and-set as finishScript. Returns {number moved, retry time on
+// Redis's clock in ms}, so the scanner wakes for it on the same clock.
 var retryScript = redis.NewScript(luaHelpers + `
 local at = now_ms() + tonumber(ARGV[2])
 local spend = tonumber(ARGV[3])
@@ -277,7 +307,36 @@ for _, e in ipairs(mine) do
   redis.call('HSET', KEYS[2], e[1], e[2] .. '|' .. (e[3] + spend) .. '|-|' .. err)
   redis.call('ZADD', KEYS[1], at, e[1])
 end
-return #mine
+return {#mine, at}
+`)
+
+// fenceScript is asked, while a close transaction holds its rows and
+// before it commits, which of the serials it closed are no longer this
+// claim's to close.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease
+//	ARGV[1] -> lease token; ARGV[2] -> close delay, ms; ARGV[3..] -> serials
+//
+// A serial is dropped when its lease record no longer carries the token
+// (another replica took it over, a producer rescheduled it through the API
+// or the client, an operator moved it) or when the queue key holds it with
+// a deadline not yet due (a raw ZADD moved it while it was leased). Returns
+// the serials to drop.
+var fenceScript = redis.NewScript(luaHelpers + `
+local now = now_ms()
+local cutoff = now - tonumber(ARGV[2])
+local drop = {}
+for i = 3, #ARGV, 500 do
+  local last = math.min(i + 499, #ARGV)
+  local recs = redis.call('HMGET', KEYS[2], unpack(ARGV, i, last))
+  local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
+  for j = 1, #recs do
+    local _, _, tok = parse(recs[j] or nil)
+    local q = qs[j] and tonumber(qs[j])
+    if tok ~= ARGV[1] or (q and q > cutoff) then drop[#drop+1] = ARGV[i + j - 1] end
+  end
+end
+return drop
 `)
 
 // buryScript dead-letters leased entries.

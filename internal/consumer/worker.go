@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -13,28 +14,59 @@ import (
 )
 
 // process closes one claimed batch. workCtx is cancelled only when the drain
-// timeout passes during shutdown; the batch itself runs under
-// StatementTimeout, which is below the lease, so the lease outlives the work.
+// timeout passes during shutdown. The batch runs under a deadline that ends
+// before its lease does (see batchBudget), so the lease outlives the work.
 func (c *Consumer) process(workCtx context.Context, items []item) {
 	defer c.m.Inflight.Sub(float64(len(items)))
-	ctx, cancel := context.WithTimeout(workCtx, c.cfg.StatementTimeout)
+	batch, stmt := c.batchBudget()
+	ctx, cancel := context.WithTimeout(workCtx, batch)
 	defer cancel()
 	if c.cfg.Process != nil {
 		c.processTasks(workCtx, ctx, items)
 		return
 	}
-	c.closeItems(workCtx, ctx, items)
+	c.closeItems(workCtx, ctx, stmt, dedupe(items))
 }
 
-// closeItems closes what it can of items and settles the rest. A permanent
-// error splits the batch in halves until the serial that causes it is alone,
-// so good orders are not held back by a bad one.
-func (c *Consumer) closeItems(workCtx, ctx context.Context, items []item) {
-	serials := serialsOf(items)
-	closed, err := c.store.Close(ctx, serials)
+// batchBudget returns how long a batch may run and how long the client
+// waits for one statement. The server cuts a statement at StatementTimeout
+// (orders.Store.SetTimeouts), so the client's own deadline is a backstop a
+// little later: a timeout is the server's answer, never a cancel that
+// leaves a commit in doubt. Both end before the lease does, with half the
+// gap between StatementTimeout and Lease to spare for the bookkeeping.
+func (c *Consumer) batchBudget() (batch, stmt time.Duration) {
+	slack := (c.cfg.Lease - c.cfg.StatementTimeout) / 2
+	if slack <= 0 {
+		return c.cfg.StatementTimeout, c.cfg.StatementTimeout
+	}
+	return c.cfg.StatementTimeout + slack, c.cfg.StatementTimeout + slack/2
+}
+
+// dedupe keeps the first item of each serial: one statement never works on
+// a serial twice, and each closed order is counted once.
+func dedupe(items []item) []item {
+	seen := make(map[string]struct{}, len(items))
+	out := items[:0:0]
+	for _, it := range items {
+		if _, ok := seen[it.serial]; !ok {
+			seen[it.serial] = struct{}{}
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// closeItems closes what it can of items and settles the rest. An error
+// about the data splits the batch in halves until the serial that causes it
+// is alone, so good orders are not held back by a bad one.
+func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
+	ctx, cancel := context.WithTimeout(batchCtx, stmt)
+	defer cancel()
+	fence, dropped := c.fence(items)
+	closed, err := c.store.Close(ctx, serialsOf(items), fence)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
-		c.failed(workCtx, ctx, items, err, "close")
+		c.failed(workCtx, batchCtx, stmt, items, err, "close")
 		return
 	}
 	c.m.SetUp(metrics.DepPostgres, true)
@@ -44,16 +76,25 @@ func (c *Consumer) closeItems(workCtx, ctx context.Context, items []item) {
 	for _, s := range closed {
 		isClosed[s] = struct{}{}
 	}
-	var done, rest []item
+	var done, rest, gone []item
 	for _, it := range items {
 		if _, ok := isClosed[it.serial]; ok {
 			done = append(done, it)
 			if !c.cfg.DryRun {
 				c.m.Lateness.Observe(committed.Sub(time.UnixMilli(it.deadline)).Seconds())
 			}
+		} else if _, ok := dropped[it.serial]; ok {
+			gone = append(gone, it)
 		} else {
 			rest = append(rest, it)
 		}
+	}
+	if len(gone) > 0 {
+		// No longer this claim's: another replica or the producer's new
+		// entry has it. finish is a compare-and-set on the lease, so it
+		// only drops what is still ours, never the producer's entry.
+		c.log.Info("left orders a producer or another replica took over since the claim", zap.Int("orders", len(gone)))
+		c.finish(gone)
 	}
 	if c.cfg.DryRun {
 		c.m.DryRunWouldClose.Add(float64(len(done)))
@@ -65,27 +106,35 @@ func (c *Consumer) closeItems(workCtx, ctx context.Context, items []item) {
 	}
 
 	if len(rest) > 0 {
-		exists, err := c.store.Lookup(ctx, serialsOf(rest))
+		lctx, lcancel := context.WithTimeout(batchCtx, stmt)
+		found, err := c.store.Lookup(lctx, serialsOf(rest))
+		lcancel()
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
 			c.finish(done)
-			c.failed(workCtx, ctx, rest, err, "lookup")
+			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup")
 			return
 		}
-		found := make(map[string]struct{}, len(exists))
-		for _, s := range exists {
-			found[s] = struct{}{}
+		state := make(map[string]bool, len(found))
+		for _, f := range found {
+			state[f.Serial] = f.Pending
 		}
-		var missing []item
+		var missing, pending []item
+		settled := 0
 		for _, it := range rest {
-			if _, ok := found[it.serial]; ok {
-				done = append(done, it) // paid or closed already: settled
-			} else {
+			switch p, ok := state[it.serial]; {
+			case !ok:
 				missing = append(missing, it)
+			case p:
+				pending = append(pending, it)
+			default:
+				done = append(done, it) // paid or closed already: settled
+				settled++
 			}
 		}
-		c.m.Skipped.WithLabelValues(metrics.SkipSettled).Add(float64(len(rest) - len(missing)))
+		c.m.Skipped.WithLabelValues(metrics.SkipSettled).Add(float64(settled))
 		c.m.Skipped.WithLabelValues(metrics.SkipNotFound).Add(float64(len(missing)))
+		c.stillPending(pending)
 		c.notFound(missing)
 	}
 	c.finish(done)
@@ -93,17 +142,84 @@ func (c *Consumer) closeItems(workCtx, ctx context.Context, items []item) {
 		zap.Int("settled", len(done)-len(closed)), zap.Strings("closed_serials", closed))
 }
 
+// fence returns the check a close runs before it commits (fenceScript):
+// which of the serials it closed are no longer this claim's. Serials it
+// drops are recorded in the returned set. A dry run commits nothing and
+// needs no fence.
+func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
+	dropped := map[string]struct{}{}
+	if c.cfg.DryRun {
+		return nil, dropped
+	}
+	tokens := make(map[string]string, len(items))
+	for _, it := range items {
+		tokens[it.serial] = it.token
+	}
+	k := c.cfg.Keys
+	return func(ctx context.Context, closed []string) ([]string, error) {
+		byTok := map[string][]string{}
+		for _, s := range closed {
+			byTok[tokens[s]] = append(byTok[tokens[s]], s)
+		}
+		var drop []string
+		for tok, serials := range byTok {
+			args := append([]any{tok, c.cfg.CloseDelay.Milliseconds()}, anys(serials)...)
+			got, err := fenceScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease}, args...).StringSlice()
+			if err != nil {
+				return nil, err
+			}
+			drop = append(drop, got...)
+		}
+		for _, s := range drop {
+			dropped[s] = struct{}{}
+		}
+		return drop, nil
+	}, dropped
+}
+
+// stillPending retries orders whose row was pending after the close left it
+// alone: the producer committed after the close's snapshot (it enqueued
+// before its own commit). They are retried soon, spending no attempt;
+// they are never "settled".
+func (c *Consumer) stillPending(items []item) {
+	byAttempts := map[int][]item{}
+	for _, it := range items {
+		byAttempts[it.attempts] = append(byAttempts[it.attempts], it)
+	}
+	for a, group := range byAttempts {
+		c.retry(group, c.entryBackoff(min(a, 1)), false, "row still pending after the close (committed after it began)")
+	}
+}
+
 // failed handles a batch whose statement failed.
-func (c *Consumer) failed(workCtx, ctx context.Context, items []item, err error, stage string) {
+func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string) {
+	var fenceErr *orders.FenceError
 	switch {
 	case workCtx.Err() != nil:
 		// Shutdown ran out of drain time: nothing was committed that the
 		// SQL guard would not make harmless; give the claims back.
 		c.handBack(items)
-	case orders.Transient(err):
-		c.m.SetUp(metrics.DepPostgres, false)
+	case orders.RowLocked(err) && len(items) > 1:
+		// A row stayed locked past lock_timeout: find it, so the rest of
+		// the batch is not held back with it. No attempt is spent.
+		c.log.Warn("a row stayed locked; splitting the batch to isolate it", zap.String("stage", stage),
+			zap.Int("orders", len(items)), zap.Error(err))
+		c.split(workCtx, batchCtx, stmt, items)
+	case orders.RowLocked(err):
+		it := items[0]
+		if it.attempts+1 >= c.cfg.MaxAttempts {
+			c.log.Error("order row stays locked; dead-lettering it", zap.String("serial", it.serial), zap.Error(err))
+			c.bury(items, queue.ReasonCloseFailed, err.Error())
+			return
+		}
+		c.log.Warn("order row is locked; retrying it alone", zap.String("serial", it.serial), zap.Error(err))
+		c.retry(items, c.entryBackoff(it.attempts), true, err.Error())
+	case errors.As(err, &fenceErr) || orders.Transient(err):
+		if fenceErr == nil {
+			c.m.SetUp(metrics.DepPostgres, false)
+		}
 		d := c.pgBackoff()
-		c.log.Warn("database unavailable; batch will be retried", zap.String("stage", stage),
+		c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
 		c.retry(items, d, false, err.Error())
 		// Hold this worker for the backoff, so errors per second stay
@@ -118,14 +234,19 @@ func (c *Consumer) failed(workCtx, ctx context.Context, items []item, err error,
 	case len(items) > 1:
 		c.log.Warn("statement failed; splitting the batch to isolate the cause", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Error(err))
-		half := len(items) / 2
-		c.closeItems(workCtx, ctx, items[:half])
-		c.closeItems(workCtx, ctx, items[half:])
+		c.split(workCtx, batchCtx, stmt, items)
 	default:
 		c.log.Error("statement fails for this order; dead-lettering it", zap.String("stage", stage),
 			zap.String("serial", items[0].serial), zap.Error(err))
 		c.bury(items, queue.ReasonCloseFailed, err.Error())
 	}
+}
+
+// split closes the two halves of items one after the other.
+func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
+	half := len(items) / 2
+	c.closeItems(workCtx, batchCtx, stmt, items[:half])
+	c.closeItems(workCtx, batchCtx, stmt, items[half:])
 }
 
 // notFound backs off orders that have no row yet (the producer may have
@@ -228,17 +349,21 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	if spend {
 		sp = 1
 	}
-	// Wake the scanner for the retry if it sleeps longer than that.
-	select {
-	case c.wake <- time.Now().Add(delay).UnixMilli():
-	default:
-	}
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok, delay.Milliseconds(), sp, reason}, anys(serials)...)
-		if err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease}, args...).Err(); err != nil {
+		res, err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease}, args...).Int64Slice()
+		if err != nil || len(res) != 2 {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
+			continue
+		}
+		// Wake the scanner for the retry if it sleeps longer than that.
+		// The time is on Redis's clock; wake-ups carry producer deadlines,
+		// to which the scanner adds the close delay, so take it off here.
+		select {
+		case c.wake <- res[1] - c.cfg.CloseDelay.Milliseconds():
+		default:
 		}
 	}
 }

@@ -169,6 +169,8 @@ const slowClose = `SELECT s FROM unnest($1::text[]) s WHERE length(s) + (SELECT 
 
 func TestTransientErrorRetriesWithoutSpendingAnAttempt(t *testing.T) {
 	e := newEnv(t, orders.Statements{Close: slowClose})
+	// The server cuts the statement (57014): the answer is definite.
+	e.store.SetTimeouts(100*time.Millisecond, 25*time.Millisecond)
 	ctx := context.Background()
 	e.orders("slow", 1, time.Now())
 	e.enqueue([]string{"slow-00000"}, e.redisNow().Add(-time.Second))

@@ -42,3 +42,12 @@ func Transient(err error) bool {
 	var opErr *net.OpError
 	return errors.As(err, &opErr)
 }
+
+// RowLocked reports whether err is 55P03 lock_not_available: a row stayed
+// locked longer than lock_timeout. The database is fine; one row is held
+// (a payment in progress, a stuck transaction of the shop's), so the
+// consumer isolates that row instead of retrying its whole batch.
+func RowLocked(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && pqErr.Code == "55P03"
+}

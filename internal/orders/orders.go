@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -39,8 +40,11 @@ WHERE serial_no = ANY(ARRAY(
   AND status = 'pending'
 RETURNING serial_no`
 
-// DefaultLookupSQL returns the serials among $1 that have an order row.
-const DefaultLookupSQL = `SELECT serial_no FROM orders WHERE serial_no = ANY($1)`
+// DefaultLookupSQL returns each serial among $1 that has an order row, and
+// whether that row is still pending. A pending row the close left alone was
+// invisible to it (its producer committed after the close's snapshot) and
+// is retried; only a row that is no longer pending is settled.
+const DefaultLookupSQL = `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
 
 // DefaultOverdueSQL returns up to $2 pending orders whose deadline passed
 // more than $1 milliseconds ago, oldest first, locking them and skipping rows
@@ -54,7 +58,7 @@ FOR UPDATE SKIP LOCKED`
 // Statements are the three statements a Store runs.
 type Statements struct {
 	Close   string // $1 text[] -> serials closed
-	Lookup  string // $1 text[] -> serials that exist
+	Lookup  string // $1 text[] -> (serial, still pending) of the serials that exist
 	Overdue string // $1 bigint grace ms, $2 bigint limit -> serials
 }
 
@@ -67,6 +71,25 @@ func DefaultStatements() Statements {
 type Store struct {
 	db    *sqlx.DB
 	stmts Statements
+	// Server-side limits of a close transaction (SET LOCAL); zero: the
+	// session's. See SetTimeouts.
+	statementTimeout, lockTimeout time.Duration
+}
+
+// LockTimeoutFor is the lock_timeout used with a statement timeout: a
+// quarter of it (at least 10 ms), so a row held by someone else fails fast
+// with 55P03 and is isolated, while the batch still has time to finish.
+func LockTimeoutFor(statement time.Duration) time.Duration {
+	return max(statement/4, 10*time.Millisecond)
+}
+
+// SetTimeouts makes every close transaction set statement_timeout and
+// lock_timeout on the server (SET LOCAL), so a slow statement or a row lock
+// held too long is cut by PostgreSQL itself: the outcome is an error the
+// server reports (57014, 55P03) and nothing committed, never a client-side
+// cancel that leaves the commit in doubt. Call it before use.
+func (s *Store) SetTimeouts(statement, lock time.Duration) {
+	s.statementTimeout, s.lockTimeout = statement, lock
 }
 
 // NewStore returns a Store; empty statements take their defaults. Call
@@ -93,9 +116,92 @@ type Querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-// Close closes the pending orders among serials and returns those it closed.
-func (s *Store) Close(ctx context.Context, serials []string) ([]string, error) {
-	return s.CloseOn(ctx, s.db, serials)
+// Fence is asked, after the close statement ran and before its
+// transaction commits (the closed rows are locked then), which of the
+// serials it closed must not be closed after all: their queue entry is no
+// longer the caller's (another replica took it over, a producer moved its
+// deadline). An error means that could not be known: nothing commits.
+type Fence func(ctx context.Context, closed []string) (drop []string, err error)
+
+// FenceError wraps an error of a Fence: the close was rolled back because
+// the queue could not be asked, which says nothing about the orders.
+type FenceError struct{ Err error }
+
+func (e *FenceError) Error() string { return "close rolled back: queue check failed: " + e.Err.Error() }
+
+func (e *FenceError) Unwrap() error { return e.Err }
+
+// Close closes the pending orders among serials in one transaction and
+// returns those it closed. If fence is not nil it is called before COMMIT;
+// when it drops serials the transaction is rolled back and the close runs
+// again without them, so a dropped serial is never closed.
+func (s *Store) Close(ctx context.Context, serials []string, fence Fence) ([]string, error) {
+	return s.closeTx(ctx, serials, fence, "", false)
+}
+
+// closeTx is Close; outbox, if not empty, is the reason of the close events
+// recorded in the same transaction; dryRun rolls back instead of committing.
+func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outbox string, dryRun bool) ([]string, error) {
+	for {
+		closed, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun)
+		if err != nil || len(drop) == 0 {
+			return closed, err
+		}
+		dropped := make(map[string]struct{}, len(drop))
+		for _, d := range drop {
+			dropped[d] = struct{}{}
+		}
+		kept := serials[:0:0]
+		for _, sn := range serials {
+			if _, ok := dropped[sn]; !ok {
+				kept = append(kept, sn)
+			}
+		}
+		if len(kept) == len(serials) { // the fence dropped nothing we asked for
+			return nil, fmt.Errorf("close: fence dropped serials that were not closed: %q", drop)
+		}
+		if serials = kept; len(serials) == 0 {
+			return nil, nil
+		}
+	}
+}
+
+func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun bool) (closed, drop []string, err error) {
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Roll back even if ctx was cancelled meanwhile; after Commit a no-op.
+	defer tx.Rollback() //nolint:errcheck // nothing to keep
+	if s.statementTimeout > 0 || s.lockTimeout > 0 {
+		set := fmt.Sprintf("SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d",
+			s.statementTimeout.Milliseconds(), s.lockTimeout.Milliseconds())
+		if _, err := tx.ExecContext(ctx, set); err != nil {
+			return nil, nil, err
+		}
+	}
+	closed, err = s.CloseOn(ctx, tx, serials)
+	if err != nil {
+		return nil, nil, err
+	}
+	if dryRun {
+		return closed, nil, nil // rolled back by the deferred Rollback
+	}
+	if outbox != "" {
+		if err := RecordClosed(ctx, tx, closed, outbox); err != nil {
+			return nil, nil, err
+		}
+	}
+	if fence != nil && len(closed) > 0 {
+		drop, err := fence(ctx, closed)
+		if err != nil {
+			return nil, nil, &FenceError{Err: err}
+		}
+		if len(drop) > 0 {
+			return nil, drop, nil // rolled back; the caller retries without them
+		}
+	}
+	return closed, nil, tx.Commit()
 }
 
 // CloseOn is Close on q (a transaction, for the reconciler).
@@ -103,9 +209,33 @@ func (s *Store) CloseOn(ctx context.Context, q Querier, serials []string) ([]str
 	return querySerials(ctx, q, s.stmts.Close, len(serials), pq.Array(serials))
 }
 
-// Lookup returns the serials among serials that have an order row.
-func (s *Store) Lookup(ctx context.Context, serials []string) ([]string, error) {
-	return querySerials(ctx, s.db, s.stmts.Lookup, len(serials), pq.Array(serials))
+// Found is one row the lookup statement returned.
+type Found struct {
+	Serial  string
+	Pending bool // still pending: the close did not see it, not settled
+}
+
+// Lookup returns the serials among serials that have an order row, and
+// whether each is still pending.
+func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
+	rows, err := s.db.QueryContext(ctx, s.stmts.Lookup, pq.Array(serials))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]Found, 0, len(serials))
+	for rows.Next() {
+		var sn sql.NullString
+		var pending sql.NullBool
+		if err := rows.Scan(&sn, &pending); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadResult, err)
+		}
+		if !sn.Valid || !pending.Valid {
+			return nil, fmt.Errorf("%w: NULL serial or pending flag", ErrBadResult)
+		}
+		out = append(out, Found{Serial: sn.String, Pending: pending.Bool})
+	}
+	return out, rows.Err()
 }
 
 // Overdue returns up to limit pending orders whose deadline passed more than
@@ -147,10 +277,11 @@ func (s *Store) Verify(ctx context.Context) error {
 		name, setting, query string
 		params               []string
 		args                 []any
+		cols                 []colKind
 	}{
-		{"close", "ORDERDELAY_CLOSE_SQL", s.stmts.Close, []string{"text[]"}, []any{pq.Array([]string{})}},
-		{"lookup", "ORDERDELAY_LOOKUP_SQL", s.stmts.Lookup, []string{"text[]"}, []any{pq.Array([]string{})}},
-		{"overdue", "ORDERDELAY_OVERDUE_SQL", s.stmts.Overdue, []string{"bigint", "bigint"}, []any{int64(1 << 40), int64(0)}},
+		{"close", "ORDERDELAY_CLOSE_SQL", s.stmts.Close, []string{"text[]"}, []any{pq.Array([]string{})}, serialCol},
+		{"lookup", "ORDERDELAY_LOOKUP_SQL", s.stmts.Lookup, []string{"text[]"}, []any{pq.Array([]string{})}, lookupCols},
+		{"overdue", "ORDERDELAY_OVERDUE_SQL", s.stmts.Overdue, []string{"bigint", "bigint"}, []any{int64(1 << 40), int64(0)}, serialCol},
 	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -158,7 +289,7 @@ func (s *Store) Verify(ctx context.Context) error {
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only check; rollback is the point
 	for _, c := range checks {
-		if err := verifyOne(ctx, tx, c.query, c.params, c.args); err != nil {
+		if err := verifyOne(ctx, tx, c.query, c.params, c.args, c.cols); err != nil {
 			if Transient(err) {
 				return err // the database, not the statement: retried
 			}
@@ -180,7 +311,31 @@ func (e *StatementError) Error() string {
 
 func (e *StatementError) Unwrap() error { return e.Err }
 
-func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, args []any) error {
+// colKind is what a statement's result column must be.
+type colKind struct {
+	what  string   // for messages
+	types []string // DatabaseTypeName values accepted
+}
+
+var (
+	textCol    = colKind{"text", []string{"TEXT", "VARCHAR", "BPCHAR"}}
+	boolCol    = colKind{"boolean", []string{"BOOL"}}
+	serialCol  = []colKind{textCol}
+	lookupCols = []colKind{textCol, boolCol}
+)
+
+func describeCols(cols []colKind) string {
+	if len(cols) == 1 {
+		return "1 column (the serial, text)"
+	}
+	parts := make([]string, len(cols))
+	for i, c := range cols {
+		parts[i] = c.what
+	}
+	return fmt.Sprintf("%d columns (%s: the serial, then whether the order is still pending)", len(cols), strings.Join(parts, ", "))
+}
+
+func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, args []any, want []colKind) error {
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_verify"); err != nil {
 		return err
 	}
@@ -208,11 +363,13 @@ func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, 
 	if err != nil {
 		return err
 	}
-	if len(cols) != 1 {
-		return fmt.Errorf("returns %d columns, want 1 (the serial)", len(cols))
+	if len(cols) != len(want) {
+		return fmt.Errorf("returns %d columns, want %s", len(cols), describeCols(want))
 	}
-	if t := cols[0].DatabaseTypeName(); t != "TEXT" && t != "VARCHAR" && t != "BPCHAR" {
-		return fmt.Errorf("returns a column of type %s, want text", t)
+	for i, c := range cols {
+		if t := c.DatabaseTypeName(); !slices.Contains(want[i].types, t) {
+			return fmt.Errorf("returns a column %d of type %s, want %s", i+1, t, want[i].what)
+		}
 	}
 	_, err = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_verify")
 	return err
@@ -223,15 +380,10 @@ func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, 
 // changes nothing (side effects of a custom statement are rolled back too).
 type DryRun struct{ *Store }
 
-// Close reports which of serials the close statement would close.
-func (d DryRun) Close(ctx context.Context, serials []string) ([]string, error) {
-	tx, err := d.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	// Roll back even if ctx was cancelled meanwhile.
-	defer tx.Rollback() //nolint:errcheck // rolling back is the point
-	return d.CloseOn(ctx, tx, serials)
+// Close reports which of serials the close statement would close. Nothing
+// commits, so there is nothing to fence.
+func (d DryRun) Close(ctx context.Context, serials []string, _ Fence) ([]string, error) {
+	return d.closeTx(ctx, serials, nil, "", true)
 }
 
 // VerifyStatement checks that a task queue's statement takes `$1 text[]`
@@ -242,7 +394,7 @@ func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only check
-	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}); err != nil {
+	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}, serialCol); err != nil {
 		if Transient(err) {
 			return err
 		}
@@ -276,19 +428,8 @@ func RecordClosed(ctx context.Context, q Querier, serials []string, reason strin
 // order into the outbox, in the same transaction as the close.
 type WithOutbox struct{ *Store }
 
-// Close closes the pending orders among serials and records their events.
-func (o WithOutbox) Close(ctx context.Context, serials []string) ([]string, error) {
-	tx, err := o.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
-	closed, err := o.CloseOn(ctx, tx, serials)
-	if err != nil {
-		return nil, err
-	}
-	if err := RecordClosed(ctx, tx, closed, "timeout"); err != nil {
-		return nil, err
-	}
-	return closed, tx.Commit()
+// Close closes the pending orders among serials and records their events,
+// in one transaction, fenced as Store.Close.
+func (o WithOutbox) Close(ctx context.Context, serials []string, fence Fence) ([]string, error) {
+	return o.closeTx(ctx, serials, fence, "timeout", false)
 }

@@ -117,7 +117,7 @@ func TestCloseClosesOnlyPending(t *testing.T) {
 		order{"other", "pending", -time.Minute}, // not asked for
 	)
 	s := orders.NewStore(db, orders.Statements{})
-	got, err := s.Close(ctx, []string{"p1", "p2", "paid", "closed", "missing"})
+	got, err := s.Close(ctx, []string{"p1", "p2", "paid", "closed", "missing"}, nil)
 	if err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -139,7 +139,7 @@ func TestCloseClosesOnlyPending(t *testing.T) {
 	}
 
 	// A second close of the same serials closes nothing.
-	got, err = s.Close(ctx, []string{"p1", "p2", "paid", "closed", "missing"})
+	got, err = s.Close(ctx, []string{"p1", "p2", "paid", "closed", "missing"}, nil)
 	if err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
@@ -153,7 +153,7 @@ func TestCloseEmptyInput(t *testing.T) {
 	insert(t, db, order{"p1", "pending", -time.Minute})
 	s := orders.NewStore(db, orders.Statements{})
 	for _, in := range [][]string{nil, {}} {
-		got, err := s.Close(ctxT(t), in)
+		got, err := s.Close(ctxT(t), in, nil)
 		if err != nil || len(got) != 0 {
 			t.Errorf("Close(%#v) = %v, %v; want nothing, nil", in, got, err)
 		}
@@ -190,7 +190,7 @@ func TestClosePaidWhileWaiting(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		got, err := s.Close(ctx, []string{"race"})
+		got, err := s.Close(ctx, []string{"race"}, nil)
 		done <- result{got, err}
 	}()
 	waitBlockedBy(t, db, payPID)
@@ -228,7 +228,7 @@ func waitBlockedBy(t *testing.T, db *sqlx.DB, pid int) {
 	}
 }
 
-func TestLookupReturnsExistingOnly(t *testing.T) {
+func TestLookupReturnsExistingOnlyAndWhetherPending(t *testing.T) {
 	db, _ := testenv.Postgres(t)
 	insert(t, db,
 		order{"pending", "pending", time.Hour},
@@ -240,8 +240,69 @@ func TestLookupReturnsExistingOnly(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}
-	if want := []string{"closed", "paid", "pending"}; !slices.Equal(sorted(got), want) {
+	slices.SortFunc(got, func(a, b orders.Found) int { return strings.Compare(a.Serial, b.Serial) })
+	want := []orders.Found{{Serial: "closed"}, {Serial: "paid"}, {Serial: "pending", Pending: true}}
+	if !slices.Equal(got, want) {
 		t.Errorf("Lookup = %v, want %v", got, want)
+	}
+}
+
+// A close whose fence drops a serial is rolled back and redone without it:
+// the dropped serial stays pending, the others close.
+func TestCloseFenceDropsAreNeverCommitted(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	insert(t, db, order{"keep", "pending", -time.Hour}, order{"drop", "pending", -time.Hour})
+	s := orders.NewStore(db, orders.Statements{})
+	calls := 0
+	got, err := s.Close(ctxT(t), []string{"keep", "drop"}, func(_ context.Context, closed []string) ([]string, error) {
+		calls++
+		if slices.Contains(closed, "drop") {
+			return []string{"drop"}, nil
+		}
+		return nil, nil
+	})
+	if err != nil || !slices.Equal(got, []string{"keep"}) {
+		t.Fatalf("Close = %v, %v; want [keep]", got, err)
+	}
+	if calls != 2 {
+		t.Errorf("fence called %d times, want 2 (once per attempt)", calls)
+	}
+	if st := status(t, db, "drop"); st != "pending" {
+		t.Errorf("dropped serial is %s, want pending", st)
+	}
+	// A fence that cannot answer commits nothing.
+	insert(t, db, order{"unsure", "pending", -time.Hour})
+	_, err = s.Close(ctxT(t), []string{"unsure"}, func(context.Context, []string) ([]string, error) {
+		return nil, errors.New("redis: connection refused")
+	})
+	var fe *orders.FenceError
+	if !errors.As(err, &fe) {
+		t.Fatalf("Close with a failing fence = %v, want a *FenceError", err)
+	}
+	if st := status(t, db, "unsure"); st != "pending" {
+		t.Errorf("closed without an answer from the fence: %s", st)
+	}
+}
+
+// With SetTimeouts a close that waits on a row lock is cut by the server
+// (55P03), not by the client, so nothing is left in doubt.
+func TestCloseTimeoutsAreTheServers(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	insert(t, db, order{"held", "pending", -time.Hour})
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(`SELECT 1 FROM orders WHERE serial_no = 'held' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	s := orders.NewStore(db, orders.Statements{})
+	s.SetTimeouts(5*time.Second, 50*time.Millisecond)
+	_, err = s.Close(ctxT(t), []string{"held"}, nil)
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) || pqErr.Code != "55P03" {
+		t.Fatalf("close of a locked row = %v, want the server's 55P03", err)
 	}
 }
 
@@ -259,7 +320,9 @@ func TestVerify(t *testing.T) {
 	}{
 		{"defaults", orders.Statements{}, "", ""},
 		{"explicit defaults", orders.DefaultStatements(), "", ""},
-		{"varchar result is text enough", orders.Statements{Lookup: `SELECT serial_no::varchar FROM orders WHERE serial_no = ANY($1)`}, "", ""},
+		{"varchar result is text enough", orders.Statements{Lookup: `SELECT serial_no::varchar, true FROM orders WHERE serial_no = ANY($1)`}, "", ""},
+		{"lookup without the pending column", orders.Statements{Lookup: `SELECT serial_no FROM orders WHERE serial_no = ANY($1)`}, lookupSetting, "whether the order is still pending"},
+		{"lookup pending is text", orders.Statements{Lookup: `SELECT serial_no, status FROM orders WHERE serial_no = ANY($1)`}, lookupSetting, "want boolean"},
 		{"close syntax error", orders.Statements{Close: `UPDATE orders SET WHERE`}, closeSetting, "does not prepare"},
 		{"lookup syntax error", orders.Statements{Lookup: `SELEC serial_no FROM orders`}, lookupSetting, "does not prepare"},
 		{"unknown table", orders.Statements{Lookup: `SELECT serial_no FROM no_such_table WHERE serial_no = ANY($1)`}, lookupSetting, "does not prepare"},
@@ -269,7 +332,7 @@ func TestVerify(t *testing.T) {
 		{"overdue takes int", orders.Statements{Overdue: `SELECT serial_no FROM orders WHERE expires_at < now() - $1::int * interval '1 ms' LIMIT $2::bigint`}, overdueSetting, "parameters"},
 		{"close returns two columns", orders.Statements{Close: `UPDATE orders SET status = 'closed' WHERE serial_no = ANY($1) RETURNING serial_no, status`}, closeSetting, "2 columns"},
 		{"close returns nothing", orders.Statements{Close: `UPDATE orders SET status = 'closed' WHERE serial_no = ANY($1)`}, closeSetting, "0 columns"},
-		{"lookup returns an integer", orders.Statements{Lookup: `SELECT length(serial_no) FROM orders WHERE serial_no = ANY($1)`}, lookupSetting, "type INT4"},
+		{"lookup returns an integer", orders.Statements{Lookup: `SELECT length(serial_no), true FROM orders WHERE serial_no = ANY($1)`}, lookupSetting, "type INT4"},
 		{"overdue returns a timestamp", orders.Statements{Overdue: `SELECT expires_at FROM orders WHERE expires_at < now() - $1::bigint * interval '1 ms' LIMIT $2::bigint`}, overdueSetting, "type TIMESTAMPTZ"},
 	}
 	for _, tt := range tests {
@@ -303,7 +366,7 @@ func TestVerifyChangesNoData(t *testing.T) {
 	insert(t, db, order{"a", "pending", -time.Hour}, order{"b", "pending", -time.Hour})
 	s := orders.NewStore(db, orders.Statements{
 		Close:   `UPDATE orders SET status = 'closed' WHERE status = 'pending' OR serial_no = ANY($1) RETURNING serial_no`,
-		Lookup:  `DELETE FROM orders WHERE serial_no = 'b' OR serial_no = ANY($1) RETURNING serial_no`,
+		Lookup:  `DELETE FROM orders WHERE serial_no = 'b' OR serial_no = ANY($1) RETURNING serial_no, true`,
 		Overdue: `UPDATE orders SET status = 'paid' WHERE $1::bigint > 0 OR $2::bigint > 0 RETURNING serial_no`,
 	})
 	if err := s.Verify(ctxT(t)); err != nil {
@@ -435,7 +498,7 @@ func TestReconcilerPass(t *testing.T) {
 
 func TestStatementResultNULL(t *testing.T) {
 	db, _ := testenv.Postgres(t)
-	s := orders.NewStore(db, orders.Statements{Lookup: `SELECT NULL::text FROM unnest($1::text[])`})
+	s := orders.NewStore(db, orders.Statements{Lookup: `SELECT NULL::text, true FROM unnest($1::text[])`})
 	_, err := s.Lookup(ctxT(t), []string{"a"})
 	if !errors.Is(err, orders.ErrBadResult) {
 		t.Errorf("Lookup returning NULL: error = %v, want ErrBadResult", err)
