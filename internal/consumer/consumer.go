@@ -451,7 +451,7 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 		case <-head:
 			c.heartbeat()
 			head = time.After(jitter(c.cfg.HeadCheck))
-			vals, err := c.rdb.ZRangeWithScores(ctx, c.cfg.Keys.Queue, 0, 0).Result()
+			vals, err := c.head(ctx)
 			if err != nil && ctx.Err() == nil {
 				// Redis went away while the scanner slept: say so now,
 				// not at the next claim (at most one error per head check).

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -79,4 +80,20 @@ func (c *Consumer) peek(ctx context.Context, limit int) (claimResult, error) {
 	res.items = fresh
 	c.m.Inflight.Add(float64(len(res.items)))
 	return res, nil
+}
+
+// head reads the entry the idle head check compares with the next wake-up:
+// the head of the queue, or in a dry run the first entry after the peek
+// cursor. A dry run leaves what it read in the queue, so the plain head is
+// an entry already read; taking it for a new deadline would peek again on
+// every head check. Either way it is one command per check.
+func (c *Consumer) head(ctx context.Context) ([]redis.Z, error) {
+	if !c.cfg.DryRun || c.peekSeen == nil {
+		return c.rdb.ZRangeWithScores(ctx, c.cfg.Keys.Queue, 0, 0).Result()
+	}
+	return c.rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{
+		Key: c.cfg.Keys.Queue, ByScore: true,
+		Start: "(" + strconv.FormatInt(c.peekFrom, 10), Stop: "+inf",
+		Count: 1,
+	}).Result()
 }
