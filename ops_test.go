@@ -143,6 +143,12 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		w.zadd(serials, float64(queue.DeadlineMillis(past)))
+		// A dead letter past the default retention (168h): a dry run must
+		// leave it, like everything else in Redis.
+		ctx := context.Background()
+		oldDead := float64(time.Now().Add(-30 * 24 * time.Hour).UnixMilli())
+		w.rdb.ZAdd(ctx, w.keys.Dead, redis.Z{Score: oldDead, Member: "dead-old"})
+		w.rdb.HSet(ctx, w.keys.DeadInfo, "dead-old", "not_found|10|1|no order row")
 		d := w.start("ORDERDELAY_DRY_RUN=true", "ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=64")
 		waitFor(t, "dry run reports", 30*time.Second, func() bool {
 			m := d.metrics()
@@ -161,6 +167,12 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 			t.Errorf("orders_closed_total %v in a dry run", v)
 		}
 		d.stop()
+		if n, _ := w.rdb.ZCard(ctx, w.keys.Dead).Result(); n != 1 {
+			t.Errorf("%d dead letters after a dry run, want the 1 seeded: the janitor purged in a dry run", n)
+		}
+		if ok, _ := w.rdb.HExists(ctx, w.keys.DeadInfo, "dead-old").Result(); !ok {
+			t.Errorf("the dead letter's record was purged in a dry run")
+		}
 	})
 	t.Run("max close rate", func(t *testing.T) {
 		w := newWorld(t)

@@ -125,7 +125,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	}
 	if cfg.DryRun {
 		closer = orders.DryRun{Store: d.store}
-		log.Warn("dry run: the close statement runs in transactions that are rolled back; nothing is closed and the queue is left as it is")
+		log.Warn("dry run: the close statement runs in transactions that are rolled back; nothing is closed, the queue is left as it is, and the reconciler and the dead-letter janitor do not run")
 	}
 	cl, err := client.New(d.rdb, cfg.QueueKey, shardOpts(cfg)...)
 	if err != nil {
@@ -200,7 +200,11 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		if opts.started != nil {
 			spawn(func(ctx context.Context) { opts.started(ctx, d) })
 		}
-		spawn(d.janitor)
+		// A dry run changes nothing in Redis: no purge of dead letters,
+		// no reconciler, no event relay.
+		if !cfg.DryRun {
+			spawn(d.janitor)
+		}
 		if cfg.ReconcileInterval > 0 && !cfg.DryRun {
 			rec := consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Shards: allKeys[1:], Interval: cfg.ReconcileInterval,
 				Grace: cfg.ReconcileGrace, Outbox: cfg.CloseEvents}, d.rdb, d.store, d.m, log)
