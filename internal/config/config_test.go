@@ -111,7 +111,7 @@ func TestEnvApplies(t *testing.T) {
 		{"ORDERDELAY_BATCH_SIZE", "5000", func(c config.Config) (any, any) { return c.BatchSize, 5000 }},
 		{"ORDERDELAY_LEASE", "2m", func(c config.Config) (any, any) { return c.Lease, 2 * time.Minute }},
 		{"ORDERDELAY_STATEMENT_TIMEOUT", "3s", func(c config.Config) (any, any) { return c.StatementTimeout, 3 * time.Second }},
-		{"ORDERDELAY_DRAIN_TIMEOUT", "0s", func(c config.Config) (any, any) { return c.DrainTimeout, time.Duration(0) }},
+		{"ORDERDELAY_DRAIN_TIMEOUT", "1s", func(c config.Config) (any, any) { return c.DrainTimeout, time.Second }},
 		{"ORDERDELAY_MAX_ATTEMPTS", "3", func(c config.Config) (any, any) { return c.MaxAttempts, 3 }},
 		{"ORDERDELAY_BACKOFF_MAX", "30s", func(c config.Config) (any, any) { return c.BackoffMax, 30 * time.Second }},
 		{"ORDERDELAY_RECONCILE_INTERVAL", "0", func(c config.Config) (any, any) { return c.ReconcileInterval, time.Duration(0) }},
@@ -223,6 +223,8 @@ func TestBadValuesNameTheSetting(t *testing.T) {
 		{"ORDERDELAY_STATEMENT_TIMEOUT", "1ms", nil},
 		{"ORDERDELAY_STATEMENT_TIMEOUT", "10x", nil},
 		{"ORDERDELAY_DRAIN_TIMEOUT", "-1s", nil},
+		{"ORDERDELAY_DRAIN_TIMEOUT", "0", nil}, // was silently 20s
+		{"ORDERDELAY_DRAIN_TIMEOUT", "0s", nil},
 		{"ORDERDELAY_BACKOFF_MAX", "0s", nil},
 		{"ORDERDELAY_BACKOFF_MAX", "48h", nil},
 		{"ORDERDELAY_RECONCILE_INTERVAL", "-1m", nil},

@@ -31,14 +31,16 @@ const (
 	ActionPoll    = "poll"    // consumers poll due tasks under a lease and ack them
 )
 
-// Duration is a time.Duration written as "30s" in the file.
+// Duration is a time.Duration written as "30s" in the file. A written
+// duration is positive: the zero value means "not written" (the default
+// applies), so an explicit 0 is refused rather than silently replaced.
 type Duration time.Duration
 
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
-	if err != nil || v < 0 {
-		return fmt.Errorf("line %d: want a duration such as 30s or 5m, got %q", n.Line, n.Value)
+	if err != nil || v <= 0 {
+		return fmt.Errorf("line %d: want a positive duration such as 30s or 5m (leave the field out for its default), got %q", n.Line, n.Value)
 	}
 	*d = Duration(v)
 	return nil

@@ -22,6 +22,13 @@ func TestParseRefusesBadFiles(t *testing.T) {
 		{"webhook secret unset", "queues:\n  - {name: a, action: {type: webhook, url: 'http://x', secret_env: OD_UNSET_VAR}}\n", "secret_env"},
 		{"timeout over lease", "queues:\n  - {name: a, lease: 5s, action: {type: webhook, url: 'http://x', timeout: 5s, secret_env: OD_SECRET}}\n", "below the lease"},
 		{"bad duration", "queues:\n  - {name: a, lease: soon, action: {type: poll}}\n", "duration"},
+		// An explicit 0 is refused, never silently the default.
+		{"zero lease", "queues:\n  - {name: a, lease: 0s, action: {type: poll}}\n", "line 2"},
+		{"zero window", "queues:\n  - {name: a, window: 0s, durable: true, action: {type: sql, statement: x}}\n", "line 2"},
+		{"zero ack timeout", "queues:\n  - {name: a, action: {type: list, reliable: true, ack_timeout: 0s}}\n", "line 2"},
+		{"zero webhook timeout", "queues:\n  - {name: a, action: {type: webhook, url: 'http://x', timeout: 0s, secret_env: OD_SECRET}}\n", "line 2"},
+		{"zero retry initial", "queues:\n  - {name: a, action: {type: poll}, retry: {initial: 0s}}\n", "line 2"},
+		{"zero retry max", "queues:\n  - {name: a, action: {type: poll}, retry: {max: 0s}}\n", "line 2"},
 		{"short lease", "queues:\n  - {name: a, lease: 10ms, action: {type: poll}}\n", "lease"},
 		{"batch too big", "queues:\n  - {name: a, batch_size: 9999, action: {type: poll}}\n", "batch_size"},
 		{"bad retry", "queues:\n  - {name: a, action: {type: poll}, retry: {initial: 1m, max: 1s}}\n", "retry"},
