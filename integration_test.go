@@ -495,6 +495,10 @@ func TestIntegrationTwoReplicas(t *testing.T) {
 
 func TestIntegrationInvalidSettingsExit2(t *testing.T) {
 	w := newWorld(t)
+	noQueues := filepath.Join(t.TempDir(), "queues.yaml")
+	if err := os.WriteFile(noQueues, []byte("queues: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name    string
 		args    []string
@@ -506,6 +510,8 @@ func TestIntegrationInvalidSettingsExit2(t *testing.T) {
 		{"flag beats env and is checked", []string{"--batch-size", "0"}, []string{"ORDERDELAY_BATCH_SIZE=10"}, "--batch-size"},
 		{"statement timeout not below lease", nil, []string{"ORDERDELAY_STATEMENT_TIMEOUT=60s", "ORDERDELAY_LEASE=60s"}, "ORDERDELAY_STATEMENT_TIMEOUT"},
 		{"drain not below lease", nil, []string{"ORDERDELAY_DRAIN_TIMEOUT=2m"}, "ORDERDELAY_DRAIN_TIMEOUT"},
+		{"reminder queue with an empty queues file", nil,
+			[]string{"ORDERDELAY_QUEUES_FILE=" + noQueues, "ORDERDELAY_REMINDER_QUEUE=remind"}, "ORDERDELAY_REMINDER_QUEUE"},
 		{"bad redis url", nil, []string{"ORDERDELAY_REDIS_URL=http://u:hunter2hunter2@x"}, "ORDERDELAY_REDIS_URL"},
 		{"close statement with the wrong parameter type", nil,
 			[]string{"ORDERDELAY_CLOSE_SQL=SELECT serial_no FROM orders WHERE serial_no = ANY($1::int[]::text[]) AND $1::int[] IS NOT NULL"},

@@ -80,6 +80,22 @@ func loadQueues(cfg config.Config) (tasks.File, error) {
 	return f, nil
 }
 
+// reminderQueue is the queue of the file that ORDERDELAY_REMINDER_QUEUE
+// names; a name the file does not declare (an empty file included) is a
+// configuration error (exit 2). ok is false when no reminder queue is set.
+func reminderQueue(cfg config.Config, f tasks.File) (q tasks.Queue, ok bool, err error) {
+	if cfg.ReminderQueue == "" {
+		return q, false, nil
+	}
+	for _, q := range f.Queues {
+		if q.Name == cfg.ReminderQueue {
+			return q, true, nil
+		}
+	}
+	return q, false, usagef("ORDERDELAY_REMINDER_QUEUE: no queue %q in ORDERDELAY_QUEUES_FILE (%s declares %d queues)",
+		cfg.ReminderQueue, cfg.QueuesFile, len(f.Queues))
+}
+
 // liveness is how long the scan loop may be silent before /healthz fails.
 func liveness(cfg config.Config) time.Duration { return 3*cfg.ScanInterval + 30*time.Second }
 
@@ -95,6 +111,10 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		zap.Duration("scan_interval", cfg.ScanInterval), zap.Bool("api_auth", len(cfg.APITokens) > 0))
 	d := &daemon{cfg: cfg, log: log}
 	queuesFile, err := loadQueues(cfg)
+	if err != nil {
+		return err
+	}
+	reminders, withReminders, err := reminderQueue(cfg, queuesFile)
 	if err != nil {
 		return err
 	}
@@ -139,11 +159,8 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		}
 		log.Info("task queues", zap.Strings("queues", d.tasks.Names()))
 	}
-	if cfg.ReminderQueue != "" {
-		rq, ok := d.tasks.Queue(cfg.ReminderQueue)
-		if !ok {
-			return usagef("ORDERDELAY_REMINDER_QUEUE: no queue %q in ORDERDELAY_QUEUES_FILE", cfg.ReminderQueue)
-		}
+	if withReminders {
+		rq, _ := d.tasks.Queue(reminders.Name) // declared: checked above
 		d.prod.WithReminders(rq.Client, cfg.ReminderBefore)
 	}
 	d.cons = consumer.NewGroup(consumer.Config{
