@@ -106,7 +106,11 @@ func (p *Producer) Put(ctx context.Context, r Request) (client.Result, time.Time
 	if res == client.Created && p.m != nil {
 		p.m.Enqueued.Inc()
 	}
-	if p.reminders != nil && res != client.Unchanged {
+	// Unchanged too: a caller retrying after a failed reminder write finds
+	// the order entry already there, and the retry must still write the
+	// reminder. Writing it again is idempotent (same due time, same
+	// payload).
+	if p.reminders != nil {
 		if err := p.remind(ctx, r.Serial, at); err != nil {
 			return res, at, err
 		}
