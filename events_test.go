@@ -92,3 +92,32 @@ func TestRemindersFireBeforeTheDeadline(t *testing.T) {
 	}
 	d.stop()
 }
+
+// The CLI's enqueue and cancel go through the same producer as the API:
+// with a reminder queue configured they create and remove the reminder.
+func TestCLIEnqueueAndCancelKeepTheReminder(t *testing.T) {
+	tw := newTaskWorld(t, "queues:\n  - name: remind\n    key: PREFIX:remind\n    action: {type: stream}\n")
+	ctx := context.Background()
+	flags := []string{"--queue-key", tw.world.keys.Queue, "--queues-file", tw.file,
+		"--reminder-queue", "remind", "--reminder-before", "10m"}
+	tw.cli(append([]string{"enqueue", "CLI-1", "--after", "1h"}, flags...)...)
+	deadline, err := tw.rdb.ZScore(ctx, tw.world.keys.Queue, "CLI-1").Result()
+	if err != nil {
+		t.Fatalf("order entry: %v", err)
+	}
+	remind := tw.keys("remind")
+	due, err := tw.rdb.ZScore(ctx, remind.Queue, "CLI-1").Result()
+	if err != nil {
+		t.Fatalf("no reminder after `orderdelay enqueue`: %v", err)
+	}
+	if want := deadline - float64((10 * time.Minute).Milliseconds()); due != want {
+		t.Errorf("reminder due %v, want %v (10m before the deadline %v)", due, want, deadline)
+	}
+	tw.cli(append([]string{"cancel", "CLI-1"}, flags...)...)
+	if n, _ := tw.rdb.ZCard(ctx, remind.Queue).Result(); n != 0 {
+		t.Errorf("%d reminders left after `orderdelay cancel`", n)
+	}
+	if ok, _ := tw.rdb.HExists(ctx, remind.Payload, "CLI-1").Result(); ok {
+		t.Errorf("the reminder's payload survived `orderdelay cancel`")
+	}
+}

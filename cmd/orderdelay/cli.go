@@ -19,6 +19,7 @@ import (
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/producer"
+	"github.com/orderdelay/orderdelay/internal/tasks"
 )
 
 // cliTimeout bounds every CLI command's work.
@@ -40,8 +41,20 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	return nil
 }
 
-// withProducer runs f with a producer on the configured queue.
+// withProducer runs f with a producer on the configured queue, writing
+// reminders like the daemon's API when ORDERDELAY_REMINDER_QUEUE is set.
 func withProducer(ctx context.Context, cfg config.Config, f func(ctx context.Context, p *producer.Producer) error) error {
+	var queuesFile tasks.File
+	if cfg.ReminderQueue != "" {
+		var err error
+		if queuesFile, err = loadQueues(cfg); err != nil {
+			return err
+		}
+	}
+	reminders, withReminders, err := reminderQueue(cfg, queuesFile)
+	if err != nil {
+		return err
+	}
 	rdb, err := newRedis(cfg)
 	if err != nil {
 		return usageError{redactErr(err, cfg)}
@@ -51,9 +64,17 @@ func withProducer(ctx context.Context, cfg config.Config, f func(ctx context.Con
 	if err != nil {
 		return usageError{err}
 	}
+	p := producer.New(cl, nil, nil)
+	if withReminders {
+		rc, err := client.New(rdb, reminders.Key)
+		if err != nil {
+			return usageError{err}
+		}
+		p.WithReminders(rc, cfg.ReminderBefore)
+	}
 	ctx, cancel := context.WithTimeout(ctx, cliTimeout)
 	defer cancel()
-	return redactErr(f(ctx, producer.New(cl, nil, nil)), cfg)
+	return redactErr(f(ctx, p), cfg)
 }
 
 func cmdEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
