@@ -164,7 +164,8 @@ const maxPerCall = 1000
 //	KEYS[1] -> queue            KEYS[2] -> {queue}:lease
 //	KEYS[3] -> {queue}:inflight KEYS[4] -> {queue}:deadlines
 //	KEYS[5] -> {queue}:wake (channel)
-//	ARGV[1] -> mode: "nx" | "set" | "later"
+//	ARGV[1] -> mode: "nx" | "set" | "later" | "adopt" (nx that publishes
+//	           nothing: a sharded client moving an entry into its shard)
 //	ARGV[2k], ARGV[2k+1] -> serial, deadline (integer Unix ms), k = 1..n
 //
 // Returns a flat array: for each serial its result (0 unchanged, 1 created,
@@ -233,7 +234,7 @@ end
 for i = 1, #zadd, 1000 do
   redis.call('ZADD', KEYS[1], unpack(zadd, i, math.min(i + 999, #zadd)))
 end
-if earliest ~= nil and (headScore == nil or earliest < headScore) then
+if mode ~= 'adopt' and earliest ~= nil and (headScore == nil or earliest < headScore) then
   redis.call('PUBLISH', KEYS[5], earliest)
 end
 return out

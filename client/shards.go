@@ -53,6 +53,13 @@ func (c *Client) keysFor(serial string) queue.Keys {
 // shard gets it (if it has no entry of its own), then the queue key's
 // entry and lease record are removed. In between both hold it, which is
 // harmless (the close statement decides); the reverse order could lose it.
+//
+// The move publishes no wake-up: it is the first half of a reschedule, and
+// waking the shard's scanner for the deadline being replaced, before the
+// new one has landed, sends it after a deadline that no longer holds. The
+// reschedule's own write publishes the new deadline when it is earlier than
+// the shard's head; if that write fails, the entry keeps its old deadline
+// in the shard and the head check finds it as it would in the queue key.
 func (c *Client) adopt(ctx context.Context, items []Item) error {
 	base := c.keys
 	scores := make([]*redis.FloatCmd, len(items))
@@ -89,7 +96,7 @@ func (c *Client) adopt(ctx context.Context, items []Item) error {
 		}
 		k := c.keysFor(it.Serial)
 		if err := enqueueScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake},
-			Create.arg(), it.Serial, cur).Err(); err != nil {
+			"adopt", it.Serial, cur).Err(); err != nil {
 			return fmt.Errorf("move %q to %s: %w", it.Serial, k.Queue, err)
 		}
 		if _, err := c.cancel(ctx, base, it.Serial); err != nil {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -203,5 +204,56 @@ func TestShardedClientFindsTheQueueKey(t *testing.T) {
 		if err := rdb.ZScore(ctx, k, "pre-queued").Err(); !errors.Is(err, redis.Nil) {
 			t.Errorf("Cancel left pre-queued in %s (%v), want it gone from both", k, err)
 		}
+	}
+}
+
+// Moving a queue-key entry into its shard for a Reschedule must not wake
+// the shard's scanner for the old deadline: until the reschedule has
+// landed the daemon would take that wake-up (and a claim) for a deadline
+// that no longer holds. Only the written deadline is published, and only
+// when it is earlier than the shard's head, as for any enqueue.
+func TestShardedRescheduleWakesOnlyForTheNewDeadline(t *testing.T) {
+	c, rdb, keys := newSharded(t, 4)
+	ctx := ctxT(t)
+	old := time.Now().Add(time.Minute).Truncate(time.Millisecond)
+	// wakeUps reschedules serial (queued in the queue key at old) to
+	// deadline and returns what its shard's wake channel carried.
+	wakeUps := func(serial string, deadline time.Time) []string {
+		t.Helper()
+		if err := rdb.ZAdd(ctx, keys.Queue, redis.Z{Score: float64(old.UnixMilli()), Member: serial}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		wake := queue.NewKeys(queue.KeyFor(keys.Queue, serial, 4)).Wake
+		ps := rdb.Subscribe(ctx, wake)
+		defer ps.Close()
+		if _, err := ps.Receive(ctx); err != nil { // the subscription is in place
+			t.Fatal(err)
+		}
+		if res, at, err := c.Enqueue(ctx, serial, deadline, client.Reschedule); err != nil || res != client.Moved || !at.Equal(deadline) {
+			t.Fatalf("Reschedule %s: %s at %s (%v), want moved to %s", serial, res, at, err, deadline)
+		}
+		// A marker published after the call: every wake-up the call sent
+		// arrives before it.
+		if err := rdb.Publish(ctx, wake, "marker").Err(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for ch := ps.Channel(); ; {
+			msg := <-ch
+			if msg.Payload == "marker" {
+				return got
+			}
+			got = append(got, msg.Payload)
+		}
+	}
+	ms := func(d time.Time) string { return fmt.Sprint(d.UnixMilli()) }
+
+	earlier := old.Add(-30 * time.Second)
+	if got := wakeUps("adopt-earlier", earlier); !slices.Equal(got, []string{ms(earlier)}) {
+		t.Errorf("rescheduled earlier: wake-ups %v, want only the new deadline %s (old %s)", got, ms(earlier), ms(old))
+	}
+	later := old.Add(time.Hour)
+	if got := wakeUps("adopt-later", later); slices.Contains(got, ms(old)) {
+		t.Errorf("rescheduled later: wake-ups %v include the old deadline %s", got, ms(old))
 	}
 }
