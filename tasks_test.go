@@ -383,3 +383,31 @@ func TestTaskQueuesFileErrorsExit2AndOrdersStillClose(t *testing.T) {
 	waitFor(t, "orders closed", 30*time.Second, func() bool { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 100 })
 	d.stop()
 }
+
+// A dry run changes nothing in Redis: the task queues are not served
+// either (their actions would forward, call webhooks and run SQL for real).
+func TestDryRunLeavesTaskQueuesAlone(t *testing.T) {
+	tw := newTaskWorld(t, "queues:\n  - name: events\n    key: PREFIX:events\n    action: {type: stream}\n")
+	ctx := context.Background()
+	ek := tw.keys("events")
+	tc, err := client.New(tw.rdb, ek.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tc.PutTask(ctx, "ev-due", json.RawMessage(`{"n":1}`), time.Now().Add(-time.Second), client.Create); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Minute)
+	tw.zadd(tw.createOrders("dry", 1, past), float64(queue.DeadlineMillis(past)))
+	d := tw.start("ORDERDELAY_DRY_RUN=true")
+	waitFor(t, "dry run reports the order", 30*time.Second, func() bool {
+		return d.metrics()["orderdelay_dry_run_would_close_total"] == 1
+	})
+	d.stop()
+	if n, _ := tw.rdb.XLen(ctx, ek.Stream).Result(); n != 0 {
+		t.Errorf("%d messages forwarded to the task stream in a dry run", n)
+	}
+	if _, err := tw.rdb.ZScore(ctx, ek.Queue, "ev-due").Result(); err != nil {
+		t.Errorf("the due task left its queue in a dry run: %v", err)
+	}
+}

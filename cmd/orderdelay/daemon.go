@@ -145,7 +145,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	}
 	if cfg.DryRun {
 		closer = orders.DryRun{Store: d.store}
-		log.Warn("dry run: the close statement runs in transactions that are rolled back; nothing is closed, the queue is left as it is, and the reconciler and the dead-letter janitor do not run")
+		log.Warn("dry run: the close statement runs in transactions that are rolled back; nothing is closed, the queue is left as it is, and the reconciler, the dead-letter janitor and the task queues do not run")
 	}
 	cl, err := client.New(d.rdb, cfg.QueueKey, shardOpts(cfg)...)
 	if err != nil {
@@ -218,7 +218,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 			spawn(func(ctx context.Context) { opts.started(ctx, d) })
 		}
 		// A dry run changes nothing in Redis: no purge of dead letters,
-		// no reconciler, no event relay.
+		// no reconciler, no event relay, no task queue served.
 		if !cfg.DryRun {
 			spawn(d.janitor)
 		}
@@ -232,7 +232,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 				Log: log, Relayed: d.m.EventsRelayed}
 			spawn(r.Run)
 		}
-		if d.tasks != nil {
+		if d.tasks != nil && !cfg.DryRun {
 			spawn(d.tasks.Run) // each queue drains and hands back like the order queue
 		}
 		// Steps 2-4: stop claiming, finish in-flight batches within the

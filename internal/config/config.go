@@ -157,7 +157,7 @@ var Settings = []Setting{
 			c.AdminTokens = toks
 			return err
 		}},
-	{Env: "ORDERDELAY_DRY_RUN", Default: "false", Help: "run everything except the close: the close statement runs in a transaction that is rolled back, and what it would have closed is logged and counted; the queue and the dead letters are left as they are",
+	{Env: "ORDERDELAY_DRY_RUN", Default: "false", Help: "run everything except the close: the close statement runs in a transaction that is rolled back, and what it would have closed is logged and counted; the queue and the dead letters are left as they are, and task queues are not served",
 		set: func(c *Config, v string) error {
 			b, err := strconv.ParseBool(v)
 			if err != nil {
