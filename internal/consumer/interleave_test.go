@@ -236,3 +236,24 @@ func TestLockedRowIsIsolatedFromItsBatch(t *testing.T) {
 		t.Fatalf("after the lock went: %s, want closed", st)
 	}
 }
+
+// Item 8, the gauges: a serial leased and re-added by a raw producer an hour
+// ahead is one entry, not overdue (the producer's deadline counts).
+func TestStatsCountASerialInBothKeysOnce(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	now := e.redisNow()
+	e.enqueue([]string{"both-1"}, now.Add(-time.Minute))
+	c := e.consumer(Config{})
+	if res, err := c.claimBatch(ctx); err != nil || len(res.items) != 1 {
+		t.Fatalf("claim: %v", err)
+	}
+	e.enqueue([]string{"both-1"}, now.Add(time.Hour))
+	st, err := ReadStats(ctx, e.rdb, e.keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Depth != 1 || st.Overdue != 0 {
+		t.Fatalf("stats %+v, want depth 1 and overdue 0", st)
+	}
+}

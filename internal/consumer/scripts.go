@@ -386,17 +386,40 @@ return #mine
 `)
 
 // statsScript reads the queue gauges in one consistent step, on Redis's
-// clock. All reads are O(log n).
+// clock. The reads are O(log n), plus O(k) in the entries leased or
+// backing off when there are at most 2000 of them.
 //
 //	KEYS[1] -> queue KEYS[2] -> {queue}:inflight KEYS[3] -> {queue}:deadlines
 //	KEYS[4] -> {queue}:dead
+//
+// A serial a producer wrote into the queue key while it was leased or
+// backing off sits in both keys until the claim drops the stale companion;
+// it is counted once, at the queue key's deadline (the producer's). Beyond
+// 2000 companions (a long database outage) that correction is skipped and
+// such serials may count twice.
 //
 // Returns {now, depth, overdue, oldest deadline or -1, dead depth,
 // next deadline or -1}.
 var statsScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
-local depth = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[3], '-inf', now)
+local held = redis.call('ZCARD', KEYS[2])
+local both, bothOverdue = 0, 0
+if held > 0 and held <= 2000 then
+  local ms = redis.call('ZRANGE', KEYS[2], 0, -1)
+  for i = 1, #ms, 500 do
+    local last = math.min(i + 499, #ms)
+    local qs = redis.call('ZMSCORE', KEYS[1], unpack(ms, i, last))
+    local ds = redis.call('ZMSCORE', KEYS[3], unpack(ms, i, last))
+    for j = 1, #qs do
+      if qs[j] then
+        both = both + 1
+        if ds[j] and tonumber(ds[j]) <= now then bothOverdue = bothOverdue + 1 end
+      end
+    end
+  end
+end
+local depth = redis.call('ZCARD', KEYS[1]) + held - both
+local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[3], '-inf', now) - bothOverdue
 local oldest = -1
 local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if h[2] then oldest = tonumber(h[2]) end
