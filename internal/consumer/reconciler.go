@@ -90,7 +90,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce does one pass and returns how many orders it closed.
+// RunOnce does one pass and returns how many orders it closed. A pass walks
+// the overdue orders by keyset, in (deadline, serial) order, each page
+// starting after the last row of the one before, so overdue orders that are
+// legitimately still in Redis (a backlog, a reschedule that did not move the
+// row's deadline) never hide the lost ones behind them. At most
+// maxPagesPerRun pages; the next pass starts from the beginning again.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	// A pause means nobody is closed (the payment provider is down, say):
 	// the safety net waits too.
@@ -101,20 +106,24 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	total := 0
+	var cur orders.Cursor
 	for range maxPagesPerRun {
-		n, more, err := r.page(ctx)
+		n, next, more, err := r.page(ctx, cur)
 		total += n
 		if err != nil || !more {
 			return total, err
 		}
+		cur = next
 	}
 	return total, nil
 }
 
-func (r *Reconciler) page(ctx context.Context) (closed int, more bool, err error) {
+// page reconciles the page of overdue orders after cur, in one transaction,
+// and returns how many it closed and where the next page starts.
+func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, next orders.Cursor, more bool, err error) {
 	tx, err := r.store.DB().BeginTxx(ctx, nil)
 	if err != nil {
-		return 0, false, fmt.Errorf("reconcile: %w", err)
+		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 	}
 	defer func() {
 		if err != nil || closed == 0 {
@@ -123,41 +132,48 @@ func (r *Reconciler) page(ctx context.Context) (closed int, more bool, err error
 	}()
 	var got bool
 	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", r.lock).Scan(&got); err != nil {
-		return 0, false, fmt.Errorf("reconcile lock: %w", err)
+		return 0, cur, false, fmt.Errorf("reconcile lock: %w", err)
 	}
 	if !got {
-		return 0, false, nil // another replica is reconciling
+		return 0, cur, false, nil // another replica is reconciling
 	}
-	serials, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(r.cfg.PageSize))
+	rows, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(r.cfg.PageSize), cur)
 	if err != nil {
-		return 0, false, fmt.Errorf("reconcile overdue: %w", err)
+		return 0, cur, false, fmt.Errorf("reconcile overdue: %w", err)
 	}
-	if len(serials) == 0 {
-		return 0, false, nil
+	if len(rows) == 0 {
+		return 0, cur, false, nil
+	}
+	last := rows[len(rows)-1]
+	next = orders.Cursor{ExpiresAt: last.ExpiresAt, Serial: last.Serial}
+	more = len(rows) == r.cfg.PageSize
+	serials := make([]string, len(rows))
+	for i, o := range rows {
+		serials[i] = o.Serial
 	}
 	lost, err := r.missing(ctx, serials)
 	if err != nil {
-		return 0, false, err
+		return 0, cur, false, err
 	}
 	if len(lost) > 0 {
 		done, err := r.store.CloseOn(ctx, tx, lost)
 		if err != nil {
-			return 0, false, fmt.Errorf("reconcile close: %w", err)
+			return 0, cur, false, fmt.Errorf("reconcile close: %w", err)
 		}
 		closed = len(done)
 		if r.cfg.Outbox {
 			if err := orders.RecordClosed(ctx, tx, done, "reconciled"); err != nil {
-				return 0, false, err
+				return 0, cur, false, err
 			}
 		}
 		if closed > 0 {
 			if err := tx.Commit(); err != nil {
-				return 0, false, fmt.Errorf("reconcile commit: %w", err)
+				return 0, cur, false, fmt.Errorf("reconcile commit: %w", err)
 			}
 			r.m.Reconciled.Add(float64(closed))
 		}
 	}
-	return closed, len(serials) == r.cfg.PageSize, nil
+	return closed, next, more, nil
 }
 
 // missing returns the serials that are nowhere in the queue's keys (the

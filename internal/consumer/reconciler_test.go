@@ -88,3 +88,30 @@ func TestReconcilerWaitsWhileClosingIsPaused(t *testing.T) {
 		t.Fatalf("closed %d (%v) after resume, want %d", n, err, len(lost))
 	}
 }
+
+// Issue 11 item 4: more than a page of older overdue orders still
+// legitimately queued must not hide a lost order behind them: pages follow
+// each other by keyset within a pass.
+func TestReconcilerPagesPastOrdersStillQueued(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	older := time.Now().Add(-2 * time.Hour)
+	queued := e.orders("queued", 12, older) // same deadline: ties need the serial to page
+	e.enqueue(queued, older)
+	lost := e.orders("lost", 1, time.Now().Add(-time.Hour))
+	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 5},
+		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	n, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || e.status(lost[0]) != "closed" {
+		t.Fatalf("one pass closed %d, lost order is %s; want it closed behind %d queued orders (page size 5)", n, e.status(lost[0]), len(queued))
+	}
+	for _, s := range queued {
+		if st := e.status(s); st != "pending" {
+			t.Fatalf("%s is %s, but it is still queued", s, st)
+		}
+	}
+}
+

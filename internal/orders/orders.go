@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -43,19 +44,32 @@ RETURNING serial_no`
 const DefaultLookupSQL = `SELECT serial_no FROM orders WHERE serial_no = ANY($1)`
 
 // DefaultOverdueSQL returns up to $2 pending orders whose deadline passed
-// more than $1 milliseconds ago, oldest first, locking them and skipping rows
-// someone else holds (a payment in progress is never waited for).
-const DefaultOverdueSQL = `SELECT serial_no FROM orders
+// more than $1 milliseconds ago, in (deadline, serial) order, starting after
+// the cursor ($3 deadline, $4 serial: the last row of the previous page;
+// '-infinity' and '' for the first), with their deadlines. It locks them and
+// skips rows someone else holds (a payment in progress is never waited for).
+// The row comparison runs on the partial index on pending expires_at (its
+// leading column bounds the scan), and the serial breaks ties among orders
+// with the same deadline, so a page never repeats or misses one.
+const DefaultOverdueSQL = `SELECT serial_no, expires_at FROM orders
 WHERE status = 'pending' AND expires_at < now() - $1::bigint * interval '1 millisecond'
-ORDER BY expires_at
+  AND (expires_at, serial_no) > ($3::timestamptz, $4::text)
+ORDER BY expires_at, serial_no
 LIMIT $2::bigint
 FOR UPDATE SKIP LOCKED`
+
+// OverdueParams and OverdueColumns are the overdue statement's contract,
+// as Verify reports it.
+const (
+	OverdueParams  = "$1 bigint grace ms, $2 bigint limit, $3 timestamptz and $4 text: the deadline and serial of the previous page's last row ('-infinity' and '' for the first page)"
+	OverdueColumns = "serial (text), deadline (timestamptz), ordered by deadline then serial, only rows after ($3, $4)"
+)
 
 // Statements are the three statements a Store runs.
 type Statements struct {
 	Close   string // $1 text[] -> serials closed
 	Lookup  string // $1 text[] -> serials that exist
-	Overdue string // $1 bigint grace ms, $2 bigint limit -> serials
+	Overdue string // $1 bigint grace ms, $2 bigint limit, $3 timestamptz, $4 text cursor -> serials, deadlines
 }
 
 // DefaultStatements returns the statements for the reference schema.
@@ -108,14 +122,49 @@ func (s *Store) Lookup(ctx context.Context, serials []string) ([]string, error) 
 	return querySerials(ctx, s.db, s.stmts.Lookup, len(serials), pq.Array(serials))
 }
 
-// Overdue returns up to limit pending orders whose deadline passed more than
-// graceMillis ago, locked in tx until it ends.
-func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int64) ([]string, error) {
-	return querySerials(ctx, tx, s.stmts.Overdue, int(limit), graceMillis, limit)
+// Cursor is where a page of overdue orders starts: after the order with
+// this deadline and serial. The zero Cursor starts at the beginning.
+type Cursor struct {
+	ExpiresAt time.Time
+	Serial    string
 }
 
-// ErrBadResult is wrapped when a statement returns something other than one
-// non-NULL text column.
+// OverdueOrder is a row of the overdue statement.
+type OverdueOrder struct {
+	Serial    string
+	ExpiresAt time.Time
+}
+
+// Overdue returns up to limit pending orders whose deadline passed more than
+// graceMillis ago, after the cursor, in (deadline, serial) order, locked in
+// tx until it ends. The next page starts after the last one returned.
+func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int64, after Cursor) ([]OverdueOrder, error) {
+	var at any = "-infinity"
+	if !after.ExpiresAt.IsZero() {
+		at = after.ExpiresAt
+	}
+	rows, err := tx.QueryContext(ctx, s.stmts.Overdue, graceMillis, limit, at, after.Serial)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]OverdueOrder, 0, limit)
+	for rows.Next() {
+		var serial sql.NullString
+		var at sql.NullTime
+		if err := rows.Scan(&serial, &at); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadResult, err)
+		}
+		if !serial.Valid || !at.Valid {
+			return nil, fmt.Errorf("%w: NULL serial or deadline", ErrBadResult)
+		}
+		out = append(out, OverdueOrder{Serial: serial.String, ExpiresAt: at.Time})
+	}
+	return out, rows.Err()
+}
+
+// ErrBadResult is wrapped when a statement returns something other than the
+// non-NULL columns it must.
 var ErrBadResult = errors.New("statement result")
 
 func querySerials(ctx context.Context, q Querier, query string, sizeHint int, args ...any) ([]string, error) {
@@ -139,18 +188,24 @@ func querySerials(ctx context.Context, q Querier, query string, sizeHint int, ar
 }
 
 // Verify checks that each statement prepares, takes the parameter types it
-// must and returns one text column, without changing any data: it runs them
-// with empty input inside a transaction it rolls back. A misconfigured
+// must and returns the columns it must (one text column; the overdue
+// statement a text and a timestamptz), without changing any data: it runs
+// them with empty input inside a transaction it rolls back. A misconfigured
 // statement is a configuration error.
 func (s *Store) Verify(ctx context.Context) error {
 	checks := []struct {
 		name, setting, query string
 		params               []string
 		args                 []any
+		cols                 []column
+		hint                 string
 	}{
-		{"close", "ORDERDELAY_CLOSE_SQL", s.stmts.Close, []string{"text[]"}, []any{pq.Array([]string{})}},
-		{"lookup", "ORDERDELAY_LOOKUP_SQL", s.stmts.Lookup, []string{"text[]"}, []any{pq.Array([]string{})}},
-		{"overdue", "ORDERDELAY_OVERDUE_SQL", s.stmts.Overdue, []string{"bigint", "bigint"}, []any{int64(1 << 40), int64(0)}},
+		{"close", "ORDERDELAY_CLOSE_SQL", s.stmts.Close, []string{"text[]"}, []any{pq.Array([]string{})}, serialColumn, ""},
+		{"lookup", "ORDERDELAY_LOOKUP_SQL", s.stmts.Lookup, []string{"text[]"}, []any{pq.Array([]string{})}, serialColumn, ""},
+		{"overdue", "ORDERDELAY_OVERDUE_SQL", s.stmts.Overdue, []string{"bigint", "bigint", "timestamp with time zone", "text"},
+			[]any{int64(1 << 40), int64(0), "-infinity", ""}, overdueColumns,
+			"the overdue statement pages by keyset: it takes " + OverdueParams + ", and returns " + OverdueColumns +
+				" (see README, Custom statements)"},
 	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -158,15 +213,31 @@ func (s *Store) Verify(ctx context.Context) error {
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only check; rollback is the point
 	for _, c := range checks {
-		if err := verifyOne(ctx, tx, c.query, c.params, c.args); err != nil {
+		if err := verifyOne(ctx, tx, c.query, c.params, c.args, c.cols); err != nil {
 			if Transient(err) {
 				return err // the database, not the statement: retried
+			}
+			if c.hint != "" {
+				err = fmt.Errorf("%w; %s", err, c.hint)
 			}
 			return &StatementError{Name: c.name, Setting: c.setting, Err: err}
 		}
 	}
 	return nil
 }
+
+// column is a result column a statement must return: what it is, and the
+// type names (database/sql's DatabaseTypeName) that are accepted for it.
+type column struct {
+	what  string
+	types []string
+}
+
+var (
+	textTypes      = []string{"TEXT", "VARCHAR", "BPCHAR"}
+	serialColumn   = []column{{"the serial", textTypes}}
+	overdueColumns = []column{{"the serial", textTypes}, {"the deadline", []string{"TIMESTAMPTZ"}}}
+)
 
 // StatementError says which configured statement failed verification.
 type StatementError struct {
@@ -180,7 +251,7 @@ func (e *StatementError) Error() string {
 
 func (e *StatementError) Unwrap() error { return e.Err }
 
-func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, args []any) error {
+func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, args []any, want []column) error {
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_verify"); err != nil {
 		return err
 	}
@@ -208,11 +279,17 @@ func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, 
 	if err != nil {
 		return err
 	}
-	if len(cols) != 1 {
-		return fmt.Errorf("returns %d columns, want 1 (the serial)", len(cols))
+	if len(cols) != len(want) {
+		what := make([]string, len(want))
+		for i, w := range want {
+			what[i] = w.what
+		}
+		return fmt.Errorf("returns %d columns, want %d (%s)", len(cols), len(want), strings.Join(what, ", "))
 	}
-	if t := cols[0].DatabaseTypeName(); t != "TEXT" && t != "VARCHAR" && t != "BPCHAR" {
-		return fmt.Errorf("returns a column of type %s, want text", t)
+	for i, w := range want {
+		if t := cols[i].DatabaseTypeName(); !slices.Contains(w.types, t) {
+			return fmt.Errorf("returns %s (column %d) of type %s, want %s", w.what, i+1, t, strings.ToLower(w.types[0]))
+		}
 	}
 	_, err = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_verify")
 	return err
@@ -242,7 +319,7 @@ func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only check
-	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}); err != nil {
+	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}, serialColumn); err != nil {
 		if Transient(err) {
 			return err
 		}
