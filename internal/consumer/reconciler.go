@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -47,6 +48,10 @@ type ReconcilerConfig struct {
 // (queued, leased or backing off) are skipped, so a long backlog or a
 // reschedule never triggers it. If Redis cannot be asked, the pass is
 // skipped: a rescheduled deadline lives only there.
+//
+// A pass pages by keyset, so orders still in Redis never hide the ones
+// behind them, and an order whose close fails on its own data is isolated
+// and skipped (closeIsolating), so one poisoned row never stops the rest.
 type Reconciler struct {
 	cfg   ReconcilerConfig
 	rdb   redis.Cmdable
@@ -156,7 +161,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		return 0, cur, false, err
 	}
 	if len(lost) > 0 {
-		done, err := r.store.CloseOn(ctx, tx, lost)
+		done, _, err := r.closeIsolating(ctx, tx, lost)
 		if err != nil {
 			return 0, cur, false, fmt.Errorf("reconcile close: %w", err)
 		}
@@ -174,6 +179,55 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		}
 	}
 	return closed, next, more, nil
+}
+
+// closeIsolating runs the close statement on serials inside tx, under a
+// savepoint. If it fails with an error about this data (a shop's trigger
+// refuses an order, a constraint, a bad value) it is rolled back to the
+// savepoint and the serials are split in halves, recursively, until the
+// failing order is alone: that one is skipped and reported (a Warn with its
+// serial and the error, errors_total{stage="reconcile"}), and every other
+// order is closed. The close is conditional on the order being pending, so
+// running it again on a half is safe. An error about the database
+// (orders.Transient) is returned as it is, with no bisection: the caller
+// rolls back and the pass ends.
+func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []string) (closed, poisoned []string, err error) {
+	if len(serials) == 0 {
+		return nil, nil, nil
+	}
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_close"); err != nil {
+		return nil, nil, err
+	}
+	done, err := r.store.CloseOn(ctx, tx, serials)
+	if err == nil {
+		_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close")
+		return done, nil, err
+	}
+	if orders.Transient(err) {
+		return nil, nil, err
+	}
+	if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
+		return nil, nil, fmt.Errorf("%w (after %w)", rerr, err)
+	}
+	if _, rerr := tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
+		return nil, nil, fmt.Errorf("%w (after %w)", rerr, err)
+	}
+	if len(serials) == 1 {
+		r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
+		r.log.Warn("reconcile: closing this order fails; skipped, the other lost orders are closed",
+			zap.String("serial", serials[0]), zap.Error(err))
+		return nil, serials, nil
+	}
+	half := len(serials) / 2
+	a, pa, err := r.closeIsolating(ctx, tx, serials[:half])
+	if err != nil {
+		return nil, nil, err
+	}
+	b, pb, err := r.closeIsolating(ctx, tx, serials[half:])
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(a, b...), append(pa, pb...), nil
 }
 
 // missing returns the serials that are nowhere in the queue's keys (the

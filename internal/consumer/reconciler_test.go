@@ -2,12 +2,18 @@ package consumer
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
 )
 
 func TestReconcilerClosesOnlyOrdersTheQueueLost(t *testing.T) {
@@ -112,6 +118,128 @@ func TestReconcilerPagesPastOrdersStillQueued(t *testing.T) {
 		if st := e.status(s); st != "pending" {
 			t.Fatalf("%s is %s, but it is still queued", s, st)
 		}
+	}
+}
+
+// poisonOrder makes the close of serial fail with an error about its data,
+// as a shop's trigger that refuses it would.
+func (e *env) poisonOrder(serial string) { e.failClose(serial, "P0001") }
+
+// failClose makes every close of serial raise SQLSTATE code; the sequence
+// close_failures counts the attempts (nextval survives the rollback).
+func (e *env) failClose(serial, code string) {
+	e.t.Helper()
+	_, err := e.db.Exec(`CREATE SEQUENCE close_failures;
+CREATE FUNCTION refuse_close() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'closed' AND NEW.serial_no = '` + serial + `' THEN
+    PERFORM nextval('close_failures');
+    RAISE EXCEPTION 'shop trigger: order % cannot be closed', NEW.serial_no USING ERRCODE = '` + code + `';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_close();`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// closeFailures is how many times a close of the failClose serial ran.
+func (e *env) closeFailures() int {
+	e.t.Helper()
+	var n int
+	if err := e.db.Get(&n, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM close_failures`); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// An error about the database, not the data (here a serialization failure
+// raised in the middle of the close), ends the pass: nothing is bisected,
+// skipped or reported as a bad order, and the next pass tries again.
+func TestReconcilerStopsThePassOnATransientError(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	lost := e.orders("lost", 20, time.Now().Add(-10*time.Minute))
+	e.failClose(lost[5], "40001")
+	core, logs := observer.New(zap.WarnLevel)
+	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 8}, e.rdb, e.store, e.m, zap.New(core))
+	n, err := r.RunOnce(ctx)
+	if err == nil || !orders.Transient(err) {
+		t.Fatalf("pass = %d, %v; want a transient error", n, err)
+	}
+	if n != 0 {
+		t.Errorf("closed %d before the failing page, want 0 (it is the first page)", n)
+	}
+	if k := e.closeFailures(); k != 1 {
+		t.Errorf("the failing close ran %d times, want 1 (no bisection on a transient error)", k)
+	}
+	if l := logs.FilterField(zap.String("serial", lost[5])).Len(); l != 0 {
+		t.Errorf("the order was reported as failing %d times, want 0: %v", l, logs.All())
+	}
+	if v := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile)); v != 0 {
+		t.Errorf(`errors_total{stage="reconcile"} = %v inside RunOnce, want 0 (Run counts the failed pass)`, v)
+	}
+	for _, s := range lost {
+		if st := e.status(s); st != "pending" {
+			t.Errorf("%s is %s after a pass that failed, want pending", s, st)
+		}
+	}
+}
+
+// Issue 11 item 3: one order whose close always fails (the oldest overdue
+// row, so in every first page) must not stop the reconciler: it is isolated,
+// skipped and reported, and every other lost order is closed.
+func TestReconcilerIsolatesAnOrderWhoseCloseFails(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	poison := e.orders("poison", 1, time.Now().Add(-time.Hour))[0]
+	lost := e.orders("lost", 20, time.Now().Add(-10*time.Minute))
+	e.poisonOrder(poison)
+	core, logs := observer.New(zap.WarnLevel)
+	// Pages of 8: the poison is in the first of three pages.
+	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 8}, e.rdb, e.store, e.m, zap.New(core))
+	n, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatalf("first pass: %v (one order's close failing must not fail the pass)", err)
+	}
+	if n != len(lost) {
+		t.Errorf("first pass closed %d orders, want %d", n, len(lost))
+	}
+	for _, s := range lost {
+		if st := e.status(s); st != "closed" {
+			t.Errorf("%s is %s after a pass, want closed", s, st)
+		}
+	}
+	if st := e.status(poison); st != "pending" {
+		t.Errorf("the poisoned order is %s, want pending", st)
+	}
+	reported := func() int {
+		k := 0
+		for _, l := range logs.FilterField(zap.String("serial", poison)).All() {
+			if l.Level == zap.WarnLevel && strings.Contains(fmt.Sprint(l.ContextMap()["error"]), "cannot be closed") {
+				k++
+			}
+		}
+		return k
+	}
+	if k := reported(); k != 1 {
+		t.Errorf("the poisoned order was reported %d times in the first pass, want 1 Warn with its serial and error; logs: %v", k, logs.All())
+	}
+	if v := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile)); v != 1 {
+		t.Errorf(`errors_total{stage="reconcile"} = %v after the first pass, want 1`, v)
+	}
+	// A later lost order is still reached by a later pass; the poison is
+	// reported again and stops nothing.
+	later := e.orders("later", 3, time.Now().Add(-6*time.Minute))
+	if n, err := r.RunOnce(ctx); err != nil || n != len(later) {
+		t.Fatalf("second pass closed %d (%v), want %d", n, err, len(later))
+	}
+	if k := reported(); k != 2 {
+		t.Errorf("the poisoned order was reported %d times after two passes, want 2", k)
+	}
+	if st := e.status(poison); st != "pending" {
+		t.Errorf("the poisoned order is %s, want pending", st)
 	}
 }
 
