@@ -46,8 +46,9 @@ const DefaultLookupSQL = `SELECT serial_no FROM orders WHERE serial_no = ANY($1)
 // DefaultOverdueSQL returns up to $2 pending orders whose deadline passed
 // more than $1 milliseconds ago, in (deadline, serial) order, starting after
 // the cursor ($3 deadline, $4 serial: the last row of the previous page;
-// '-infinity' and '' for the first), with their deadlines. It locks them and
-// skips rows someone else holds (a payment in progress is never waited for).
+// -infinity and the empty string for the first), with their deadlines. It
+// locks them and skips rows someone else holds (a payment in progress is
+// never waited for).
 // The row comparison runs on the partial index on pending expires_at (its
 // leading column bounds the scan), and the serial breaks ties among orders
 // with the same deadline, so a page never repeats or misses one.
