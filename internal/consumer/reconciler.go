@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -59,6 +60,10 @@ type Reconciler struct {
 	m     *metrics.Metrics
 	log   *zap.Logger
 	lock  int64
+
+	// afterClose, when set (tests only), runs after a page's close statement
+	// and before the fence, with the serials it closed.
+	afterClose func(closed []string)
 }
 
 // NewReconciler returns a Reconciler.
@@ -161,7 +166,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		return 0, cur, false, err
 	}
 	if len(lost) > 0 {
-		done, _, err := r.closeIsolating(ctx, tx, lost)
+		done, err := r.closeFenced(ctx, tx, lost)
 		if err != nil {
 			return 0, cur, false, fmt.Errorf("reconcile close: %w", err)
 		}
@@ -179,6 +184,51 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		}
 	}
 	return closed, next, more, nil
+}
+
+// closeFenced closes the lost orders in tx and returns those it closed,
+// none of which was back in Redis after the close statement ran. The
+// "missing" check happened before the close; a producer may have re-added a
+// serial since (a raw ZADD with a later deadline, a replica's lease), and its
+// order must not be closed. So the check is repeated once the close
+// statement has run, while its rows are locked and before the commit: if
+// any closed serial is now in a queue key or a lease hash, the page is rolled
+// back to its savepoint and closed again without it, until the fence finds
+// none. Each round drops at least one serial, so this ends.
+func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string) ([]string, error) {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_page"); err != nil {
+		return nil, err
+	}
+	for {
+		done, poisoned, err := r.closeIsolating(ctx, tx, lost)
+		if err != nil {
+			return nil, err
+		}
+		if r.afterClose != nil {
+			r.afterClose(done)
+		}
+		in, err := r.inQueue(ctx, done)
+		if err != nil {
+			return nil, err
+		}
+		var back []string
+		for i, s := range done {
+			if in[i] {
+				back = append(back, s)
+			}
+		}
+		if len(back) == 0 {
+			return done, nil
+		}
+		r.log.Info("reconcile: orders came back to the queue before the commit; left to the fast path",
+			zap.Int("orders", len(back)), zap.Strings("serials", back[:min(len(back), 10)]))
+		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_page"); err != nil {
+			return nil, err
+		}
+		lost = slices.DeleteFunc(lost, func(s string) bool {
+			return slices.Contains(back, s) || slices.Contains(poisoned, s)
+		})
+	}
 }
 
 // closeIsolating runs the close statement on serials inside tx, under a
@@ -230,9 +280,29 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 	return append(a, b...), append(pa, pb...), nil
 }
 
-// missing returns the serials that are nowhere in the queue's keys (the
-// queue key and every shard, in one pipeline).
+// missing returns the serials that are nowhere in the queue's keys.
 func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, error) {
+	in, err := r.inQueue(ctx, serials)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for i, s := range serials {
+		if !in[i] {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// inQueue reports, for each serial, whether it is in the queue key or the
+// lease hash (leased or backing off) of the queue or any shard, in one
+// pipeline.
+func (r *Reconciler) inQueue(ctx context.Context, serials []string) ([]bool, error) {
+	found := make([]bool, len(serials))
+	if len(serials) == 0 {
+		return found, nil
+	}
 	all := append([]queue.Keys{r.cfg.Keys}, r.cfg.Shards...)
 	scores := make([]*redis.FloatSliceCmd, len(all))
 	leased := make([]*redis.SliceCmd, len(all))
@@ -246,7 +316,6 @@ func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, e
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: check queue: %w", err)
 	}
-	found := make([]bool, len(serials))
 	for i := range all {
 		sc, ls := scores[i].Val(), leased[i].Val()
 		if len(sc) != len(serials) || len(ls) != len(serials) {
@@ -256,11 +325,5 @@ func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, e
 			found[j] = found[j] || sc[j] != 0 || ls[j] != nil
 		}
 	}
-	var out []string
-	for i, s := range serials {
-		if !found[i] {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return found, nil
 }

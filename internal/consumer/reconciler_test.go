@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -243,3 +244,67 @@ func TestReconcilerIsolatesAnOrderWhoseCloseFails(t *testing.T) {
 	}
 }
 
+// A producer that re-adds a serial after the reconciler's "missing" check
+// but before its commit keeps its order: the check is repeated after the
+// close statement ran (rows locked) and what came back — to the queue key,
+// a shard's queue key or a lease hash — is not closed; the rest is.
+func TestReconcilerFencesSerialsReaddedBeforeCommit(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	all := e.shardKeys(3)
+	longAgo := time.Now().Add(-time.Hour)
+	lost := e.orders("lost", 10, longAgo)
+	readded, leased, sharded := lost[3], lost[7], lost[8]
+	back := []string{readded, leased, sharded}
+	// A poisoned order in the same page is isolated once, not again when the
+	// page is closed a second time.
+	poison := lost[0]
+	e.poisonOrder(poison)
+	r := NewReconciler(ReconcilerConfig{Keys: all[0], Shards: all[1:], Grace: 5 * time.Minute},
+		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	hooked := 0
+	r.afterClose = func(closed []string) {
+		hooked++
+		if hooked > 1 {
+			return
+		}
+		// The checkout reschedules one an hour later (raw ZADD), another
+		// through a shard key; a replica leases a third.
+		later := time.Now().Add(time.Hour)
+		e.zadd(all[0].Queue, []string{readded}, later)
+		e.zadd(all[2].Queue, []string{sharded}, later)
+		if err := e.rdb.HSet(ctx, all[3].Lease, leased, "1|0|r:1|").Err(); err != nil {
+			t.Error(err)
+		}
+	}
+	n, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hooked != 2 {
+		t.Errorf("the close ran %d times, want 2 (once, then again without what came back)", hooked)
+	}
+	for _, s := range back {
+		if st := e.status(s); st != "pending" {
+			t.Errorf("%s is %s: it was back in Redis before the commit, want pending", s, st)
+		}
+	}
+	if st := e.status(poison); st != "pending" {
+		t.Errorf("the poisoned order is %s, want pending", st)
+	}
+	if v := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile)); v != 1 {
+		t.Errorf(`errors_total{stage="reconcile"} = %v, want 1 (isolated once, then left out)`, v)
+	}
+	want := len(lost) - len(back) - 1
+	if n != want {
+		t.Errorf("closed %d, want %d (all but the ones back in Redis and the poison)", n, want)
+	}
+	for _, s := range lost {
+		if s != poison && !slices.Contains(back, s) && e.status(s) != "closed" {
+			t.Errorf("%s is %s, want closed", s, e.status(s))
+		}
+	}
+	if v := testutil.ToFloat64(e.m.Reconciled); v != float64(want) {
+		t.Errorf("orders_reconciled_total %v, want %d", v, want)
+	}
+}
