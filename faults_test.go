@@ -421,6 +421,44 @@ func TestFaultPoisonInputNeverBlocksTheQueue(t *testing.T) {
 	}
 }
 
+// Issue 11 item 3, black-box: an order whose close always fails (a shop
+// trigger refuses it; the fast path has dead-lettered it, so it is in no
+// queue key) is the oldest overdue row, in every reconciler page. It must not
+// stop the reconciler: the 20 lost orders behind it are closed, and it is
+// reported.
+func TestFaultPoisonedOrderDoesNotStopTheReconciler(t *testing.T) {
+	w := newWorld(t)
+	poison := w.createOrders("poison", 1, time.Now().Add(-time.Hour))[0]
+	lost := w.createOrders("lost", 20, time.Now().Add(-10*time.Minute))
+	if _, err := w.db.Exec(`CREATE FUNCTION refuse_close() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'closed' AND NEW.serial_no = '` + poison + `' THEN
+    RAISE EXCEPTION 'shop trigger: order % cannot be closed', NEW.serial_no;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_close();`); err != nil {
+		t.Fatal(err)
+	}
+	d := w.start("ORDERDELAY_LEASE=1s", "ORDERDELAY_STATEMENT_TIMEOUT=500ms", "ORDERDELAY_DRAIN_TIMEOUT=500ms",
+		"ORDERDELAY_RECONCILE_INTERVAL=500ms", "ORDERDELAY_RECONCILE_GRACE=2s")
+	waitFor(t, "the reconciler closes the lost orders behind the poisoned one", 60*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orders WHERE serial_no = ANY($1) AND status = 'closed'", pq.Array(lost)) == len(lost)
+	})
+	if st := w.status(poison); st != "pending" {
+		t.Errorf("the poisoned order is %s, want pending", st)
+	}
+	waitFor(t, "the poisoned order reported", 30*time.Second, func() bool {
+		return d.metrics()[`orderdelay_errors_total{stage="reconcile"}`] >= 1
+	})
+	if v := d.metrics()["orderdelay_orders_reconciled_total"]; v != float64(len(lost)) {
+		t.Errorf("orders_reconciled_total %v, want %d", v, len(lost))
+	}
+	if code := d.stop(); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+}
+
 func (w *world) status(serial string) string {
 	w.t.Helper()
 	var s string

@@ -518,6 +518,11 @@ func TestIntegrationInvalidSettingsExit2(t *testing.T) {
 			"ORDERDELAY_CLOSE_SQL"},
 		{"close statement returning two columns", nil,
 			[]string{"ORDERDELAY_CLOSE_SQL=SELECT serial_no, status FROM orders WHERE serial_no = ANY($1)"}, "ORDERDELAY_CLOSE_SQL"},
+		// The overdue statement's contract before keyset paging (no cursor,
+		// serial only): refused, saying what it must take and return.
+		{"overdue statement without a cursor", nil,
+			[]string{"ORDERDELAY_OVERDUE_SQL=SELECT serial_no FROM orders WHERE status = 'pending' AND expires_at < now() - $1::bigint * interval '1 millisecond' ORDER BY expires_at LIMIT $2::bigint FOR UPDATE SKIP LOCKED"},
+			"ORDERDELAY_OVERDUE_SQL"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

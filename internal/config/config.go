@@ -138,7 +138,7 @@ var Settings = []Setting{
 		set: func(c *Config, v string) error { c.CloseSQL = v; return nil }},
 	{Env: "ORDERDELAY_LOOKUP_SQL", Default: "", Help: "lookup statement: `$1 text[]` → each serial that has a row and whether it is still pending (`text, boolean`; empty: reference schema)",
 		set: func(c *Config, v string) error { c.LookupSQL = v; return nil }},
-	{Env: "ORDERDELAY_OVERDUE_SQL", Default: "", Help: "reconciler statement: `$1 bigint` grace ms, `$2 bigint` limit → pending serials past deadline + grace (empty: reference schema)",
+	{Env: "ORDERDELAY_OVERDUE_SQL", Default: "", Help: "reconciler statement, paged by keyset: `$1 bigint` grace ms, `$2 bigint` limit, `$3 timestamptz` and `$4 text` the deadline and serial of the previous page's last row → pending serials and their deadlines (`timestamptz`) past deadline + grace, after (`$3`, `$4`), in (deadline, serial) order (empty: reference schema)",
 		set: func(c *Config, v string) error { c.OverdueSQL = v; return nil }},
 	{Env: "ORDERDELAY_CLOSE_DELAY", Default: "0s", Help: "closing waits this long past the deadline (payments in flight); must be below the reconcile grace",
 		set: durationIn(func(c *Config) *time.Duration { return &c.CloseDelay }, 0, 24*time.Hour)},

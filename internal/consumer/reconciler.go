@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -47,6 +49,10 @@ type ReconcilerConfig struct {
 // (queued, leased or backing off) are skipped, so a long backlog or a
 // reschedule never triggers it. If Redis cannot be asked, the pass is
 // skipped: a rescheduled deadline lives only there.
+//
+// A pass pages by keyset, so orders still in Redis never hide the ones
+// behind them, and an order whose close fails on its own data is isolated
+// and skipped (closeIsolating), so one poisoned row never stops the rest.
 type Reconciler struct {
 	cfg   ReconcilerConfig
 	rdb   redis.Cmdable
@@ -54,6 +60,10 @@ type Reconciler struct {
 	m     *metrics.Metrics
 	log   *zap.Logger
 	lock  int64
+
+	// afterClose, when set (tests only), runs after a page's close statement
+	// and before the fence, with the serials it closed.
+	afterClose func(closed []string)
 }
 
 // NewReconciler returns a Reconciler.
@@ -90,7 +100,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce does one pass and returns how many orders it closed.
+// RunOnce does one pass and returns how many orders it closed. A pass walks
+// the overdue orders by keyset, in (deadline, serial) order, each page
+// starting after the last row of the one before, so overdue orders that are
+// legitimately still in Redis (a backlog, a reschedule that did not move the
+// row's deadline) never hide the lost ones behind them. At most
+// maxPagesPerRun pages; the next pass starts from the beginning again.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	// A pause means nobody is closed (the payment provider is down, say):
 	// the safety net waits too.
@@ -101,20 +116,24 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	total := 0
+	var cur orders.Cursor
 	for range maxPagesPerRun {
-		n, more, err := r.page(ctx)
+		n, next, more, err := r.page(ctx, cur)
 		total += n
 		if err != nil || !more {
 			return total, err
 		}
+		cur = next
 	}
 	return total, nil
 }
 
-func (r *Reconciler) page(ctx context.Context) (closed int, more bool, err error) {
+// page reconciles the page of overdue orders after cur, in one transaction,
+// and returns how many it closed and where the next page starts.
+func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, next orders.Cursor, more bool, err error) {
 	tx, err := r.store.DB().BeginTxx(ctx, nil)
 	if err != nil {
-		return 0, false, fmt.Errorf("reconcile: %w", err)
+		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 	}
 	defer func() {
 		if err != nil || closed == 0 {
@@ -123,46 +142,171 @@ func (r *Reconciler) page(ctx context.Context) (closed int, more bool, err error
 	}()
 	var got bool
 	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", r.lock).Scan(&got); err != nil {
-		return 0, false, fmt.Errorf("reconcile lock: %w", err)
+		return 0, cur, false, fmt.Errorf("reconcile lock: %w", err)
 	}
 	if !got {
-		return 0, false, nil // another replica is reconciling
+		return 0, cur, false, nil // another replica is reconciling
 	}
-	serials, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(r.cfg.PageSize))
+	// The server bounds every statement of the page, like the fast path's.
+	if err := r.store.SetLocalTimeouts(ctx, tx); err != nil {
+		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
+	}
+	rows, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(r.cfg.PageSize), cur)
 	if err != nil {
-		return 0, false, fmt.Errorf("reconcile overdue: %w", err)
+		return 0, cur, false, fmt.Errorf("reconcile overdue: %w", err)
 	}
-	if len(serials) == 0 {
-		return 0, false, nil
+	if len(rows) == 0 {
+		return 0, cur, false, nil
+	}
+	last := rows[len(rows)-1]
+	next = orders.Cursor{ExpiresAt: last.ExpiresAt, Serial: last.Serial}
+	more = len(rows) == r.cfg.PageSize
+	serials := make([]string, len(rows))
+	for i, o := range rows {
+		serials[i] = o.Serial
 	}
 	lost, err := r.missing(ctx, serials)
 	if err != nil {
-		return 0, false, err
+		return 0, cur, false, err
 	}
 	if len(lost) > 0 {
-		done, err := r.store.CloseOn(ctx, tx, lost)
+		done, err := r.closeFenced(ctx, tx, lost)
 		if err != nil {
-			return 0, false, fmt.Errorf("reconcile close: %w", err)
+			return 0, cur, false, fmt.Errorf("reconcile close: %w", err)
 		}
 		closed = len(done)
 		if r.cfg.Outbox {
 			if err := orders.RecordClosed(ctx, tx, done, "reconciled"); err != nil {
-				return 0, false, err
+				return 0, cur, false, err
 			}
 		}
 		if closed > 0 {
 			if err := tx.Commit(); err != nil {
-				return 0, false, fmt.Errorf("reconcile commit: %w", err)
+				return 0, cur, false, fmt.Errorf("reconcile commit: %w", err)
 			}
 			r.m.Reconciled.Add(float64(closed))
 		}
 	}
-	return closed, len(serials) == r.cfg.PageSize, nil
+	return closed, next, more, nil
 }
 
-// missing returns the serials that are nowhere in the queue's keys (the
-// queue key and every shard, in one pipeline).
+// closeFenced closes the lost orders in tx and returns those it closed,
+// none of which was back in Redis after the close statement ran. The
+// "missing" check happened before the close; a producer may have re-added a
+// serial since (a raw ZADD with a later deadline, a replica's lease), and its
+// order must not be closed. So the check is repeated once the close
+// statement has run, while its rows are locked and before the commit: if
+// any closed serial is now in a queue key or a lease hash, the page is rolled
+// back to its savepoint and closed again without it, until the fence finds
+// none. Each round drops at least one serial, so this ends.
+func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string) ([]string, error) {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_page"); err != nil {
+		return nil, err
+	}
+	for {
+		done, poisoned, err := r.closeIsolating(ctx, tx, lost)
+		if err != nil {
+			return nil, err
+		}
+		if r.afterClose != nil {
+			r.afterClose(done)
+		}
+		in, err := r.inQueue(ctx, done)
+		if err != nil {
+			return nil, err
+		}
+		var back []string
+		for i, s := range done {
+			if in[i] {
+				back = append(back, s)
+			}
+		}
+		if len(back) == 0 {
+			return done, nil
+		}
+		r.log.Info("reconcile: orders came back to the queue before the commit; left to the fast path",
+			zap.Int("orders", len(back)), zap.Strings("serials", back[:min(len(back), 10)]))
+		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_page"); err != nil {
+			return nil, err
+		}
+		lost = slices.DeleteFunc(lost, func(s string) bool {
+			return slices.Contains(back, s) || slices.Contains(poisoned, s)
+		})
+	}
+}
+
+// closeIsolating runs the close statement on serials inside tx, under a
+// savepoint. If it fails with an error about this data (a shop's trigger
+// refuses an order, a constraint, a bad value) it is rolled back to the
+// savepoint and the serials are split in halves, recursively, until the
+// failing order is alone: that one is skipped and reported (a Warn with its
+// serial and the error, errors_total{stage="reconcile"}), and every other
+// order is closed. The close is conditional on the order being pending, so
+// running it again on a half is safe. An error about the database
+// (orders.Transient) is returned as it is, with no bisection: the caller
+// rolls back and the pass ends.
+func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []string) (closed, poisoned []string, err error) {
+	if len(serials) == 0 {
+		return nil, nil, nil
+	}
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_close"); err != nil {
+		return nil, nil, err
+	}
+	done, err := r.store.CloseOn(ctx, tx, serials)
+	if err == nil {
+		_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close")
+		return done, nil, err
+	}
+	if orders.Transient(err) {
+		return nil, nil, err
+	}
+	if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
+		return nil, nil, fmt.Errorf("%w (after %w)", rerr, err)
+	}
+	if _, rerr := tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
+		return nil, nil, fmt.Errorf("%w (after %w)", rerr, err)
+	}
+	if len(serials) == 1 {
+		r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
+		r.log.Warn("reconcile: closing this order fails; skipped, the other lost orders are closed",
+			zap.String("serial", serials[0]), zap.Error(err))
+		return nil, serials, nil
+	}
+	half := len(serials) / 2
+	a, pa, err := r.closeIsolating(ctx, tx, serials[:half])
+	if err != nil {
+		return nil, nil, err
+	}
+	b, pb, err := r.closeIsolating(ctx, tx, serials[half:])
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(a, b...), append(pa, pb...), nil
+}
+
+// missing returns the serials that are nowhere in the queue's keys.
 func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, error) {
+	in, err := r.inQueue(ctx, serials)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for i, s := range serials {
+		if !in[i] {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// inQueue reports, for each serial, whether it is in the queue key or the
+// lease hash (leased or backing off) of the queue or any shard, in one
+// pipeline.
+func (r *Reconciler) inQueue(ctx context.Context, serials []string) ([]bool, error) {
+	found := make([]bool, len(serials))
+	if len(serials) == 0 {
+		return found, nil
+	}
 	all := append([]queue.Keys{r.cfg.Keys}, r.cfg.Shards...)
 	scores := make([]*redis.FloatSliceCmd, len(all))
 	leased := make([]*redis.SliceCmd, len(all))
@@ -176,7 +320,6 @@ func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, e
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: check queue: %w", err)
 	}
-	found := make([]bool, len(serials))
 	for i := range all {
 		sc, ls := scores[i].Val(), leased[i].Val()
 		if len(sc) != len(serials) || len(ls) != len(serials) {
@@ -186,11 +329,5 @@ func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, e
 			found[j] = found[j] || sc[j] != 0 || ls[j] != nil
 		}
 	}
-	var out []string
-	for i, s := range serials {
-		if !found[i] {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return found, nil
 }

@@ -47,19 +47,33 @@ RETURNING serial_no`
 const DefaultLookupSQL = `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
 
 // DefaultOverdueSQL returns up to $2 pending orders whose deadline passed
-// more than $1 milliseconds ago, oldest first, locking them and skipping rows
-// someone else holds (a payment in progress is never waited for).
-const DefaultOverdueSQL = `SELECT serial_no FROM orders
+// more than $1 milliseconds ago, in (deadline, serial) order, starting after
+// the cursor ($3 deadline, $4 serial: the last row of the previous page;
+// -infinity and the empty string for the first), with their deadlines. It
+// locks them and skips rows someone else holds (a payment in progress is
+// never waited for).
+// The row comparison runs on the partial index on pending expires_at (its
+// leading column bounds the scan), and the serial breaks ties among orders
+// with the same deadline, so a page never repeats or misses one.
+const DefaultOverdueSQL = `SELECT serial_no, expires_at FROM orders
 WHERE status = 'pending' AND expires_at < now() - $1::bigint * interval '1 millisecond'
-ORDER BY expires_at
+  AND (expires_at, serial_no) > ($3::timestamptz, $4::text)
+ORDER BY expires_at, serial_no
 LIMIT $2::bigint
 FOR UPDATE SKIP LOCKED`
+
+// OverdueParams and OverdueColumns are the overdue statement's contract,
+// as Verify reports it.
+const (
+	OverdueParams  = "$1 bigint grace ms, $2 bigint limit, $3 timestamptz and $4 text: the deadline and serial of the previous page's last row ('-infinity' and '' for the first page)"
+	OverdueColumns = "serial (text), deadline (timestamptz), ordered by deadline then serial, only rows after ($3, $4)"
+)
 
 // Statements are the three statements a Store runs.
 type Statements struct {
 	Close   string // $1 text[] -> serials closed
 	Lookup  string // $1 text[] -> (serial, still pending) of the serials that exist
-	Overdue string // $1 bigint grace ms, $2 bigint limit -> serials
+	Overdue string // $1 bigint grace ms, $2 bigint limit, $3 timestamptz, $4 text cursor -> serials, deadlines
 }
 
 // DefaultStatements returns the statements for the reference schema.
@@ -74,6 +88,19 @@ type Store struct {
 	// Server-side limits of a close transaction (SET LOCAL); zero: the
 	// session's. See SetTimeouts.
 	statementTimeout, lockTimeout time.Duration
+}
+
+// SetLocalTimeouts applies the timeouts of SetTimeouts to the transaction
+// tx (SET LOCAL), for callers that run statements in transactions of their
+// own, such as the reconciler. Without timeouts it does nothing.
+func (s *Store) SetLocalTimeouts(ctx context.Context, tx *sqlx.Tx) error {
+	if s.statementTimeout <= 0 && s.lockTimeout <= 0 {
+		return nil
+	}
+	set := fmt.Sprintf("SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d",
+		s.statementTimeout.Milliseconds(), s.lockTimeout.Milliseconds())
+	_, err := tx.ExecContext(ctx, set)
+	return err
 }
 
 // LockTimeoutFor is the lock_timeout used with a statement timeout: a
@@ -173,12 +200,8 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	}
 	// Roll back even if ctx was cancelled meanwhile; after Commit a no-op.
 	defer tx.Rollback() //nolint:errcheck // nothing to keep
-	if s.statementTimeout > 0 || s.lockTimeout > 0 {
-		set := fmt.Sprintf("SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d",
-			s.statementTimeout.Milliseconds(), s.lockTimeout.Milliseconds())
-		if _, err := tx.ExecContext(ctx, set); err != nil {
-			return nil, nil, err
-		}
+	if err := s.SetLocalTimeouts(ctx, tx); err != nil {
+		return nil, nil, err
 	}
 	closed, err = s.CloseOn(ctx, tx, serials)
 	if err != nil {
@@ -238,14 +261,49 @@ func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
 	return out, rows.Err()
 }
 
-// Overdue returns up to limit pending orders whose deadline passed more than
-// graceMillis ago, locked in tx until it ends.
-func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int64) ([]string, error) {
-	return querySerials(ctx, tx, s.stmts.Overdue, int(limit), graceMillis, limit)
+// Cursor is where a page of overdue orders starts: after the order with
+// this deadline and serial. The zero Cursor starts at the beginning.
+type Cursor struct {
+	ExpiresAt time.Time
+	Serial    string
 }
 
-// ErrBadResult is wrapped when a statement returns something other than one
-// non-NULL text column.
+// OverdueOrder is a row of the overdue statement.
+type OverdueOrder struct {
+	Serial    string
+	ExpiresAt time.Time
+}
+
+// Overdue returns up to limit pending orders whose deadline passed more than
+// graceMillis ago, after the cursor, in (deadline, serial) order, locked in
+// tx until it ends. The next page starts after the last one returned.
+func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int64, after Cursor) ([]OverdueOrder, error) {
+	var at any = "-infinity"
+	if !after.ExpiresAt.IsZero() {
+		at = after.ExpiresAt
+	}
+	rows, err := tx.QueryContext(ctx, s.stmts.Overdue, graceMillis, limit, at, after.Serial)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]OverdueOrder, 0, limit)
+	for rows.Next() {
+		var serial sql.NullString
+		var at sql.NullTime
+		if err := rows.Scan(&serial, &at); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadResult, err)
+		}
+		if !serial.Valid || !at.Valid {
+			return nil, fmt.Errorf("%w: NULL serial or deadline", ErrBadResult)
+		}
+		out = append(out, OverdueOrder{Serial: serial.String, ExpiresAt: at.Time})
+	}
+	return out, rows.Err()
+}
+
+// ErrBadResult is wrapped when a statement returns something other than the
+// non-NULL columns it must.
 var ErrBadResult = errors.New("statement result")
 
 func querySerials(ctx context.Context, q Querier, query string, sizeHint int, args ...any) ([]string, error) {
@@ -269,19 +327,26 @@ func querySerials(ctx context.Context, q Querier, query string, sizeHint int, ar
 }
 
 // Verify checks that each statement prepares, takes the parameter types it
-// must and returns one text column, without changing any data: it runs them
-// with empty input inside a transaction it rolls back. A misconfigured
-// statement is a configuration error.
+// must and returns the columns it must (one text column; the overdue
+// statement a text and a timestamptz, the lookup a text and a boolean),
+// without changing any data: it runs them with empty input inside a
+// transaction it rolls back. A misconfigured statement is a configuration
+// error.
 func (s *Store) Verify(ctx context.Context) error {
 	checks := []struct {
 		name, setting, query string
 		params               []string
 		args                 []any
-		cols                 []colKind
+		cols                 []column
+		hint                 string
 	}{
-		{"close", "ORDERDELAY_CLOSE_SQL", s.stmts.Close, []string{"text[]"}, []any{pq.Array([]string{})}, serialCol},
-		{"lookup", "ORDERDELAY_LOOKUP_SQL", s.stmts.Lookup, []string{"text[]"}, []any{pq.Array([]string{})}, lookupCols},
-		{"overdue", "ORDERDELAY_OVERDUE_SQL", s.stmts.Overdue, []string{"bigint", "bigint"}, []any{int64(1 << 40), int64(0)}, serialCol},
+		{"close", "ORDERDELAY_CLOSE_SQL", s.stmts.Close, []string{"text[]"}, []any{pq.Array([]string{})}, serialColumn, ""},
+		{"lookup", "ORDERDELAY_LOOKUP_SQL", s.stmts.Lookup, []string{"text[]"}, []any{pq.Array([]string{})}, lookupColumns,
+			"the lookup returns each serial that has a row and whether it is still pending (see README, Custom statements)"},
+		{"overdue", "ORDERDELAY_OVERDUE_SQL", s.stmts.Overdue, []string{"bigint", "bigint", "timestamp with time zone", "text"},
+			[]any{int64(1 << 40), int64(0), "-infinity", ""}, overdueColumns,
+			"the overdue statement pages by keyset: it takes " + OverdueParams + ", and returns " + OverdueColumns +
+				" (see README, Custom statements)"},
 	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -293,11 +358,28 @@ func (s *Store) Verify(ctx context.Context) error {
 			if Transient(err) {
 				return err // the database, not the statement: retried
 			}
+			if c.hint != "" {
+				err = fmt.Errorf("%w; %s", err, c.hint)
+			}
 			return &StatementError{Name: c.name, Setting: c.setting, Err: err}
 		}
 	}
 	return nil
 }
+
+// column is a result column a statement must return: what it is, and the
+// type names (database/sql's DatabaseTypeName) that are accepted for it.
+type column struct {
+	what  string
+	types []string
+}
+
+var (
+	textTypes      = []string{"TEXT", "VARCHAR", "BPCHAR"}
+	serialColumn   = []column{{"the serial", textTypes}}
+	lookupColumns  = []column{{"the serial", textTypes}, {"whether the order is still pending", []string{"BOOL"}}}
+	overdueColumns = []column{{"the serial", textTypes}, {"the deadline", []string{"TIMESTAMPTZ"}}}
+)
 
 // StatementError says which configured statement failed verification.
 type StatementError struct {
@@ -311,31 +393,7 @@ func (e *StatementError) Error() string {
 
 func (e *StatementError) Unwrap() error { return e.Err }
 
-// colKind is what a statement's result column must be.
-type colKind struct {
-	what  string   // for messages
-	types []string // DatabaseTypeName values accepted
-}
-
-var (
-	textCol    = colKind{"text", []string{"TEXT", "VARCHAR", "BPCHAR"}}
-	boolCol    = colKind{"boolean", []string{"BOOL"}}
-	serialCol  = []colKind{textCol}
-	lookupCols = []colKind{textCol, boolCol}
-)
-
-func describeCols(cols []colKind) string {
-	if len(cols) == 1 {
-		return "1 column (the serial, text)"
-	}
-	parts := make([]string, len(cols))
-	for i, c := range cols {
-		parts[i] = c.what
-	}
-	return fmt.Sprintf("%d columns (%s: the serial, then whether the order is still pending)", len(cols), strings.Join(parts, ", "))
-}
-
-func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, args []any, want []colKind) error {
+func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, args []any, want []column) error {
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_verify"); err != nil {
 		return err
 	}
@@ -364,11 +422,15 @@ func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, 
 		return err
 	}
 	if len(cols) != len(want) {
-		return fmt.Errorf("returns %d columns, want %s", len(cols), describeCols(want))
+		what := make([]string, len(want))
+		for i, w := range want {
+			what[i] = w.what
+		}
+		return fmt.Errorf("returns %d columns, want %d (%s)", len(cols), len(want), strings.Join(what, ", "))
 	}
-	for i, c := range cols {
-		if t := c.DatabaseTypeName(); !slices.Contains(want[i].types, t) {
-			return fmt.Errorf("returns a column %d of type %s, want %s", i+1, t, want[i].what)
+	for i, w := range want {
+		if t := cols[i].DatabaseTypeName(); !slices.Contains(w.types, t) {
+			return fmt.Errorf("returns %s (column %d) of type %s, want %s", w.what, i+1, t, strings.ToLower(w.types[0]))
 		}
 	}
 	_, err = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_verify")
@@ -394,7 +456,7 @@ func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only check
-	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}, serialCol); err != nil {
+	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}, serialColumn); err != nil {
 		if Transient(err) {
 			return err
 		}
