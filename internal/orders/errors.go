@@ -111,10 +111,10 @@ func rowDependent42(e *pq.Error) bool {
 	return e.Where != "" || e.InternalQuery != "" || strings.Contains(e.Message, "row-level security")
 }
 
-// unavailable is Transient less the errors a broken statement causes: at
+// Unavailable is Transient less the errors a broken statement causes: at
 // start-up, a statement that does not prepare (class 42) is a configuration
 // error, not a database to wait for.
-func unavailable(err error) bool {
+func Unavailable(err error) bool {
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) && len(pqErr.Code) == 5 && pqErr.Code[:2] == "42" && pqErr.Severity != "FATAL" {
 		return false

@@ -159,7 +159,7 @@ func (s *Store) Verify(ctx context.Context) error {
 	defer tx.Rollback() //nolint:errcheck // read-only check; rollback is the point
 	for _, c := range checks {
 		if err := verifyOne(ctx, tx, c.query, c.params, c.args); err != nil {
-			if unavailable(err) {
+			if Unavailable(err) {
 				return err // the database, not the statement: retried
 			}
 			return &StatementError{Name: c.name, Setting: c.setting, Err: err}
@@ -243,7 +243,7 @@ func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only check
 	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}); err != nil {
-		if unavailable(err) {
+		if Unavailable(err) {
 			return err
 		}
 		return &StatementError{Name: "task queue", Setting: "ORDERDELAY_QUEUES_FILE", Err: err}
