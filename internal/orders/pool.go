@@ -90,4 +90,3 @@ func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
 }
 
 func (c connector) Driver() driver.Driver { return c.c.Driver() }
-

@@ -40,7 +40,7 @@ func TestOpenSetsServerTimeoutsOnEveryConnection(t *testing.T) {
 		statement, lock string
 	}{
 		{orders.PoolOptions{MaxConns: 2, StatementTimeout: 10 * time.Second}, "10s", "2500ms"},
-		{orders.PoolOptions{MaxConns: 2, StatementTimeout: 20 * time.Millisecond}, "20ms", "10ms"}, // MinLockTimeout
+		{orders.PoolOptions{MaxConns: 2, StatementTimeout: 20 * time.Millisecond}, "20ms", "10ms"},  // MinLockTimeout
 		{orders.PoolOptions{MaxConns: 2, StatementTimeout: 1500 * time.Microsecond}, "2ms", "10ms"}, // rounded up, never 0
 		{orders.PoolOptions{MaxConns: 2, StatementTimeout: time.Second, LockTimeout: 300 * time.Millisecond}, "1s", "300ms"},
 		{orders.PoolOptions{MaxConns: 2, StatementTimeout: time.Second, LockTimeout: -1}, "1s", "0"},
