@@ -35,6 +35,17 @@ func TestIntegrationReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
 	waitFor(t, "daemon connected to PostgreSQL", 30*time.Second, func() bool {
 		return d.metrics()[`orderdelay_dependency_up{dependency="postgres"}`] == 1
 	})
+	// Two pools, both exported: the order path's own (4 workers + the
+	// reconciler) and the shared one.
+	m := d.metrics()
+	for series, want := range map[string]float64{
+		`go_sql_max_open_connections{db_name="orderdelay"}`:        5,
+		`go_sql_max_open_connections{db_name="orderdelay_shared"}`: 2,
+	} {
+		if got := m[series]; got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
 
 	if _, err := w.db.Exec(`ALTER DATABASE ` + dbName + ` SET default_transaction_read_only = on`); err != nil {
 		t.Fatal(err)
@@ -43,7 +54,7 @@ func TestIntegrationReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
 	waitFor(t, "closes failing on the read-only database", 30*time.Second, func() bool {
 		return d.metrics()[`orderdelay_errors_total{stage="close"}`] >= 5
 	})
-	m := d.metrics()
+	m = d.metrics()
 	dead := m[`orderdelay_dead_lettered_total{reason="close_failed"}`]
 	t.Logf("read-only: %v close errors, %v dead-lettered, %d closed", m[`orderdelay_errors_total{stage="close"}`], dead,
 		w.count(`SELECT count(*) FROM orders WHERE status = 'closed'`))
