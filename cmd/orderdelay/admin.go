@@ -10,6 +10,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/config"
+	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -22,7 +23,7 @@ func withTools(ctx context.Context, cfg config.Config, withDB bool, timeout time
 	defer rdb.Close()
 	var tools *admin.Tools
 	if withDB {
-		db, err := openDB(cfg, 2)
+		db, err := openDB(cfg, orders.PoolOptions{MaxConns: 2})
 		if err != nil {
 			return usageError{err}
 		}

@@ -12,13 +12,15 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	_ "github.com/lib/pq" // the PostgreSQL driver
+	_ "github.com/lib/pq" // the PostgreSQL driver (sqlx.Open elsewhere)
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/orderdelay/orderdelay/internal/config"
+	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/tasks"
 )
 
 // parse parses a subcommand's flags plus every setting and returns the
@@ -118,15 +120,49 @@ func replicaName() string {
 	return fmt.Sprintf("orderdelay/%s/%d", host, os.Getpid())
 }
 
-// openDB opens (lazily; nothing is dialled yet) the database.
-func openDB(cfg config.Config, maxConns int) (*sqlx.DB, error) {
-	db, err := sqlx.Open("postgres", withApplicationName(cfg.DatabaseURL, replicaName()))
+// openDB opens (lazily; nothing is dialled yet) a pool of its own on the
+// database (see orders.Open for the server-side timeouts o may set).
+func openDB(cfg config.Config, o orders.PoolOptions) (*sqlx.DB, error) {
+	db, err := orders.Open(withApplicationName(cfg.DatabaseURL, replicaName()), o)
 	if err != nil {
 		return nil, fmt.Errorf("database: %s", config.Redact(err.Error(), cfg.DatabaseURL))
 	}
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
 	return db, nil
+}
+
+// orderPoolOptions is the order path's pool: one connection per worker (a
+// batch's close and lookup run one after the other), one for the
+// reconciler's page transaction, and the server-side timeouts
+// (statement_timeout = ORDERDELAY_STATEMENT_TIMEOUT, lock_timeout a quarter
+// of it, at least 10 ms).
+func orderPoolOptions(cfg config.Config) orders.PoolOptions {
+	n := cfg.Workers
+	if reconciles(cfg) {
+		n++
+	}
+	return orders.PoolOptions{MaxConns: n, StatementTimeout: cfg.StatementTimeout}
+}
+
+// reconciles reports whether the daemon runs the reconciler.
+func reconciles(cfg config.Config) bool { return cfg.ReconcileInterval > 0 && !cfg.DryRun }
+
+// sharedPoolOptions is the pool of everything else: start-up checks, admin
+// calls, the close-event relay and durable queues' API calls (two
+// connections), plus one per worker of
+// each task queue that runs SQL (sql actions, durable queues' executors)
+// and one per durable queue's loader. No server-side timeouts: admin calls
+// may run long; the task queues bound their batches with deadlines.
+func sharedPoolOptions(f tasks.File) orders.PoolOptions {
+	n := 2
+	for _, q := range f.Queues {
+		if q.Action.Type == tasks.ActionSQL || q.Durable { // durable: sql or webhook actions only
+			n += q.Workers
+		}
+		if q.Durable {
+			n++ // the loader
+		}
+	}
+	return orders.PoolOptions{MaxConns: n}
 }
 
 // redactErr hides the configured passwords in an error's text.

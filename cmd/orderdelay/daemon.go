@@ -49,6 +49,12 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer, getenv func(st
 	return runDaemon(ctx, cfg, log, daemonOptions{migrate: migrateFirst})
 }
 
+// The db_name labels of the two pools' go_sql_* metrics.
+const (
+	dbNameOrders = "orderdelay"        // the order path's pool
+	dbNameShared = "orderdelay_shared" // everything else
+)
+
 type daemonOptions struct {
 	migrate bool
 	// started, if set, runs once PostgreSQL is ready and the consumer is
@@ -61,8 +67,9 @@ type daemon struct {
 	cfg   config.Config
 	log   *zap.Logger
 	rdb   redis.UniversalClient
-	db    *sqlx.DB
-	store *orders.Store
+	db    *sqlx.DB      // shared: start-up checks, task queues, relay, admin
+	ordDB *sqlx.DB      // the order path's own: consumer and reconciler
+	store *orders.Store // on ordDB
 	m     *metrics.Metrics
 	prod  *producer.Producer
 	cons  *consumer.Group // one consumer per key of the order queue (shards)
@@ -122,8 +129,14 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		return usageError{redactErr(err, cfg)}
 	}
 	defer d.rdb.Close()
-	// Workers, the reconciler and start-up checks each need a connection.
-	if d.db, err = openDB(cfg, cfg.Workers+2); err != nil {
+	// The order path's pool is its own, so nothing else can take the
+	// connections its batches need (and it carries the server-side
+	// timeouts); everything else shares a small pool.
+	if d.ordDB, err = openDB(cfg, orderPoolOptions(cfg)); err != nil {
+		return usageError{err}
+	}
+	defer d.ordDB.Close()
+	if d.db, err = openDB(cfg, sharedPoolOptions(queuesFile)); err != nil {
 		return usageError{err}
 	}
 	defer d.db.Close()
@@ -132,13 +145,12 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		collectors.NewDBStatsCollector(d.db.DB, "orderdelay"))
+		collectors.NewDBStatsCollector(d.ordDB.DB, dbNameOrders), collectors.NewDBStatsCollector(d.db.DB, dbNameShared))
 	d.m = metrics.New(reg, version, revision)
 	reg.MustRegister(consumer.NewGroupStatsCollector(d.rdb, allKeys, func(err error) {
 		log.Debug("queue gauges unavailable for this scrape", zap.Error(err))
 	}))
-	d.store = orders.NewStore(d.db, cfg.Statements())
-	d.store.SetTimeouts(cfg.StatementTimeout, orders.LockTimeoutFor(cfg.StatementTimeout))
+	d.store = orders.NewStore(d.ordDB, cfg.Statements())
 	var closer consumer.Store = d.store
 	if cfg.CloseEvents {
 		closer = orders.WithOutbox{Store: d.store}
@@ -222,7 +234,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		if !cfg.DryRun {
 			spawn(d.janitor)
 		}
-		if cfg.ReconcileInterval > 0 && !cfg.DryRun {
+		if reconciles(cfg) {
 			rec := consumer.NewReconciler(consumer.ReconcilerConfig{Keys: keys, Shards: allKeys[1:], Interval: cfg.ReconcileInterval,
 				Grace: cfg.ReconcileGrace, Outbox: cfg.CloseEvents}, d.rdb, d.store, d.m, log)
 			spawn(func(ctx context.Context) { rec.Run(ctx) }) //nolint:errcheck // returns nil when ctx ends
@@ -342,12 +354,13 @@ func (d *daemon) tryPrepareDB(ctx context.Context, migrate bool) error {
 		}
 		d.log.Info("schema migrated", zap.Uint("version", v))
 	}
-	if err := d.store.Verify(ctx); err != nil {
+	// Verified on the shared pool: the order pool is the batches'.
+	if err := orders.NewStore(d.db, d.cfg.Statements()).Verify(ctx); err != nil {
 		return err
 	}
 	if d.cfg.CloseEvents {
 		if _, err := d.db.ExecContext(ctx, "SELECT 1 FROM "+orders.OutboxTable+" LIMIT 0"); err != nil {
-			if orders.Transient(err) {
+			if orders.Unavailable(err) {
 				return err
 			}
 			return &orders.StatementError{Name: "close events", Setting: "ORDERDELAY_CLOSE_EVENTS",

@@ -217,6 +217,9 @@ func (c *exprChecker) checkSelector(vs *parser.VectorSelector) []error {
 	if err != nil {
 		return []error{err}
 	}
+	if strings.HasPrefix(fam, "go_sql_") {
+		return checkDBName(vs)
+	}
 	if !strings.HasPrefix(fam, "orderdelay_") {
 		return nil
 	}
@@ -247,6 +250,29 @@ func (c *exprChecker) checkSelector(vs *parser.VectorSelector) []error {
 			if !any {
 				errs = append(errs, fmt.Errorf("%s{%s=~%q} matches none of %s", fam, m.Name, m.Value, strings.Join(values, ", ")))
 			}
+		}
+	}
+	return errs
+}
+
+// dbNames are the db_name labels of the daemon's two database/sql pools
+// (cmd/orderdelay: the order path's own and the shared one).
+var dbNames = []string{"orderdelay", "orderdelay_shared"}
+
+// checkDBName: a go_sql_* selector that picks a pool names one the daemon
+// has.
+func checkDBName(vs *parser.VectorSelector) []error {
+	var errs []error
+	for _, m := range vs.LabelMatchers {
+		if m.Name != "db_name" {
+			continue
+		}
+		any := false
+		for _, v := range dbNames {
+			any = any || m.Matches(v)
+		}
+		if !any {
+			errs = append(errs, fmt.Errorf("%s{db_name%s%q} matches none of the daemon's pools %s", selectorName(vs), m.Type, m.Value, strings.Join(dbNames, ", ")))
 		}
 	}
 	return errs

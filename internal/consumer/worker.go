@@ -206,14 +206,13 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 			zap.Int("orders", len(items)), zap.Error(err))
 		c.split(workCtx, batchCtx, stmt, items)
 	case orders.RowLocked(err):
-		it := items[0]
-		if it.attempts+1 >= c.cfg.MaxAttempts {
-			c.log.Error("order row stays locked; dead-lettering it", zap.String("serial", it.serial), zap.Error(err))
-			c.bury(items, queue.ReasonCloseFailed, err.Error())
-			return
-		}
-		c.log.Warn("order row is locked; retrying it alone", zap.String("serial", it.serial), zap.Error(err))
-		c.retry(items, c.entryBackoff(it.attempts), true, err.Error())
+		// Alone now: back off and try again, spending no attempt. A lock
+		// is someone else's transaction, never this order's fault; and a
+		// lock held by a stalled replica that has already closed the order
+		// must not end in a dead letter (its session is cut after
+		// idle_in_transaction_session_timeout, see orders.PoolOptions).
+		c.log.Warn("order row is locked; retrying it alone", zap.String("serial", items[0].serial), zap.Error(err))
+		c.retry(items, c.entryBackoff(items[0].attempts), false, err.Error())
 	case errors.As(err, &fenceErr) || orders.Transient(err):
 		if fenceErr == nil {
 			c.m.SetUp(metrics.DepPostgres, false)

@@ -2,36 +2,66 @@ package orders
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/lib/pq"
 )
 
-// Transient reports whether err is worth retrying without spending an
-// attempt: the connection was lost or refused, or PostgreSQL reported a
-// serialization failure (40001), a deadlock (40P01), a statement timeout or
-// cancellation (57014), or that it is shutting down or not accepting
-// connections (class 08, 57P01–57P03, 53300 too many connections). A
-// context deadline is transient too: the batch ran out of time, not input.
-// Anything else is permanent for the statement and input that caused it.
+// Transient reports whether err says something about the DATABASE rather
+// than about the orders the statement ran on: retrying the same input later
+// can succeed, so no attempt is spent and the batch is not split. Anything
+// else is permanent for the statement and input that caused it (the
+// consumer splits the batch to isolate the order).
+//
+// Transient:
+//   - the connection: lost, refused, reset, closed (driver.ErrBadConn,
+//     sql.ErrConnDone, sql.ErrTxDone, io.EOF, net errors, class 08), and any
+//     error while connecting (a *ConnectError from Open, or a FATAL/PANIC
+//     report, which ends the session: 57P03 starting up, 28P01 password,
+//     3D000 no such database);
+//   - the database's state: 25006 read-only transaction (a failover to a
+//     standby, default_transaction_read_only), class 53 insufficient
+//     resources (disk full, out of memory, too many connections), class 55
+//     object not in prerequisite state (55P03 lock not available: a row
+//     held past lock_timeout), class 57 operator intervention (57014
+//     statement timeout or cancel, 57P01–57P05 shutdown, recovery, database
+//     dropped, idle timeout), class 58 system errors (I/O), F0 configuration
+//     file errors;
+//   - transaction rollback: 40001 serialization failure, 40P01 deadlock,
+//     40003 statement completion unknown, 40000;
+//   - the statement as a whole: class 42 (undefined table or column,
+//     permission denied, syntax) raised by the statement itself is the same
+//     for every order, so the schema or a grant changed under the daemon;
+//     burying orders cannot fix that;
+//   - the context's deadline or cancellation.
+//
+// Permanent, because they can depend on the row: class 22 data exception,
+// 23 integrity constraint, 27 triggered data change, 44 WITH CHECK OPTION,
+// 21 cardinality, 40002 a deferred constraint at commit, P0 PL/pgSQL (P0001
+// a shop's trigger's RAISE), class 42 raised inside a function or trigger
+// (dynamic SQL built from row values) or by a row-level security policy,
+// and any code not listed above.
 func Transient(err error) bool {
 	if err == nil {
 		return false
 	}
+	var ce *ConnectError
+	if errors.As(err, &ce) {
+		return true // nothing about an order can stop a connection opening
+	}
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
-		switch pqErr.Code {
-		case "40001", "40P01", "57014", "57P01", "57P02", "57P03", "53300", "53400":
-			return true
-		}
-		return pqErr.Code.Class() == "08"
+		return transientCode(pqErr)
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
 		return true
 	}
@@ -43,11 +73,67 @@ func Transient(err error) bool {
 	return errors.As(err, &opErr)
 }
 
-// RowLocked reports whether err is 55P03 lock_not_available: a row stayed
-// locked longer than lock_timeout. The database is fine; one row is held
-// (a payment in progress, a stuck transaction of the shop's), so the
-// consumer isolates that row instead of retrying its whole batch.
+func transientCode(e *pq.Error) bool {
+	// FATAL and PANIC end the session: the server speaks about itself (lib/pq
+	// only returns them as *pq.Error while connecting; on a live connection
+	// it turns them into driver.ErrBadConn).
+	if e.Severity == "FATAL" || e.Severity == "PANIC" {
+		return true
+	}
+	code := string(e.Code)
+	if len(code) != 5 {
+		return false
+	}
+	switch code {
+	case "25006", // read_only_sql_transaction
+		"40000", "40001", "40003", "40P01": // rollback, serialization, completion unknown, deadlock
+		return true
+	}
+	switch code[:2] {
+	case "08", // connection exception
+		"53", // insufficient resources
+		"55", // object not in prerequisite state (55P03 lock not available)
+		"57", // operator intervention (57014 timeout/cancel, 57P01-05)
+		"58", // system error (I/O)
+		"F0": // configuration file error
+		return true
+	case "42":
+		return !rowDependent42(e)
+	}
+	return false
+}
+
+// rowDependent42 reports a class 42 error that may depend on the row: raised
+// inside a function or trigger (Where names it), where a shop's code can
+// build SQL from row values, or a row-level security policy rejecting a row.
+// Raised by the statement itself, class 42 is the same for every input.
+func rowDependent42(e *pq.Error) bool {
+	return e.Where != "" || e.InternalQuery != "" || strings.Contains(e.Message, "row-level security")
+}
+
+// Unavailable is Transient less the errors a broken statement causes: at
+// start-up, a statement that does not prepare (class 42) is a configuration
+// error, not a database to wait for.
+func Unavailable(err error) bool {
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && len(pqErr.Code) == 5 && pqErr.Code[:2] == "42" && pqErr.Severity != "FATAL" {
+		return false
+	}
+	return Transient(err)
+}
+
+// RowLocked reports a lock that was not available in time (55P03
+// lock_not_available: lock_timeout, NOWAIT): a row someone else holds, not
+// a database that is down. A row that stays locked should be isolated from
+// its batch rather than hold the batch back.
 func RowLocked(err error) bool {
 	var pqErr *pq.Error
 	return errors.As(err, &pqErr) && pqErr.Code == "55P03"
 }
+
+// ConnectError is an error opening a connection of a pool made by Open.
+type ConnectError struct{ Err error }
+
+func (e *ConnectError) Error() string { return e.Err.Error() }
+
+func (e *ConnectError) Unwrap() error { return e.Err }

@@ -103,13 +103,6 @@ func (s *Store) SetLocalTimeouts(ctx context.Context, tx *sqlx.Tx) error {
 	return err
 }
 
-// LockTimeoutFor is the lock_timeout used with a statement timeout: a
-// quarter of it (at least 10 ms), so a row held by someone else fails fast
-// with 55P03 and is isolated, while the batch still has time to finish.
-func LockTimeoutFor(statement time.Duration) time.Duration {
-	return max(statement/4, 10*time.Millisecond)
-}
-
 // SetTimeouts makes every close transaction set statement_timeout and
 // lock_timeout on the server (SET LOCAL), so a slow statement or a row lock
 // held too long is cut by PostgreSQL itself: the outcome is an error the
@@ -355,7 +348,7 @@ func (s *Store) Verify(ctx context.Context) error {
 	defer tx.Rollback() //nolint:errcheck // read-only check; rollback is the point
 	for _, c := range checks {
 		if err := verifyOne(ctx, tx, c.query, c.params, c.args, c.cols); err != nil {
-			if Transient(err) {
+			if Unavailable(err) {
 				return err // the database, not the statement: retried
 			}
 			if c.hint != "" {
@@ -457,7 +450,7 @@ func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only check
 	if err := verifyOne(ctx, tx, query, []string{"text[]"}, []any{pq.Array([]string{})}, serialColumn); err != nil {
-		if Transient(err) {
+		if Unavailable(err) {
 			return err
 		}
 		return &StatementError{Name: "task queue", Setting: "ORDERDELAY_QUEUES_FILE", Err: err}

@@ -737,7 +737,8 @@ func TestTransientClassification(t *testing.T) {
 		{&pq.Error{Code: "08006"}, true},  // connection failure
 		{&pq.Error{Code: "22P02"}, false}, // invalid text representation
 		{&pq.Error{Code: "23505"}, false}, // unique violation
-		{&pq.Error{Code: "42P01"}, false}, // undefined table
+		{&pq.Error{Code: "42P01"}, true},  // undefined table in the statement: the same for every order
+		{&pq.Error{Code: "42P01", Where: "PL/pgSQL function f() line 2 at EXECUTE"}, false}, // in a trigger: may be the row
 		{&pq.Error{Code: "23514"}, false}, // check violation
 		{fmt.Errorf("batch: %w", &pq.Error{Code: "40P01"}), true},
 		{fmt.Errorf("batch: %w", &pq.Error{Code: "22P02"}), false},
