@@ -82,6 +82,11 @@ type Config struct {
 	// Limiter, if set, is a MaxCloseRate limiter shared with other
 	// consumers; it replaces this consumer's own.
 	Limiter *rate.Limiter
+	// Family is the logical queue's keys (the queue key first, then its
+	// shards) when this consumer serves one of several (see Group). A
+	// producer may write a serial into the queue key or into its shard, so
+	// the fence also asks those for a later deadline.
+	Family []queue.Keys
 	// SharedWake: the Group subscribes to the wake channels of all its
 	// consumers on one connection, so this consumer does not subscribe.
 	SharedWake bool
@@ -151,6 +156,9 @@ type Consumer struct {
 	log    *zap.Logger
 	now    func() time.Time
 	seq    atomic.Uint64
+	// nonce makes this process's lease tokens its own even when another
+	// replica has the same Owner (host name and PID: containers are PID 1).
+	nonce string
 	beat   atomic.Int64 // Unix ns of the scan loop's last heartbeat
 	pgBack *backoff.ExponentialBackOff
 	pgMu   sync.Mutex
@@ -170,6 +178,7 @@ type Consumer struct {
 func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff()}
+	c.nonce = strconv.FormatUint(rand.Uint64(), 36)
 	c.wake = make(chan int64, 64)
 	if cfg.Limiter != nil {
 		c.limiter = cfg.Limiter
@@ -488,7 +497,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 func (c *Consumer) token() string {
-	return c.cfg.Owner + ":" + strconv.FormatUint(c.seq.Add(1), 36)
+	return c.cfg.Owner + ":" + c.nonce + "." + strconv.FormatUint(c.seq.Add(1), 36)
 }
 
 // claim runs claimScript once, for at most limit entries, and accounts for

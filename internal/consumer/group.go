@@ -57,6 +57,7 @@ func NewGroup(cfg Config, keys []queue.Keys, rdb redis.UniversalClient, store St
 	for i, k := range keys {
 		c := cfg
 		c.Keys = k
+		c.Family = keys
 		c.SharedWake = true
 		if i > 0 {
 			c.Owner = owner + "#" + strconv.Itoa(i-1) // shard i-1; lease tokens say which

@@ -300,33 +300,27 @@ func (r *Reconciler) missing(ctx context.Context, serials []string) ([]string, e
 }
 
 // inQueue reports, for each serial, whether it is in the queue key or the
-// lease hash (leased or backing off) of the queue or any shard, in one
-// pipeline.
+// lease hash (leased or backing off) of the queue or any shard. Each key
+// set is read by one script, atomically: an entry that moves from the lease
+// hash back to the queue key (a hand-back) cannot fall between two reads
+// and look missing.
 func (r *Reconciler) inQueue(ctx context.Context, serials []string) ([]bool, error) {
 	found := make([]bool, len(serials))
 	if len(serials) == 0 {
 		return found, nil
 	}
 	all := append([]queue.Keys{r.cfg.Keys}, r.cfg.Shards...)
-	scores := make([]*redis.FloatSliceCmd, len(all))
-	leased := make([]*redis.SliceCmd, len(all))
-	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range all {
-			scores[i] = p.ZMScore(ctx, k.Queue, serials...)
-			leased[i] = p.HMGet(ctx, k.Lease, serials...)
+	args := anys(serials)
+	for _, k := range all {
+		in, err := inQueueScript.Run(ctx, r.rdb, []string{k.Queue, k.Lease}, args...).Int64Slice()
+		if err != nil {
+			return nil, fmt.Errorf("reconcile: check queue: %w", err)
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reconcile: check queue: %w", err)
-	}
-	for i := range all {
-		sc, ls := scores[i].Val(), leased[i].Val()
-		if len(sc) != len(serials) || len(ls) != len(serials) {
+		if len(in) != len(serials) {
 			return nil, fmt.Errorf("reconcile: check queue: %w", errReply)
 		}
 		for j := range serials {
-			found[j] = found[j] || sc[j] != 0 || ls[j] != nil
+			found[j] = found[j] || in[j] == 1
 		}
 	}
 	return found, nil

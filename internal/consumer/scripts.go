@@ -110,9 +110,11 @@ end
 // key's deadline decides and the stale lease is dropped), then due entries
 // from the queue. A due queue entry whose serial another replica still
 // leases is taken over: the producer wrote it after that claim, and the
-// other replica's fence (fenceScript) sees its token gone. Members that are not valid serials, scores that are
-// not integers or lie outside [2000-01-01, now + ARGV[4]] go to the
-// dead-letter set instead. "Now" is Redis's clock, so all replicas agree and
+// other replica's fence (fenceScript) sees its token gone. Members that
+// are not valid serials, scores that are not integers or lie outside
+// [2000-01-01, now + ARGV[4]] go to the dead-letter set instead, and a
+// lease or backoff of the same serial is dropped with them (the bad score
+// is the producer's latest write: the old deadline must not close it). "Now" is Redis's clock, so all replicas agree and
 // nothing is claimed before its deadline.
 //
 // While KEYS[7] exists (an operator paused closing) it claims nothing and
@@ -149,7 +151,9 @@ local function lease(s, d, a)
   deadlineArgs[#deadlineArgs+1] = d; deadlineArgs[#deadlineArgs+1] = s
   leaseArgs[#leaseArgs+1] = s; leaseArgs[#leaseArgs+1] = d .. '|' .. a .. '|' .. token .. '|'
 end
+local buried = {}
 local function bury(s, reason, score)
+  buried[#buried+1] = s
   dead[#dead+1] = s; dead[#dead+1] = reason
   deadArgs[#deadArgs+1] = now; deadArgs[#deadArgs+1] = s
   deadInfoArgs[#deadInfoArgs+1] = s
@@ -238,6 +242,15 @@ if #far > 0 then
   bulk('ZREM', KEYS[1], rem)
 end
 
+-- A buried queue entry is the producer's latest write: a lease or backoff
+-- of the same serial from before it must not close the order at its old
+-- deadline (the holder's fence sees its token gone). Buried serials are
+-- queue entries, never leased above in this call.
+if #buried > 0 then
+  bulk('ZREM', KEYS[2], buried)
+  bulk('ZREM', KEYS[3], buried)
+  bulk('HDEL', KEYS[4], buried)
+end
 if #inflightArgs > 0 then
   bulk('ZADD', KEYS[2], inflightArgs)
   bulk('ZADD', KEYS[3], deadlineArgs)
@@ -339,6 +352,28 @@ end
 return drop
 `)
 
+// laterScript is the fence's question to another key of the same logical
+// queue (the queue key, or a serial's shard): which of the serials does it
+// hold with a deadline not yet due (a producer wrote it there)?
+//
+//	KEYS[1] -> a queue key
+//	ARGV[1] -> close delay, ms; ARGV[2..] -> serials
+//
+// Returns those serials.
+var laterScript = redis.NewScript(luaHelpers + `
+local cutoff = now_ms() - tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 500 do
+  local last = math.min(i + 499, #ARGV)
+  local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
+  for j = 1, #qs do
+    local q = qs[j] and tonumber(qs[j])
+    if q and q > cutoff then out[#out+1] = ARGV[i + j - 1] end
+  end
+end
+return out
+`)
+
 // buryScript dead-letters leased entries.
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
@@ -383,6 +418,26 @@ for _, e in ipairs(mine) do
   redis.call('ZADD', KEYS[1], 'NX', e[2], s)
 end
 return #mine
+`)
+
+// inQueueScript tells the reconciler which serials a queue still holds.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease
+//	ARGV    -> serials
+//
+// Returns, for each serial, 1 if it is in the queue key (whatever its
+// score, 0 included) or has a lease record (leased or backing off), else 0.
+var inQueueScript = redis.NewScript(`
+local out = {}
+for i = 1, #ARGV, 500 do
+  local last = math.min(i + 499, #ARGV)
+  local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
+  local ls = redis.call('HMGET', KEYS[2], unpack(ARGV, i, last))
+  for j = 1, #qs do
+    if qs[j] or ls[j] then out[#out+1] = 1 else out[#out+1] = 0 end
+  end
+end
+return out
 `)
 
 // statsScript reads the queue gauges in one consistent step, on Redis's

@@ -170,11 +170,60 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
 			}
 			drop = append(drop, got...)
 		}
+		more, err := c.fenceFamily(ctx, closed, drop)
+		if err != nil {
+			return nil, err
+		}
+		drop = append(drop, more...)
 		for _, s := range drop {
 			dropped[s] = struct{}{}
 		}
 		return drop, nil
 	}, dropped
+}
+
+// fenceFamily returns the serials among closed (less those in drop) that
+// a producer wrote with a later deadline into another key of the logical
+// queue: the queue key for a shard's consumer, a serial's shard for the
+// queue key's. Each key is asked on its own (keys of different shards lie
+// in different slots); the rows stay locked meanwhile, so no atomicity
+// across keys is needed.
+func (c *Consumer) fenceFamily(ctx context.Context, closed, drop []string) ([]string, error) {
+	fam := c.cfg.Family
+	if len(fam) < 2 {
+		return nil, nil
+	}
+	skip := make(map[string]struct{}, len(drop))
+	for _, s := range drop {
+		skip[s] = struct{}{}
+	}
+	byKey := map[string][]string{}
+	for _, s := range closed {
+		if _, ok := skip[s]; ok {
+			continue
+		}
+		for _, q := range []string{fam[0].Queue, fam[1+queue.ShardOf(s, len(fam)-1)].Queue} {
+			if q != c.cfg.Keys.Queue {
+				byKey[q] = append(byKey[q], s)
+			}
+		}
+	}
+	var out []string
+	seen := map[string]struct{}{}
+	for q, serials := range byKey {
+		args := append([]any{c.cfg.CloseDelay.Milliseconds()}, anys(serials)...)
+		got, err := laterScript.Run(ctx, c.rdb, []string{q}, args...).StringSlice()
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range got {
+			if _, ok := seen[s]; !ok {
+				seen[s] = struct{}{}
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
 }
 
 // stillPending retries orders whose row was pending after the close left it

@@ -239,6 +239,7 @@ func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
 		return nil, err
 	}
 	defer rows.Close()
+	trim := blankPadded(rows)
 	out := make([]Found, 0, len(serials))
 	for rows.Next() {
 		var sn sql.NullString
@@ -249,7 +250,7 @@ func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
 		if !sn.Valid || !pending.Valid {
 			return nil, fmt.Errorf("%w: NULL serial or pending flag", ErrBadResult)
 		}
-		out = append(out, Found{Serial: sn.String, Pending: pending.Bool})
+		out = append(out, Found{Serial: trim(sn.String), Pending: pending.Bool})
 	}
 	return out, rows.Err()
 }
@@ -280,6 +281,7 @@ func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int6
 		return nil, err
 	}
 	defer rows.Close()
+	trim := blankPadded(rows)
 	out := make([]OverdueOrder, 0, limit)
 	for rows.Next() {
 		var serial sql.NullString
@@ -290,9 +292,21 @@ func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int6
 		if !serial.Valid || !at.Valid {
 			return nil, fmt.Errorf("%w: NULL serial or deadline", ErrBadResult)
 		}
-		out = append(out, OverdueOrder{Serial: serial.String, ExpiresAt: at.Time})
+		out = append(out, OverdueOrder{Serial: trim(serial.String), ExpiresAt: at.Time})
 	}
 	return out, rows.Err()
+}
+
+// blankPadded returns how to read the serials of rows' first column: a
+// char(n) column (BPCHAR, which Verify accepts) comes back blank-padded to
+// n, and PostgreSQL ignores those trailing blanks when it compares, so they
+// are trimmed; any other column is read as it is (a text serial may end in
+// a blank that matters).
+func blankPadded(rows *sql.Rows) func(string) string {
+	if cols, err := rows.ColumnTypes(); err == nil && len(cols) > 0 && cols[0].DatabaseTypeName() == "BPCHAR" {
+		return func(s string) string { return strings.TrimRight(s, " ") }
+	}
+	return func(s string) string { return s }
 }
 
 // ErrBadResult is wrapped when a statement returns something other than the
@@ -305,6 +319,7 @@ func querySerials(ctx context.Context, q Querier, query string, sizeHint int, ar
 		return nil, err
 	}
 	defer rows.Close()
+	trim := blankPadded(rows)
 	out := make([]string, 0, sizeHint)
 	for rows.Next() {
 		var s sql.NullString
@@ -314,7 +329,7 @@ func querySerials(ctx context.Context, q Querier, query string, sizeHint int, ar
 		if !s.Valid {
 			return nil, fmt.Errorf("%w: NULL serial", ErrBadResult)
 		}
-		out = append(out, s.String)
+		out = append(out, trim(s.String))
 	}
 	return out, rows.Err()
 }
