@@ -8,16 +8,17 @@ import (
 )
 
 // Proxy is a TCP proxy a test owns, for outages: Down cuts every connection
-// and refuses new ones, Up lets them through again. The servers behind it
-// are never touched.
+// and refuses new ones, Up lets them through again, SetTarget sends new
+// connections elsewhere (a Service following a failover). The servers behind
+// it are never touched.
 type Proxy struct {
-	ln     net.Listener
-	target string
+	ln net.Listener
 
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu     sync.Mutex
+	target string
+	down   bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
 }
 
 // NewProxy listens on a free loopback port and forwards to target. It is
@@ -43,6 +44,18 @@ func (p *Proxy) Down() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.down = true
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// SetTarget forwards new connections to target from now on and cuts every
+// connection to the old one, as a Kubernetes Service repointed at a new
+// primary leaves its clients to reconnect.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
 	for c := range p.conns {
 		c.Close()
 	}
