@@ -9,6 +9,7 @@ package orderdelay_test
 //	go test -count=1 -run TestCampaign .                         # ~45 s of workload
 //	ORDERDELAY_CAMPAIGN=30m go test -count=1 -timeout 2h -run TestCampaign .
 //	ORDERDELAY_CAMPAIGN_SEED=N ...                               # replay a seed
+//	ORDERDELAY_CAMPAIGN_FAULTS=sigkill,stall ...                 # only these faults ("none": no faults)
 //
 // The seed fixes every choice the workload and the nemesis make (which
 // order gets which life, which fault when); the interleaving with the
@@ -26,6 +27,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -228,7 +230,7 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 		}
 		seed = n
 	}
-	t.Logf("campaign seed %d, workload %s (replay: ORDERDELAY_CAMPAIGN_SEED=%d)", seed, duration, seed)
+	t.Logf("campaign seed %d, workload %s, faults %v (replay: ORDERDELAY_CAMPAIGN_SEED=%d)", seed, duration, campaignFaults(t), seed)
 
 	w := newWorld(t)
 	c := &campaign{t: t, w: w, seed: seed, http: &http.Client{Timeout: 20 * time.Second}}
@@ -586,11 +588,14 @@ func (c *campaign) scrape(d *daemon) float64 {
 // nemesis injects one fault at a time until end, healing each before the
 // next. It runs on the test goroutine (it restarts daemons).
 func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
-	kinds := []string{"sigkill", "sigterm", "sigstop", "redis-cut", "pg-cut", "read-only", "row-locks", "stall"}
+	kinds := campaignFaults(c.t)
 	for time.Until(end) > 0 {
 		time.Sleep(randDur(rng, 500*time.Millisecond, 2500*time.Millisecond))
 		if time.Until(end) <= 0 {
 			break
+		}
+		if len(kinds) == 0 {
+			continue
 		}
 		kind := kinds[rng.IntN(len(kinds))]
 		i := rng.IntN(len(c.daemons))
@@ -645,6 +650,28 @@ func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
 		c.faults = append(c.faults, f)
 	}
 	// Every replica is up (restarts wait for readiness) and every fault healed.
+}
+
+var allFaults = []string{"sigkill", "sigterm", "sigstop", "redis-cut", "pg-cut", "read-only", "row-locks", "stall"}
+
+// campaignFaults is the nemesis's repertoire: ORDERDELAY_CAMPAIGN_FAULTS
+// (comma-separated; "none" for a run without faults), else every fault.
+func campaignFaults(t *testing.T) []string {
+	v := os.Getenv("ORDERDELAY_CAMPAIGN_FAULTS")
+	if v == "" {
+		return allFaults
+	}
+	if v == "none" {
+		return nil
+	}
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if !slices.Contains(allFaults, strings.TrimSpace(f)) {
+			t.Fatalf("ORDERDELAY_CAMPAIGN_FAULTS: unknown fault %q; known: %v", f, allFaults)
+		}
+		out = append(out, strings.TrimSpace(f))
+	}
+	return out
 }
 
 // readOnly makes this test's own database read-only for new sessions (or
@@ -791,6 +818,21 @@ func (c *campaign) check(faultsEnd time.Time) {
 	for _, a := range audits {
 		auditsOf[a.Serial] = append(auditsOf[a.Serial], a)
 	}
+	ctx := context.Background()
+	k := c.w.keys
+	where := func(serial string) string {
+		var at []string
+		for name, key := range map[string]string{"queue": k.Queue, "inflight": k.Inflight, "dead": k.Dead} {
+			if _, err := c.w.rdb.ZScore(ctx, key, serial).Result(); err == nil {
+				at = append(at, name)
+			}
+		}
+		if len(at) == 0 {
+			return "in no queue key: the reconciler's to close"
+		}
+		sort.Strings(at)
+		return "in " + strings.Join(at, ", ")
+	}
 	var vs []violation
 	add := func(kind, serial, format string, args ...any) {
 		vs = append(vs, violation{kind, serial, fmt.Sprintf(format, args...)})
@@ -828,16 +870,14 @@ func (c *campaign) check(faultsEnd time.Time) {
 			by = by.Add(cSettle)
 			switch {
 			case r.Status == "pending":
-				add("4 never closed", o.serial, "still pending %s after its final deadline %s (faults stopped %s)",
-					time.Since(f).Round(time.Millisecond), c.rel(f), c.rel(faultsEnd))
+				add("4 never closed", o.serial, "still pending %s after its final deadline %s (faults stopped %s), %s",
+					time.Since(f).Round(time.Millisecond), c.rel(f), c.rel(faultsEnd), where(o.serial))
 			case len(as) > 0 && as[0].CommitAt.After(by):
 				add("4 closed late", o.serial, "closed %s, due by %s (final deadline %s)", c.rel(as[0].CommitAt), c.rel(by), c.rel(f))
 			}
 		}
 	}
 
-	ctx := context.Background()
-	k := c.w.keys
 	// 5: dead letters only for poisonous orders.
 	dead, err := c.w.rdb.HGetAll(ctx, k.DeadInfo).Result()
 	if err != nil {
