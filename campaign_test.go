@@ -1018,3 +1018,55 @@ func sortedCounts(m map[string]int) string {
 	}
 	return b.String()
 }
+
+// TestCampaignCheckerBounds pins the checker's reading of the contract, so
+// a campaign failure is the daemon's and not the checker's.
+func TestCampaignCheckerBounds(t *testing.T) {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	w := func(kind string, start, end, deadline float64, outcome int) cop {
+		return cop{kind: kind, start: at(start), end: at(end), deadline: at(deadline), outcome: outcome}
+	}
+	ops := []cop{
+		w("create", 0, 0.1, 5, acked),
+		w("reschedule", 1, 1.1, 3, unknown),     // superseded by the next acked write
+		w("reschedule", 2, 2.1, 8, acked),       // acked at 2.1
+		w("reschedule", 3, 3.5, 10, notApplied), // certainly refused
+		{kind: "pay", start: at(3.6), end: at(3.7)},
+		w("reschedule", 4, 4.5, 6, acked), // earlier, in flight 4..4.5
+		w("reschedule", 5, 5.1, 12, unknown),
+	}
+	cases := []struct {
+		began float64
+		want  float64
+		ok    bool
+	}{
+		{-1, 0, false},  // before anything was written
+		{0.05, 5, true}, // the create is in flight: its deadline may hold
+		{0.5, 5, true},  // after the create's ack
+		{1.05, 3, true}, // an earlier deadline in flight
+		{1.5, 3, true},  // unknown outcome: it may have taken effect
+		{2.05, 3, true}, // the later write is in flight, the unknown one may hold
+		{2.5, 8, true},  // acked later deadline supersedes
+		{3.2, 8, true},  // a refused write changes nothing
+		{4.2, 6, true},  // an earlier deadline in flight may already hold
+		{4.8, 6, true},  // acked
+		{5.5, 6, true},  // a later write of unknown outcome: the earlier acked one may still hold
+	}
+	for _, c := range cases {
+		got, ok := bounds(ops, at(c.began))
+		if ok != c.ok || (ok && !got.Equal(at(c.want))) {
+			t.Errorf("close began at %v: bound %v (%v), want %v (%v)", c.began, got.Sub(base).Seconds(), ok, c.want, c.ok)
+		}
+	}
+	// The final deadline: the last acked write's, a later unknown one's, or the row's.
+	if got := final(ops, at(6)); !got.Equal(at(12)) {
+		t.Errorf("final %v, want 12 (an unknown write after the last ack may hold)", got.Sub(base).Seconds())
+	}
+	if got := final(ops[:6], at(6)); !got.Equal(at(6)) {
+		t.Errorf("final %v, want 6 (a refused or superseded write never holds)", got.Sub(base).Seconds())
+	}
+	if got := final(ops[:6], at(9)); !got.Equal(at(9)) {
+		t.Errorf("final %v, want the row's 9", got.Sub(base).Seconds())
+	}
+}
