@@ -230,6 +230,10 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 		}
 		seed = n
 	}
+	if dl, ok := t.Deadline(); ok && time.Until(dl) < duration+3*time.Minute {
+		t.Fatalf("ORDERDELAY_CAMPAIGN=%s does not fit in the test timeout (%s left): pass -timeout %s",
+			duration, time.Until(dl).Round(time.Second), (duration + 10*time.Minute).Round(time.Minute))
+	}
 	t.Logf("campaign seed %d, workload %s, faults %v (replay: ORDERDELAY_CAMPAIGN_SEED=%d)", seed, duration, campaignFaults(t), seed)
 
 	w := newWorld(t)
