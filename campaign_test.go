@@ -293,7 +293,7 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 				lifeSeed := rng.Uint64()
 				go func() {
 					defer func() { <-sem; lives.Done() }()
-					c.life(ctx, fmt.Sprintf("%d-%06d", k, i), rand.New(rand.NewPCG(seed, lifeSeed)))
+					c.life(fmt.Sprintf("%d-%06d", k, i), rand.New(rand.NewPCG(seed, lifeSeed)))
 				}()
 			}
 		}()
@@ -309,7 +309,7 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 }
 
 // life drives one order through a random checkout life.
-func (c *campaign) life(ctx context.Context, id string, rng *rand.Rand) {
+func (c *campaign) life(id string, rng *rand.Rand) {
 	o := &corder{serial: "c-" + id}
 	roll := rng.Float64()
 	switch {
