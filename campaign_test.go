@@ -843,6 +843,7 @@ func (c *campaign) check(faultsEnd time.Time) {
 		vs = append(vs, violation{kind, serial, fmt.Sprintf(format, args...)})
 	}
 	checked := 0
+	lostTo := map[string]int{} // early closes by the write whose deadline they broke
 	for _, o := range c.orders {
 		r, exists := rows[o.serial]
 		as := auditsOf[o.serial]
@@ -855,8 +856,15 @@ func (c *campaign) check(faultsEnd time.Time) {
 			checked++
 			lower, ok := bounds(o.ops, a.StmtAt)
 			if ok && a.CommitAt.Before(lower) {
-				add("1 closed early", o.serial, "close by %s began %s, committed %s, %s before the deadline %s",
-					a.App, c.rel(a.StmtAt), c.rel(a.CommitAt), lower.Sub(a.CommitAt).Round(time.Millisecond), c.rel(lower))
+				by := "?"
+				for _, op := range o.ops {
+					if op.writesDeadline() && op.start.Before(a.StmtAt) && op.deadline.Equal(lower) {
+						by = op.kind + " via " + op.path
+					}
+				}
+				lostTo[by]++
+				add("1 closed early", o.serial, "close by %s began %s, committed %s, %s before the deadline %s set by %s",
+					a.App, c.rel(a.StmtAt), c.rel(a.CommitAt), lower.Sub(a.CommitAt).Round(time.Millisecond), c.rel(lower), by)
 			}
 		}
 		// 2: a paid order closed.
@@ -968,6 +976,9 @@ func (c *campaign) check(faultsEnd time.Time) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "campaign seed %d: %d orders %v, %d closes checked, %d dead letters\n", c.seed, len(c.orders), status, checked, len(dead))
 	fmt.Fprintf(&b, "operations:%s\nfaults:%s\n", sortedCounts(ops), sortedCounts(faults))
+	if len(lostTo) > 0 {
+		fmt.Fprintf(&b, "early closes by the write they broke:%s\n", sortedCounts(lostTo))
+	}
 	byKind := map[string][]violation{}
 	for _, v := range vs {
 		byKind[v.kind] = append(byKind[v.kind], v)
