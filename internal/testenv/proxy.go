@@ -5,18 +5,22 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy a test owns, for outages: Down cuts every connection
 // and refuses new ones, Up lets them through again, SetTarget sends new
-// connections elsewhere (a Service following a failover). The servers behind
-// it are never touched.
+// connections elsewhere (a Service following a failover), and Stall holds
+// the server's replies back for a while (a statement that committed on the
+// server while its client's deadline ran out). The servers behind it are
+// never touched.
 type Proxy struct {
 	ln net.Listener
 
 	mu     sync.Mutex
 	target string
 	down   bool
+	stall  time.Time // server-to-client bytes are held until then
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 }
@@ -68,6 +72,43 @@ func (p *Proxy) Up() {
 	p.mu.Unlock()
 }
 
+// Stall holds every byte the server sends, on every connection, for d from
+// now: the server has done the work (a COMMIT, say) and the client hears of
+// it only after d. Client-to-server bytes still flow.
+func (p *Proxy) Stall(d time.Duration) {
+	p.mu.Lock()
+	p.stall = time.Now().Add(d)
+	p.mu.Unlock()
+}
+
+// held waits out a stall in progress.
+func (p *Proxy) held() {
+	p.mu.Lock()
+	until := p.stall
+	p.mu.Unlock()
+	if wait := time.Until(until); wait > 0 {
+		time.Sleep(wait)
+	}
+}
+
+// stallingCopy copies src to dst like io.Copy, holding each chunk back
+// while a stall lasts.
+func (p *Proxy) stallingCopy(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.held()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 func (p *Proxy) close() {
 	p.ln.Close()
 	p.Down()
@@ -97,9 +138,13 @@ func (p *Proxy) accept() {
 		p.conns[up] = struct{}{}
 		p.wg.Add(2)
 		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
+		pipe := func(dst, src net.Conn, fromServer bool) {
 			defer p.wg.Done()
-			io.Copy(dst, src) //nolint:errcheck // a cut connection ends the copy
+			if fromServer {
+				p.stallingCopy(dst, src)
+			} else {
+				io.Copy(dst, src) //nolint:errcheck // a cut connection ends the copy
+			}
 			dst.Close()
 			src.Close()
 			p.mu.Lock()
@@ -107,7 +152,7 @@ func (p *Proxy) accept() {
 			delete(p.conns, src)
 			p.mu.Unlock()
 		}
-		go pipe(up, c)
-		go pipe(c, up)
+		go pipe(up, c, false)
+		go pipe(c, up, true)
 	}
 }
