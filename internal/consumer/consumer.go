@@ -149,16 +149,16 @@ type Store interface {
 
 // Consumer claims and closes due orders. Build it with New; run it with Run.
 type Consumer struct {
-	cfg    Config
-	rdb    redis.UniversalClient
-	store  Store
-	m      *metrics.Metrics
-	log    *zap.Logger
-	now    func() time.Time
-	seq    atomic.Uint64
+	cfg   Config
+	rdb   redis.UniversalClient
+	store Store
+	m     *metrics.Metrics
+	log   *zap.Logger
+	now   func() time.Time
+	seq   atomic.Uint64
 	// nonce makes this process's lease tokens its own even when another
 	// replica has the same Owner (host name and PID: containers are PID 1).
-	nonce string
+	nonce  string
 	beat   atomic.Int64 // Unix ns of the scan loop's last heartbeat
 	pgBack *backoff.ExponentialBackOff
 	pgMu   sync.Mutex
