@@ -55,6 +55,10 @@ func Transient(err error) bool {
 	if errors.As(err, &ce) {
 		return true // nothing about an order can stop a connection opening
 	}
+	var be *BeginError
+	if errors.As(err, &be) {
+		return true // no statement of ours ran: nothing about an order
+	}
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
 		return transientCode(pqErr)
@@ -130,6 +134,15 @@ func RowLocked(err error) bool {
 	var pqErr *pq.Error
 	return errors.As(err, &pqErr) && pqErr.Code == "55P03"
 }
+
+// BeginError is an error starting a transaction (BEGIN READ WRITE on a
+// standby in recovery answers 0A000, for one): no statement ran yet, so it
+// speaks about the database, never about the orders.
+type BeginError struct{ Err error }
+
+func (e *BeginError) Error() string { return "begin: " + e.Err.Error() }
+
+func (e *BeginError) Unwrap() error { return e.Err }
 
 // ConnectError is an error opening a connection of a pool made by Open.
 type ConnectError struct{ Err error }

@@ -342,3 +342,15 @@ func deadlineBeforeCommit(t *testing.T) error {
 	}
 	return err
 }
+
+// A standby in recovery refuses BEGIN READ WRITE with 0A000 before any
+// statement ran: that is the database, not the order.
+func TestBeginErrorIsTransient(t *testing.T) {
+	err := &orders.BeginError{Err: &pq.Error{Code: "0A000", Message: "cannot set transaction read-write mode during recovery"}}
+	if !orders.Transient(err) {
+		t.Fatalf("Transient(%v) = false, want true", err)
+	}
+	if orders.Transient(&pq.Error{Code: "0A000", Message: "feature not supported"}) {
+		t.Errorf("a statement's own 0A000 is not transient")
+	}
+}

@@ -189,7 +189,7 @@ func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outb
 func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun bool) (closed, drop []string, err error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, &BeginError{Err: err}
 	}
 	// Roll back even if ctx was cancelled meanwhile; after Commit a no-op.
 	defer tx.Rollback() //nolint:errcheck // nothing to keep
