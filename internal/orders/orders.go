@@ -208,6 +208,15 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 			return nil, nil, err
 		}
 	}
+	// The transaction's id, so that a COMMIT whose answer is lost (the
+	// connection dropped, the client's deadline passed while the server
+	// committed) can be settled by asking the server (commitStatus).
+	var xid int64
+	if len(closed) > 0 {
+		if err := tx.QueryRowContext(ctx, "SELECT txid_current()").Scan(&xid); err != nil {
+			return nil, nil, err
+		}
+	}
 	if fence != nil && len(closed) > 0 {
 		drop, err := fence(ctx, closed)
 		if err != nil {
@@ -217,7 +226,43 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 			return nil, drop, nil // rolled back; the caller retries without them
 		}
 	}
-	return closed, nil, tx.Commit()
+	if err := tx.Commit(); err != nil {
+		if xid != 0 && s.committed(xid) {
+			return closed, nil, nil // the COMMIT landed; only its answer was lost
+		}
+		return nil, nil, err
+	}
+	return closed, nil, nil
+}
+
+// commitStatusWait bounds how long a close whose COMMIT answer was lost asks
+// the server what became of it.
+const commitStatusWait = 5 * time.Second
+
+// committed asks the server, on another connection, whether transaction
+// xid committed (txid_status), retrying while the server cannot be reached
+// for up to commitStatusWait. It reports false when it committed not, or
+// when nobody could say: the caller then treats the close as failed and
+// retries it, and the SQL guard makes the retry harmless (the order is
+// then counted as settled rather than closed).
+func (s *Store) committed(xid int64) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), commitStatusWait)
+	defer cancel()
+	for {
+		var status sql.NullString
+		err := s.db.QueryRowContext(ctx, "SELECT txid_status($1)", xid).Scan(&status)
+		if err == nil {
+			return status.String == "committed"
+		}
+		if !Transient(err) || ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // CloseOn is Close on q (a transaction, for the reconciler).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -779,5 +780,47 @@ func TestSchemaVersionMatchesMigrations(t *testing.T) {
 	}
 	if newest != orders.SchemaVersion {
 		t.Fatalf("newest migration is %d, orders.SchemaVersion is %d", newest, orders.SchemaVersion)
+	}
+}
+
+// Issue 11 item 9: the server commits a close but its answer is lost (the
+// connection drops while the answer is on its way). The close must still be reported as
+// closed — the store asks the server what became of the transaction —
+// rather than failing and being counted as "settled" on its retry.
+func TestCloseWhoseCommitAnswerIsLostIsStillReported(t *testing.T) {
+	db, dsn := testenv.Postgres(t)
+	insert(t, db, order{"unheard", "pending", -time.Hour})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := testenv.NewProxy(t, u.Host)
+	u.Host = px.Addr()
+	viaProxy, err := sqlx.Open("postgres", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	s := orders.NewStore(viaProxy, orders.Statements{})
+	got, err := s.Close(ctxT(t), []string{"unheard"}, func(context.Context, []string) ([]string, error) {
+		// Right before COMMIT: hold the server's answers back; once the
+		// server has committed, cut the connection they travel on.
+		px.Stall(3 * time.Second)
+		go func() {
+			defer func() { px.Down(); px.Up() }()
+			for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+				var st string
+				if db.Get(&st, "SELECT status FROM orders WHERE serial_no = 'unheard'") == nil && st == "closed" {
+					return
+				}
+			}
+		}()
+		return nil, nil
+	})
+	if st := status(t, db, "unheard"); st != "closed" {
+		t.Fatalf("the server did not commit (%s): the test proved nothing", st)
+	}
+	if err != nil || !slices.Equal(got, []string{"unheard"}) {
+		t.Fatalf("Close = %v, %v; want [unheard]: the commit landed, only its answer was lost", got, err)
 	}
 }
