@@ -266,20 +266,9 @@ func triggerUndefinedTable(t *testing.T) error {
 // driver.ErrBadConn, database/sql closed the Conn; the next call on it
 // returns sql.ErrConnDone.
 func connUsedAgain(t *testing.T) error {
-	db, _ := testenv.Postgres(t)
+	conn := terminatedConn(t)
 	ctx := ctxT(t)
-	conn, err := db.Connx(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	var pid int
-	if err := conn.GetContext(ctx, &pid, `SELECT pg_backend_pid()`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(`SELECT pg_terminate_backend($1)`, pid); err != nil {
-		t.Fatal(err)
-	}
+	var err error
 	// The first use reports the termination (driver.ErrBadConn, or the
 	// connection reset if the socket closed before lib/pq read the FATAL
 	// message); database/sql then closes the Conn.

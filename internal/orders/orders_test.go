@@ -705,6 +705,13 @@ func contextDeadline(t *testing.T) error {
 // terminatedConnection: an administrator (or a failover) kills the backend
 // in the middle of a transaction.
 func terminatedConnection(t *testing.T) error {
+	conn := terminatedConn(t)
+	_, err := conn.ExecContext(ctxT(t), `SELECT 1`)
+	return err
+}
+
+// terminatedConn returns a connection whose backend has been terminated.
+func terminatedConn(t *testing.T) *sqlx.Conn {
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	conn, err := db.Connx(ctx)
@@ -719,8 +726,7 @@ func terminatedConnection(t *testing.T) error {
 	if _, err := db.Exec(`SELECT pg_terminate_backend($1)`, pid); err != nil {
 		t.Fatal(err)
 	}
-	_, err = conn.ExecContext(ctx, `SELECT 1`)
-	return err
+	return conn
 }
 
 func TestTransientClassification(t *testing.T) {
