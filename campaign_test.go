@@ -110,6 +110,21 @@ BEGIN
 END $$;
 CREATE CONSTRAINT TRIGGER close_audit_commit AFTER INSERT ON close_audit
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION campaign_commit_clock();
+-- The read-only fault: the daemons' closes run in transactions lib/pq opens
+-- with BEGIN READ WRITE, which overrides default_transaction_read_only, so
+-- while a row is in campaign_read_only their writes are refused with 25006,
+-- as a standby refuses them. The checkout (application_name campaign*) is
+-- not a standby's client and keeps writing.
+CREATE TABLE campaign_read_only (on_ boolean);
+CREATE FUNCTION campaign_refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('application_name') NOT LIKE 'campaign%' AND EXISTS (SELECT 1 FROM campaign_read_only) THEN
+        RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction' USING ERRCODE = '25006';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER orders_refuse_writes BEFORE UPDATE ON orders FOR EACH ROW
+    EXECUTE FUNCTION campaign_refuse_writes();
 `
 
 // Outcomes of a deadline write.
@@ -693,6 +708,13 @@ func (c *campaign) readOnly(on bool) {
 	if _, err := c.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE datname = $1 AND pid <> pg_backend_pid() AND application_name NOT LIKE 'campaign%'`, c.dbName); err != nil {
 		c.t.Fatalf("read-only fault: terminate: %v", err)
+	}
+	flag := `DELETE FROM campaign_read_only`
+	if on {
+		flag = `INSERT INTO campaign_read_only VALUES (true)`
+	}
+	if _, err := c.db.Exec(flag); err != nil {
+		c.t.Fatalf("read-only fault: %v", err)
 	}
 }
 

@@ -1,33 +1,30 @@
 package orderdelay_test
 
 import (
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 )
 
-// TestIntegrationReadOnlyDatabaseDeadLettersNothing: the database turns
-// read-only (what a failover to a standby looks like: 25006) while orders
-// fall due. Nothing is dead-lettered; every order closes once it is
-// writable again (issue 11, item 5).
+// TestIntegrationReadOnlyDatabaseDeadLettersNothing: the database refuses
+// writes as a standby does (25006) while orders fall due. Nothing is
+// dead-lettered; every order closes once it is writable again (issue 11,
+// item 5). The close runs in a transaction that lib/pq opens with BEGIN READ
+// WRITE, which overrides default_transaction_read_only, so the refusal is
+// made by a trigger raising 25006 while a flag row exists (a real standby is
+// TestFailoverPostgresPromoteStandby's).
 func TestIntegrationReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
 	w := newWorld(t)
-	u, err := url.Parse(w.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dbName := strings.TrimPrefix(u.Path, "/")
-	w.db.SetMaxOpenConns(1) // one session of ours, kept read-write
-	// Cut every other session of the database, so the next ones read the
-	// database's new default.
-	cutOthers := func() {
-		t.Helper()
-		if _, err := w.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			WHERE datname = $1 AND pid <> pg_backend_pid()`, dbName); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Read-only from the start, so every close meets it.
+	w.db.MustExec(`CREATE TABLE read_only (on_ boolean)`)
+	w.db.MustExec(`CREATE FUNCTION refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF EXISTS (SELECT 1 FROM read_only) THEN
+				RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction' USING ERRCODE = '25006';
+			END IF;
+			RETURN NEW;
+		END $$`)
+	w.db.MustExec(`CREATE TRIGGER refuse_writes BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_writes()`)
+	w.db.MustExec(`INSERT INTO read_only VALUES (true)`)
 	const n = 300
 	serials := w.createOrders("ro", n, time.Now().Add(3*time.Second))
 	w.zadd(serials, float64(time.Now().Add(3*time.Second).UnixMilli()))
@@ -47,10 +44,6 @@ func TestIntegrationReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
 		}
 	}
 
-	if _, err := w.db.Exec(`ALTER DATABASE ` + dbName + ` SET default_transaction_read_only = on`); err != nil {
-		t.Fatal(err)
-	}
-	cutOthers()
 	waitFor(t, "closes failing on the read-only database", 30*time.Second, func() bool {
 		return d.metrics()[`orderdelay_errors_total{stage="close"}`] >= 5
 	})
@@ -62,10 +55,7 @@ func TestIntegrationReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
 		t.Errorf("%v orders dead-lettered while the database was read-only, want 0", dead)
 	}
 
-	if _, err := w.db.Exec(`ALTER DATABASE ` + dbName + ` RESET default_transaction_read_only`); err != nil {
-		t.Fatal(err)
-	}
-	cutOthers()
+	w.db.MustExec(`DELETE FROM read_only`)
 	waitFor(t, "every order closed once writable", 60*time.Second, func() bool {
 		return w.count(`SELECT count(*) FROM orders WHERE status = 'closed'`) == n
 	})
