@@ -3,7 +3,8 @@ package orderdelay_test
 // Fault tests (issue "Never lose an order"): each injects what production
 // does to the daemon and then checks the same invariants. Destructive faults
 // hit private servers or proxies the test owns, never the shared ones.
-// Process-level fault tests do not run in parallel.
+// Process-level fault tests do not run in parallel, except the campaign
+// and the PostgreSQL failover test, which run side by side at the end.
 
 import (
 	"context"
