@@ -111,7 +111,7 @@ var Settings = []Setting{
 		set: durationIn(func(c *Config) *time.Duration { return &c.DrainTimeout }, 10*time.Millisecond, 24*time.Hour)},
 	{Env: "ORDERDELAY_MAX_ATTEMPTS", Default: "10", Help: "attempts before an order without a row is dead-lettered",
 		set: intIn(func(c *Config) *int { return &c.MaxAttempts }, 1, 1000)},
-	{Env: "ORDERDELAY_BACKOFF_MAX", Default: "5m", Help: "cap of the exponential retry backoff (with jitter)",
+	{Env: "ORDERDELAY_BACKOFF_MAX", Default: "5m", Help: "cap of the exponential retry backoff (with jitter); also caps the wait after a failed Redis or PostgreSQL call (at most 10s)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.BackoffMax }, time.Second, 24*time.Hour)},
 	{Env: "ORDERDELAY_RECONCILE_INTERVAL", Default: "1m", Help: "reconciler period (`0` disables it)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileInterval }, 0, 24*time.Hour)},

@@ -177,7 +177,7 @@ type Consumer struct {
 // New returns a Consumer.
 func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
 	cfg.setDefaults()
-	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff()}
+	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff(cfg.BackoffMax)}
 	c.nonce = strconv.FormatUint(rand.Uint64(), 36)
 	c.wake = make(chan int64, 64)
 	if cfg.Limiter != nil {
@@ -189,10 +189,14 @@ func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics,
 	return c
 }
 
-func newDependencyBackoff() *backoff.ExponentialBackOff {
+// newDependencyBackoff is the wait after a failed Redis or PostgreSQL call:
+// from 100 ms, capped at dependencyBackoffMax or the configured BackoffMax,
+// whichever is smaller — ORDERDELAY_BACKOFF_MAX caps every retry, so an
+// order is retried within it after an outage ends.
+func newDependencyBackoff(limit time.Duration) *backoff.ExponentialBackOff {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
-	b.MaxInterval = dependencyBackoffMax
+	b.MaxInterval = min(dependencyBackoffMax, max(limit, b.InitialInterval))
 	return b
 }
 
@@ -307,7 +311,7 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 	if sem == nil {
 		sem = make(chan struct{}, c.cfg.Workers)
 	}
-	redisBack := newDependencyBackoff()
+	redisBack := newDependencyBackoff(c.cfg.BackoffMax)
 	beat := time.NewTicker(time.Second)
 	defer beat.Stop()
 	for {

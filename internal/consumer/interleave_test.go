@@ -258,3 +258,19 @@ func TestStatsCountASerialInBothKeysOnce(t *testing.T) {
 		t.Fatalf("stats %+v, want depth 1 and overdue 0", st)
 	}
 }
+
+// ORDERDELAY_BACKOFF_MAX caps the wait after a failed database or Redis call
+// too, so an order is retried within it once an outage ends (it was a fixed
+// 10 s, which the campaign's settle bound missed on a busy machine).
+func TestDependencyBackoffRespectsBackoffMax(t *testing.T) {
+	e := newRedisEnv(t)
+	c := e.consumer(Config{BackoffMax: time.Second})
+	var most time.Duration
+	for range 50 {
+		most = max(most, c.pgBackoff())
+	}
+	// backoff's jitter spreads each wait by ±50% around the cap.
+	if most > 1500*time.Millisecond {
+		t.Fatalf("longest wait after a failed call %s, want at most 1.5 s with BackoffMax 1s", most)
+	}
+}
