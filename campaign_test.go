@@ -55,8 +55,9 @@ const (
 	// cSettle is how long after the faults stop (or after its final
 	// deadline, whichever is later) an unpaid order must be closed: lease +
 	// backoff cap + grace + reconcile interval (+20% jitter) + scan
-	// interval, plus a margin for a loaded machine.
-	cSettle = cLease + cBackoffMax + cReconcileGrace + cReconcileEvery*6/5 + cScanInterval + 4*time.Second
+	// interval, plus a margin for a loaded machine (15 s: with both cores
+	// busy and two race-built replicas, 4 s was missed by a few seconds).
+	cSettle = cLease + cBackoffMax + cReconcileGrace + cReconcileEvery*6/5 + cScanInterval + 15*time.Second
 )
 
 func campaignSettings() []string {

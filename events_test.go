@@ -29,6 +29,11 @@ func TestCloseEventsThroughTheOutbox(t *testing.T) {
 		n, _ := w.rdb.XLen(ctx, w.keys.Events).Result()
 		return n == 306
 	})
+	// The relay deletes what it published in the transaction that locked
+	// it, committed just after the XADD.
+	waitFor(t, "the outbox emptied", 30*time.Second, func() bool {
+		return w.count("SELECT count(*) FROM orderdelay_close_outbox") == 0
+	})
 	msgs, err := w.rdb.XRange(ctx, w.keys.Events, "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)

@@ -325,6 +325,16 @@ queues:
 			Attempts int    `json:"attempts"`
 		} `json:"tasks"`
 	}
+	// Both due on Redis's clock before the first poll, so one poll can
+	// lease both (a poll within the millisecond of a put sees only one).
+	waitFor(t, "both jobs due", 20*time.Second, func() bool {
+		now, err := tw.rdb.Time(ctx).Result()
+		if err != nil {
+			return false
+		}
+		n, err := tw.rdb.ZCount(ctx, tw.keys("jobs").Queue, "-inf", strconv.FormatInt(now.UnixMilli(), 10)).Result()
+		return err == nil && n == 2
+	})
 	var p polled
 	waitFor(t, "poll returns both", 20*time.Second, func() bool {
 		p = polled{}
