@@ -30,7 +30,7 @@ func (c *Consumer) process(workCtx context.Context, items []item) {
 
 // batchBudget returns how long a batch may run and how long the client
 // waits for one statement. The server cuts a statement at StatementTimeout
-// (orders.Store.SetTimeouts), so the client's own deadline is a backstop a
+// (the order pool sets it: orders.Open), so the client's own deadline is a backstop a
 // little later: a timeout is the server's answer, never a cancel that
 // leaves a commit in doubt. Both end before the lease does, with half the
 // gap between StatementTimeout and Lease to spare for the bookkeeping.
