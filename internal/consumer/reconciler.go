@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -203,8 +204,10 @@ func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_page"); err != nil {
 		return nil, err
 	}
+	// Enough contended failures to isolate two rows of a page by bisection.
+	budget := 2 * (bits.Len(uint(len(lost))) + 1)
 	for {
-		done, poisoned, err := r.closeIsolating(ctx, tx, lost)
+		done, poisoned, err := r.closeIsolating(ctx, tx, lost, &budget)
 		if err != nil {
 			return nil, err
 		}
@@ -244,8 +247,13 @@ func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string
 // order is closed. The close is conditional on the order being pending, so
 // running it again on a half is safe. An error about the database
 // (orders.Transient) is returned as it is, with no bisection: the caller
-// rolls back and the pass ends.
-func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []string) (closed, poisoned []string, err error) {
+// rolls back and the pass ends. A transient error that one row can cause
+// (orders.Contended: a lock, a serialization failure or deadlock raised for
+// one order, one slow row cut by the statement timeout) is bisected like a
+// bad order and the row skipped for this pass, but only while *budget
+// lasts: a database that is slow for every row ends the pass after a few
+// timeouts instead of bisecting the whole page.
+func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []string, budget *int) (closed, poisoned []string, err error) {
 	if len(serials) == 0 {
 		return nil, nil, nil
 	}
@@ -257,7 +265,11 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 		_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close")
 		return done, nil, err
 	}
-	if orders.Transient(err) {
+	contended := orders.Contended(err)
+	if contended {
+		*budget--
+	}
+	if orders.Transient(err) && (!contended || *budget < 0) {
 		return nil, nil, err
 	}
 	if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
@@ -268,16 +280,19 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 	}
 	if len(serials) == 1 {
 		r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
-		r.log.Warn("reconcile: closing this order fails; skipped, the other lost orders are closed",
-			zap.String("serial", serials[0]), zap.Error(err))
+		msg := "reconcile: closing this order fails; skipped, the other lost orders are closed"
+		if contended {
+			msg = "reconcile: closing this order fails with a transient error (a lock, a conflict, a timeout); skipped this pass, the other lost orders are closed"
+		}
+		r.log.Warn(msg, zap.String("serial", serials[0]), zap.Error(err))
 		return nil, serials, nil
 	}
 	half := len(serials) / 2
-	a, pa, err := r.closeIsolating(ctx, tx, serials[:half])
+	a, pa, err := r.closeIsolating(ctx, tx, serials[:half], budget)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, pb, err := r.closeIsolating(ctx, tx, serials[half:])
+	b, pb, err := r.closeIsolating(ctx, tx, serials[half:], budget)
 	if err != nil {
 		return nil, nil, err
 	}

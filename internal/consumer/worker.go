@@ -248,19 +248,24 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// Shutdown ran out of drain time: nothing was committed that the
 		// SQL guard would not make harmless; give the claims back.
 		c.handBack(items)
-	case orders.RowLocked(err) && len(items) > 1:
-		// A row stayed locked past lock_timeout: find it, so the rest of
-		// the batch is not held back with it. No attempt is spent.
-		c.log.Warn("a row stayed locked; splitting the batch to isolate it", zap.String("stage", stage),
-			zap.Int("orders", len(items)), zap.Error(err))
+	case orders.Contended(err) && len(items) > 1 && batchCtx.Err() == nil:
+		// A row stayed locked past lock_timeout, a shop's trigger failed a
+		// serialization check or deadlocked on one order, or one slow row
+		// ran the statement past its timeout: transient, but possibly one
+		// row's, so find it rather than hold the rest of the batch back
+		// with it. No attempt is spent.
+		c.log.Warn("a transient error that one row can cause; splitting the batch to isolate it",
+			zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
 		c.split(workCtx, batchCtx, stmt, items)
-	case orders.RowLocked(err):
+	case orders.Contended(err) && !orders.TimedOut(err):
 		// Alone now: back off and try again, spending no attempt. A lock
-		// is someone else's transaction, never this order's fault; and a
-		// lock held by a stalled replica that has already closed the order
-		// must not end in a dead letter (its session is cut after
-		// idle_in_transaction_session_timeout, see orders.PoolOptions).
-		c.log.Warn("order row is locked; retrying it alone", zap.String("serial", items[0].serial), zap.Error(err))
+		// or a conflict is someone else's transaction, never this order's
+		// fault; and a lock held by a stalled replica that has already
+		// closed the order must not end in a dead letter (its session is
+		// cut after idle_in_transaction_session_timeout, see
+		// orders.PoolOptions). A statement timeout alone falls through: it
+		// may be the database that is slow, so the worker holds back.
+		c.log.Warn("order row is locked or in conflict; retrying it alone", zap.String("serial", items[0].serial), zap.Error(err))
 		c.retry(items, c.entryBackoff(items[0].attempts), false, err.Error())
 	case errors.As(err, &fenceErr) || orders.Transient(err):
 		if fenceErr == nil {
@@ -290,10 +295,16 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 	}
 }
 
-// split closes the two halves of items one after the other.
+// split closes the two halves of items one after the other. If the batch's
+// budget ran out on the first half, the second goes back to the queue
+// untried (no attempt spent) rather than fail on a spent deadline.
 func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	half := len(items) / 2
 	c.closeItems(workCtx, batchCtx, stmt, items[:half])
+	if batchCtx.Err() != nil && workCtx.Err() == nil {
+		c.retry(items[half:], c.entryBackoff(0), false, "the batch's time ran out while isolating an order")
+		return
+	}
 	c.closeItems(workCtx, batchCtx, stmt, items[half:])
 }
 

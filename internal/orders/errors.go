@@ -135,6 +135,33 @@ func RowLocked(err error) bool {
 	return errors.As(err, &pqErr) && pqErr.Code == "55P03"
 }
 
+// Contended reports a transient error that one row can cause while the
+// database is up and answering: 55P03 a lock not available in time, 40001
+// a serialization failure, 40P01 a deadlock, 57014 a statement cut by its
+// timeout (one slow row: a shop's trigger calling out, a hot row). The same
+// order may well close later, so no attempt is spent, but the error may be
+// that one row's, so a batch holding it is split to find it rather than
+// retried whole (which would hold the batch back for as long as the row
+// stays bad).
+func Contended(err error) bool {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return false
+	}
+	switch pqErr.Code {
+	case "55P03", "40001", "40P01", "57014":
+		return true
+	}
+	return false
+}
+
+// TimedOut reports a statement the server cut (57014): a slow row, or a
+// slow database. Alone, it is treated as the database being slow.
+func TimedOut(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && pqErr.Code == "57014"
+}
+
 // BeginError is an error starting a transaction (BEGIN READ WRITE on a
 // standby in recovery answers 0A000, for one): no statement ran yet, so it
 // speaks about the database, never about the orders.
