@@ -208,12 +208,13 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 			return nil, nil, err
 		}
 	}
-	// The transaction's id, so that a COMMIT whose answer is lost (the
-	// connection dropped, the client's deadline passed while the server
-	// committed) can be settled by asking the server (commitStatus).
-	var xid int64
+	// The transaction's id and the server that gave it, so that a COMMIT
+	// whose answer is lost (the connection dropped, the client's deadline
+	// passed while the server committed) can be settled by asking that
+	// server (committed).
+	var xid txRef
 	if len(closed) > 0 {
-		if err := tx.QueryRowContext(ctx, "SELECT txid_current()").Scan(&xid); err != nil {
+		if err := tx.QueryRowContext(ctx, txRefSQL).Scan(&xid.id, &xid.server); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -227,7 +228,7 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		if xid != 0 && s.committed(xid) {
+		if xid.id != 0 && s.committed(xid) {
 			return closed, nil, nil // the COMMIT landed; only its answer was lost
 		}
 		return nil, nil, err
@@ -239,20 +240,37 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 // the server what became of it.
 const commitStatusWait = 5 * time.Second
 
+// txRef names a transaction: its id and the server process that assigned
+// it. A transaction id means something only to the server that handed it
+// out: a standby promoted after the primary died, or the primary itself
+// after a crash, can hand the same id to another transaction if the first
+// was never replicated or flushed. The postmaster's start time tells
+// server processes apart (a promoted standby and a restarted primary both
+// have their own).
+type txRef struct {
+	id     int64
+	server string
+}
+
+const txRefSQL = "SELECT txid_current(), pg_postmaster_start_time()::text"
+
 // committed asks the server, on another connection, whether transaction
 // xid committed (txid_status), retrying while the server cannot be reached
 // for up to commitStatusWait. It reports false when it committed not, or
-// when nobody could say: the caller then treats the close as failed and
-// retries it, and the SQL guard makes the retry harmless (the order is
-// then counted as settled rather than closed).
-func (s *Store) committed(xid int64) bool {
+// when nobody could say — the server that answers is not the one that ran
+// the transaction (a failover, a restart), or none answered: the caller
+// then treats the close as failed and retries it, and the SQL guard makes
+// the retry harmless (the order is then counted as settled rather than
+// closed).
+func (s *Store) committed(xid txRef) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), commitStatusWait)
 	defer cancel()
 	for {
 		var status sql.NullString
-		err := s.db.QueryRowContext(ctx, "SELECT txid_status($1)", xid).Scan(&status)
+		var server string
+		err := s.db.QueryRowContext(ctx, "SELECT txid_status($1), pg_postmaster_start_time()::text", xid.id).Scan(&status, &server)
 		if err == nil {
-			return status.String == "committed"
+			return server == xid.server && status.String == "committed"
 		}
 		if !Transient(err) || ctx.Err() != nil {
 			return false
