@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
 )
 
 // Errors that one row can cause while the database is up: a shop's trigger
@@ -114,14 +117,10 @@ func TestReconcilerIsolatesAContendedOrder(t *testing.T) {
 	}
 }
 
-// A database slow for every row is not bisected through the whole page: the
-// pass ends after a bounded number of statement timeouts, as it did before
-// contended errors were isolated.
-func TestReconcilerStopsBisectingWhenEveryRowTimesOut(t *testing.T) {
-	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
-	ctx := context.Background()
-	lost := e.orders("slow", 64, time.Now().Add(-10*time.Minute))
+// slowEveryClose makes every close sleep five seconds and counts the
+// statements that reached a row (each is cut on its first row).
+func (e *env) slowEveryClose() {
+	e.t.Helper()
 	_, err := e.db.Exec(`CREATE SEQUENCE slow_closes;
 CREATE FUNCTION slow_close() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -133,25 +132,165 @@ BEGIN
 END $$;
 CREATE TRIGGER slow_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION slow_close();`)
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
+}
+
+func (e *env) slowCloses() int {
+	e.t.Helper()
+	var n int
+	if err := e.db.Get(&n, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM slow_closes`); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// A database slow for every row is not worked through order by order: the
+// pass ends after maxCostly single-order timeouts, as it did before
+// contended errors were isolated.
+func TestReconcilerEndsThePassWhenEveryRowTimesOut(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
+	ctx := context.Background()
+	lost := e.orders("slow", 64, time.Now().Add(-10*time.Minute))
+	e.slowEveryClose()
 	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
 	n, err := r.RunOnce(ctx)
 	if err == nil || n != 0 {
 		t.Fatalf("pass = %d, %v; want the pass to end with the timeout", n, err)
 	}
-	var statements int
-	if err := e.db.Get(&statements, `SELECT last_value FROM slow_closes`); err != nil {
-		t.Fatal(err)
-	}
-	// 64 orders: a budget of 2*(7+1) = 16 timeouts, then the pass ends
-	// (a full bisection would run 127 statements).
-	if statements > 17 {
-		t.Errorf("%d statements timed out in one pass, want at most 17", statements)
+	// The page's statement, then maxCostly orders alone.
+	if k := e.slowCloses(); k != 1+maxCostly {
+		t.Errorf("%d statements timed out in one pass, want %d", k, 1+maxCostly)
 	}
 	for _, s := range lost {
 		if st := e.status(s); st != "pending" {
 			t.Fatalf("%s is %s, want pending", s, st)
 		}
+	}
+}
+
+// Several rows on the first page whose close fails transiently must not
+// keep every pass from the lost orders on that page and behind it: cheap
+// failures (a trigger's 40001) are isolated in one pass; rows that cost a
+// timeout are skipped by the next pass, which then gets past them.
+func TestReconcilerGetsPastSeveralContendedRows(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		action string
+		passes int
+	}{
+		{"serialization failures", `RAISE EXCEPTION 'shop trigger: try later' USING ERRCODE = '40001'`, 1},
+		{"slow rows", `PERFORM pg_sleep(5)`, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, orderStatements())
+			e.store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
+			ctx := context.Background()
+			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
+			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
+			bad := []string{lost[0], lost[16], lost[32]}
+			if _, err := e.db.Exec(`CREATE FUNCTION refuse_some() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'closed' AND NEW.serial_no IN ('` + strings.Join(bad, "','") + `') THEN
+    ` + tc.action + `;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_some BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_some();`); err != nil {
+				t.Fatal(err)
+			}
+			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
+			for pass := range tc.passes {
+				n, err := r.RunOnce(ctx)
+				t.Logf("pass %d: closed %d, err %v", pass, n, err)
+			}
+			for _, s := range append(append([]string{}, lost...), behind...) {
+				want := "closed"
+				if slices.Contains(bad, s) {
+					want = "pending"
+				}
+				if st := e.status(s); st != want {
+					t.Errorf("after %d passes %s is %s, want %s", tc.passes, s, st, want)
+				}
+			}
+		})
+	}
+}
+
+// Fast path, a database slow for every row: one statement for the batch,
+// maxCostly orders alone, then the batch backs off as for an outage
+// (postgres down, no attempt spent) instead of timing out order by order.
+func TestFastPathBacksOffADatabaseSlowForEveryRow(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
+	ctx := context.Background()
+	past := e.redisNow().Add(-time.Second)
+	serials := e.orders("slow", 64, past)
+	e.enqueue(serials, past)
+	e.slowEveryClose()
+	c := e.consumer(Config{BatchSize: 64, StatementTimeout: 100 * time.Millisecond, Lease: 3 * time.Second})
+	c.stopping = make(chan struct{})
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 64 {
+		t.Fatalf("claim: %v, %d", err, len(res.items))
+	}
+	c.process(ctx, res.items)
+	if k := e.slowCloses(); k != 1+maxCostly {
+		t.Errorf("%d statements cut by the timeout for one batch, want %d", k, 1+maxCostly)
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 0 {
+		t.Errorf("dependency_up{postgres} = %v, want 0: every row timing out is a slow database", v)
+	}
+	for _, s := range serials {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil || got.State != client.StateBackoff || got.Attempts != 0 {
+			t.Fatalf("%s: %+v (%v), want backoff with 0 attempts", s, got, err)
+		}
+	}
+}
+
+// A row that stays contended costs less and less: the retry delay grows
+// with how overdue the order is (no attempt is spent, so attempts cannot
+// drive it).
+func TestContendedRetryDelayGrowsWithLateness(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	now := e.redisNow()
+	fresh := e.orders("fresh", 1, now)[0]
+	old := e.orders("old", 1, now)[0]
+	e.enqueue([]string{fresh}, now.Add(-time.Second))
+	e.enqueue([]string{old}, now.Add(-time.Hour))
+	e.failClose(fresh, "40001")
+	if _, err := e.db.Exec(`CREATE OR REPLACE FUNCTION refuse_close() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'closed' THEN
+    RAISE EXCEPTION 'shop trigger: try later' USING ERRCODE = '40001';
+  END IF;
+  RETURN NEW;
+END $$`); err != nil {
+		t.Fatal(err)
+	}
+	c := e.consumer(Config{BatchSize: 1, BackoffMax: 10 * time.Minute})
+	c.stopping = make(chan struct{})
+	for range 2 {
+		res, err := c.claimBatch(ctx)
+		if err != nil || len(res.items) != 1 {
+			t.Fatalf("claim: %v", err)
+		}
+		c.process(ctx, res.items)
+	}
+	until := func(s string) time.Duration {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil || got.State != client.StateBackoff || got.Attempts != 0 {
+			t.Fatalf("%s: %+v (%v), want backoff with 0 attempts", s, got, err)
+		}
+		return got.Until.Sub(now)
+	}
+	if d := until(fresh); d > 2*time.Second {
+		t.Errorf("an order a second overdue waits %v, want about a second", d)
+	}
+	if d := until(old); d < 4*time.Minute || d > 11*time.Minute {
+		t.Errorf("an order an hour overdue waits %v, want 5 to 10 minutes (half of BackoffMax to BackoffMax)", d)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"math/bits"
 	"slices"
 	"time"
 
@@ -65,6 +64,13 @@ type Reconciler struct {
 	// afterClose, when set (tests only), runs after a page's close statement
 	// and before the fence, with the serials it closed.
 	afterClose func(closed []string)
+
+	// skip holds the orders whose close cost a timeout in the previous
+	// pass (a row locked, a slow row): this pass leaves them out, so a few
+	// such rows on the first page cannot take every pass's timeout budget
+	// and keep the pass from reaching the lost orders behind them. They
+	// are tried again the pass after. skipNext collects this pass's.
+	skip, skipNext map[string]struct{}
 }
 
 // NewReconciler returns a Reconciler.
@@ -116,6 +122,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 		}
 		return 0, nil
 	}
+	r.skip, r.skipNext = r.skipNext, map[string]struct{}{}
 	total := 0
 	var cur orders.Cursor
 	for range maxPagesPerRun {
@@ -170,8 +177,10 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	if err != nil {
 		return 0, cur, false, err
 	}
+	lost = slices.DeleteFunc(lost, func(s string) bool { _, ok := r.skip[s]; return ok })
+	var st pageState
 	if len(lost) > 0 {
-		done, err := r.closeFenced(ctx, tx, lost)
+		done, err := r.closeFenced(ctx, tx, lost, &st)
 		if err != nil {
 			return 0, cur, false, fmt.Errorf("reconcile close: %w", err)
 		}
@@ -188,7 +197,19 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 			r.m.Reconciled.Add(float64(closed))
 		}
 	}
+	if st.slow != nil {
+		// Every row tried alone timed out: the database is slow, not a
+		// row. What closed is committed; the pass ends here.
+		return closed, cur, false, fmt.Errorf("reconcile close: %w", st.slow)
+	}
 	return closed, next, more, nil
+}
+
+// pageState is what one page spent isolating rows that fail with errors
+// that cost a timeout (orders.Costly).
+type pageState struct {
+	costly, timeouts int
+	slow             error // set when maxCostly statement timeouts ran: the database is slow
 }
 
 // closeFenced closes the lost orders in tx and returns those it closed,
@@ -200,14 +221,12 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 // any closed serial is now in a queue key or a lease hash, the page is rolled
 // back to its savepoint and closed again without it, until the fence finds
 // none. Each round drops at least one serial, so this ends.
-func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string) ([]string, error) {
+func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string, st *pageState) ([]string, error) {
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_page"); err != nil {
 		return nil, err
 	}
-	// Enough contended failures to isolate two rows of a page by bisection.
-	budget := 2 * (bits.Len(uint(len(lost))) + 1)
 	for {
-		done, poisoned, err := r.closeIsolating(ctx, tx, lost, &budget)
+		done, poisoned, err := r.closeIsolating(ctx, tx, lost, st)
 		if err != nil {
 			return nil, err
 		}
@@ -239,21 +258,20 @@ func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string
 }
 
 // closeIsolating runs the close statement on serials inside tx, under a
-// savepoint. If it fails with an error about this data (a shop's trigger
-// refuses an order, a constraint, a bad value) it is rolled back to the
-// savepoint and the serials are split in halves, recursively, until the
-// failing order is alone: that one is skipped and reported (a Warn with its
-// serial and the error, errors_total{stage="reconcile"}), and every other
-// order is closed. The close is conditional on the order being pending, so
-// running it again on a half is safe. An error about the database
-// (orders.Transient) is returned as it is, with no bisection: the caller
-// rolls back and the pass ends. A transient error that one row can cause
-// (orders.Contended: a lock, a serialization failure or deadlock raised for
-// one order, one slow row cut by the statement timeout) is bisected like a
-// bad order and the row skipped for this pass, but only while *budget
-// lasts: a database that is slow for every row ends the pass after a few
-// timeouts instead of bisecting the whole page.
-func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []string, budget *int) (closed, poisoned []string, err error) {
+// savepoint, and returns what it closed and what it skipped. If it fails
+// with an error about this data (a shop's trigger refuses an order, a
+// constraint, a bad value) it is rolled back to the savepoint and the
+// serials are split in halves, recursively, until the failing order is
+// alone: that one is skipped and reported (a Warn with its serial and the
+// error, errors_total{stage="reconcile"}), and every other order is closed.
+// If it fails with a transient error one row can cause (orders.Contended: a
+// lock, a serialization failure or deadlock raised for one order, one slow
+// row cut by the statement timeout), the serials are closed one by one
+// instead (closeOneByOne), which finds such a row for the price of one
+// timeout. The close is conditional on the order being pending, so running
+// it again is safe. An error about the database (orders.Transient) is
+// returned as it is: the caller rolls back and the pass ends.
+func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []string, st *pageState) (closed, skipped []string, err error) {
 	if len(serials) == 0 {
 		return nil, nil, nil
 	}
@@ -266,10 +284,7 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 		return done, nil, err
 	}
 	contended := orders.Contended(err)
-	if contended {
-		*budget--
-	}
-	if orders.Transient(err) && (!contended || *budget < 0) {
+	if orders.Transient(err) && !contended {
 		return nil, nil, err
 	}
 	if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
@@ -278,25 +293,62 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 	if _, rerr := tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
 		return nil, nil, fmt.Errorf("%w (after %w)", rerr, err)
 	}
-	if len(serials) == 1 {
+	switch {
+	case len(serials) == 1 && contended:
 		r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
-		msg := "reconcile: closing this order fails; skipped, the other lost orders are closed"
-		if contended {
-			msg = "reconcile: closing this order fails with a transient error (a lock, a conflict, a timeout); skipped this pass, the other lost orders are closed"
+		if orders.Costly(err) {
+			st.costly++
+			r.skipNext[serials[0]] = struct{}{}
+			if orders.TimedOut(err) {
+				st.timeouts++
+			}
 		}
-		r.log.Warn(msg, zap.String("serial", serials[0]), zap.Error(err))
+		r.log.Warn("reconcile: closing this order fails with a transient error (a lock, a conflict, a timeout); skipped, the other lost orders are closed",
+			zap.String("serial", serials[0]), zap.Error(err))
 		return nil, serials, nil
+	case len(serials) == 1:
+		r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
+		r.log.Warn("reconcile: closing this order fails; skipped, the other lost orders are closed",
+			zap.String("serial", serials[0]), zap.Error(err))
+		return nil, serials, nil
+	case contended:
+		return r.closeOneByOne(ctx, tx, serials, st)
 	}
 	half := len(serials) / 2
-	a, pa, err := r.closeIsolating(ctx, tx, serials[:half], budget)
+	a, pa, err := r.closeIsolating(ctx, tx, serials[:half], st)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, pb, err := r.closeIsolating(ctx, tx, serials[half:], budget)
+	b, pb, err := r.closeIsolating(ctx, tx, serials[half:], st)
 	if err != nil {
 		return nil, nil, err
 	}
 	return append(a, b...), append(pa, pb...), nil
+}
+
+// closeOneByOne closes serials one statement each (closeIsolating), until
+// maxCostly of them cost a timeout: the rest is skipped for this pass
+// (the timed-out ones for the next pass too, see Reconciler.skip), so a
+// page spends at most maxCostly timeouts holding its rows locked. If those
+// were statement timeouts, the database is taken to be slow (st.slow) and
+// the pass ends after this page.
+func (r *Reconciler) closeOneByOne(ctx context.Context, tx *sqlx.Tx, serials []string, st *pageState) (closed, skipped []string, err error) {
+	for i, s := range serials {
+		if st.costly >= maxCostly {
+			if st.timeouts >= maxCostly && st.slow == nil {
+				st.slow = fmt.Errorf("%d orders in a row timed out closed alone: the database is slow", st.timeouts)
+			}
+			r.log.Warn("reconcile: rows that cost a timeout each; the rest of the page is left for the next pass",
+				zap.Int("orders", len(serials)-i))
+			return closed, append(skipped, serials[i:]...), nil
+		}
+		c, sk, err := r.closeIsolating(ctx, tx, []string{s}, st)
+		if err != nil {
+			return nil, nil, err
+		}
+		closed, skipped = append(closed, c...), append(skipped, sk...)
+	}
+	return closed, skipped, nil
 }
 
 // missing returns the serials that are nowhere in the queue's keys.

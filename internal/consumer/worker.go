@@ -25,7 +25,7 @@ func (c *Consumer) process(workCtx context.Context, items []item) {
 		c.processTasks(workCtx, ctx, items)
 		return
 	}
-	c.closeItems(workCtx, ctx, stmt, dedupe(items))
+	c.closeItems(workCtx, ctx, stmt, dedupe(items), false)
 }
 
 // batchBudget returns how long a batch may run and how long the client
@@ -58,16 +58,18 @@ func dedupe(items []item) []item {
 
 // closeItems closes what it can of items and settles the rest. An error
 // about the data splits the batch in halves until the serial that causes it
-// is alone, so good orders are not held back by a bad one.
-func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
+// is alone, so good orders are not held back by a bad one. isolating is set
+// when items is one order of a batch closed order by order (oneByOne). It
+// returns the close statement's error, once handled.
+func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Duration, items []item, isolating bool) error {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
 	fence, dropped := c.fence(items)
 	closed, err := c.store.Close(ctx, serialsOf(items), fence)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
-		c.failed(workCtx, batchCtx, stmt, items, err, "close")
-		return
+		c.failed(workCtx, batchCtx, stmt, items, err, "close", isolating)
+		return err
 	}
 	c.m.SetUp(metrics.DepPostgres, true)
 	c.pgBackReset()
@@ -112,8 +114,8 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
 			c.finish(done)
-			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup")
-			return
+			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup", isolating)
+			return nil
 		}
 		state := make(map[string]bool, len(found))
 		for _, f := range found {
@@ -140,6 +142,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 	c.finish(done)
 	c.log.Debug("batch done", zap.Int("claimed", len(items)), zap.Int("closed", len(closed)),
 		zap.Int("settled", len(done)-len(closed)), zap.Strings("closed_serials", closed))
+	return nil
 }
 
 // fence returns the check a close runs before it commits (fenceScript):
@@ -240,8 +243,9 @@ func (c *Consumer) stillPending(items []item) {
 	}
 }
 
-// failed handles a batch whose statement failed.
-func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string) {
+// failed handles a batch whose statement failed (see closeItems for
+// isolating).
+func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, isolating bool) {
 	var fenceErr *orders.FenceError
 	switch {
 	case workCtx.Err() != nil:
@@ -254,36 +258,24 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// ran the statement past its timeout: transient, but possibly one
 		// row's, so find it rather than hold the rest of the batch back
 		// with it. No attempt is spent.
-		c.log.Warn("a transient error that one row can cause; splitting the batch to isolate it",
+		c.log.Warn("a transient error that one row can cause; closing the batch order by order to isolate it",
 			zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
-		c.split(workCtx, batchCtx, stmt, items)
-	case orders.Contended(err) && !orders.TimedOut(err):
+		c.oneByOne(workCtx, batchCtx, stmt, items)
+	case orders.Contended(err) && (isolating || !orders.TimedOut(err)):
 		// Alone now: back off and try again, spending no attempt. A lock
 		// or a conflict is someone else's transaction, never this order's
 		// fault; and a lock held by a stalled replica that has already
 		// closed the order must not end in a dead letter (its session is
 		// cut after idle_in_transaction_session_timeout, see
-		// orders.PoolOptions). A statement timeout alone falls through: it
-		// may be the database that is slow, so the worker holds back.
-		c.log.Warn("order row is locked or in conflict; retrying it alone", zap.String("serial", items[0].serial), zap.Error(err))
-		c.retry(items, c.entryBackoff(items[0].attempts), false, err.Error())
+		// orders.PoolOptions). A statement timeout on a batch of one
+		// falls through unless the rest of its batch closed without it:
+		// then the database is slow, not the row, and the worker holds
+		// back.
+		c.log.Warn("this order's row is locked, in conflict or slow to close; retrying it alone",
+			zap.String("serial", items[0].serial), zap.Error(err))
+		c.retry(items, c.contendedBackoff(items[0]), false, err.Error())
 	case errors.As(err, &fenceErr) || orders.Transient(err):
-		if fenceErr == nil {
-			c.m.SetUp(metrics.DepPostgres, false)
-		}
-		d := c.pgBackoff()
-		c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
-			zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
-		c.retry(items, d, false, err.Error())
-		// Hold this worker for the backoff, so errors per second stay
-		// bounded while the database is away; shutdown cuts the wait.
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-c.stopping:
-		case <-workCtx.Done():
-		}
+		c.unavailable(workCtx, items, err, stage, fenceErr == nil)
 	case len(items) > 1:
 		c.log.Warn("statement failed; splitting the batch to isolate the cause", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Error(err))
@@ -295,17 +287,88 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 	}
 }
 
+// unavailable retries items after the database (or, for a fence error, the
+// queue) could not do the work: no attempt spent, and this worker holds
+// back for the dependency backoff so errors per second stay bounded while
+// it is away; shutdown cuts the wait. down marks PostgreSQL down.
+func (c *Consumer) unavailable(workCtx context.Context, items []item, err error, stage string, down bool) {
+	if down {
+		c.m.SetUp(metrics.DepPostgres, false)
+	}
+	d := c.pgBackoff()
+	c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
+		zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
+	c.retry(items, d, false, err.Error())
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.stopping:
+	case <-workCtx.Done():
+	}
+}
+
+// maxCostly is how many errors that cost a timeout (orders.Costly) one
+// batch spends isolating rows before it gives the rest back.
+const maxCostly = 2
+
+// oneByOne closes items one order per transaction, after their batch
+// failed with an error one row can cause (orders.Contended): every order
+// that can close does, and only the rows that cause the error are held
+// back (retried alone, no attempt spent). One order per statement finds a
+// slow or locked row for the price of one timeout, where halving the batch
+// would pay one per level. Errors that cost a timeout are bounded: after
+// maxCostly of them, or when the batch's time runs out, the rest goes back
+// untried; and if those were all statement timeouts, the database itself
+// is taken to be slow, as for an outage.
+func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
+	costly, timeouts := 0, 0
+	var last error
+	for i, it := range items {
+		rest := items[i:]
+		switch {
+		case workCtx.Err() != nil:
+			c.handBack(rest)
+			return
+		case timeouts >= maxCostly:
+			c.unavailable(workCtx, rest, last, "close", true)
+			return
+		case costly >= maxCostly || batchCtx.Err() != nil:
+			c.retry(rest, c.entryBackoff(0), false, "not tried: the batch's time ran out isolating a row")
+			return
+		}
+		err := c.closeItems(workCtx, batchCtx, stmt, []item{it}, true)
+		if orders.Costly(err) {
+			costly++
+			last = err
+			if orders.TimedOut(err) {
+				timeouts++
+			}
+		}
+	}
+}
+
+// contendedBackoff is the delay before an order whose row was locked, in
+// conflict or slow is tried again. It spends no attempt, so it cannot grow
+// with attempts: it grows with how overdue the order is instead (half of
+// it, from retryBase up to BackoffMax, with jitter down to half), so a
+// brief lock is retried at once and a row that stays bad costs little.
+func (c *Consumer) contendedBackoff(it item) time.Duration {
+	d := min(max(c.now().Sub(time.UnixMilli(it.deadline))/2, retryBase), c.cfg.BackoffMax)
+	return d/2 + rand.N(d/2+1)
+}
+
 // split closes the two halves of items one after the other. If the batch's
 // budget ran out on the first half, the second goes back to the queue
 // untried (no attempt spent) rather than fail on a spent deadline.
 func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	half := len(items) / 2
-	c.closeItems(workCtx, batchCtx, stmt, items[:half])
+	c.closeItems(workCtx, batchCtx, stmt, items[:half], false)
 	if batchCtx.Err() != nil && workCtx.Err() == nil {
-		c.retry(items[half:], c.entryBackoff(0), false, "the batch's time ran out while isolating an order")
+		c.retry(items[half:], c.entryBackoff(0), false, "not tried: the batch's time ran out isolating an order")
 		return
 	}
-	c.closeItems(workCtx, batchCtx, stmt, items[half:])
+	c.closeItems(workCtx, batchCtx, stmt, items[half:], false)
 }
 
 // notFound backs off orders that have no row yet (the producer may have

@@ -137,29 +137,37 @@ func RowLocked(err error) bool {
 
 // Contended reports a transient error that one row can cause while the
 // database is up and answering: 55P03 a lock not available in time, 40001
-// a serialization failure, 40P01 a deadlock, 57014 a statement cut by its
-// timeout (one slow row: a shop's trigger calling out, a hot row). The same
-// order may well close later, so no attempt is spent, but the error may be
-// that one row's, so a batch holding it is split to find it rather than
-// retried whole (which would hold the batch back for as long as the row
-// stays bad).
+// a serialization failure, 40P01 a deadlock, 57014 a statement the server's
+// statement_timeout cut (one slow row: a shop's trigger calling out, a hot
+// row). The same order may well close later, so no attempt is spent, but
+// the error may be that one row's, so a batch holding it is closed order by
+// order rather than retried whole (which would hold the batch back for as
+// long as the row stays bad). A statement cancelled at the client's request
+// (57014 too, when lib/pq cancels for a context) is not: that is the
+// client's deadline, not the row.
 func Contended(err error) bool {
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) {
 		return false
 	}
 	switch pqErr.Code {
-	case "55P03", "40001", "40P01", "57014":
+	case "55P03", "40001", "40P01":
 		return true
 	}
-	return false
+	return TimedOut(err)
 }
 
-// TimedOut reports a statement the server cut (57014): a slow row, or a
-// slow database. Alone, it is treated as the database being slow.
+// Costly reports a Contended error that took a timeout to arrive (a
+// statement timeout, a lock timeout): isolating rows that cause it costs a
+// timeout per try, so the callers bound how many they spend.
+func Costly(err error) bool { return TimedOut(err) || RowLocked(err) }
+
+// TimedOut reports a statement the server cut at its statement_timeout
+// (57014 "canceling statement due to statement timeout"): a slow row, or a
+// slow database.
 func TimedOut(err error) bool {
 	var pqErr *pq.Error
-	return errors.As(err, &pqErr) && pqErr.Code == "57014"
+	return errors.As(err, &pqErr) && pqErr.Code == "57014" && strings.Contains(pqErr.Message, "statement timeout")
 }
 
 // BeginError is an error starting a transaction (BEGIN READ WRITE on a
