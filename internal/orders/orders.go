@@ -228,7 +228,7 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		if xid.id != 0 && s.committed(xid) {
+		if xid.id != 0 && s.committed(xid, closed) {
 			return closed, nil, nil // the COMMIT landed; only its answer was lost
 		}
 		return nil, nil, err
@@ -240,37 +240,54 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 // the server what became of it.
 const commitStatusWait = 5 * time.Second
 
-// txRef names a transaction: its id and the server process that assigned
-// it. A transaction id means something only to the server that handed it
-// out: a standby promoted after the primary died, or the primary itself
-// after a crash, can hand the same id to another transaction if the first
-// was never replicated or flushed. The postmaster's start time tells
-// server processes apart (a promoted standby and a restarted primary both
-// have their own).
+// txRef names a transaction: its id and the server that assigned it. A
+// transaction id means something only to the server that handed it out: a
+// standby promoted after the primary died can hand the same id to another
+// transaction if the first was never replicated. The postmaster's start
+// time (as seconds since the epoch, whatever the session's time zone)
+// tells servers apart. A server that reinitialises after a backend crash
+// keeps its postmaster and may reuse an id whose WAL was never flushed;
+// committed therefore also checks the rows.
 type txRef struct {
 	id     int64
 	server string
 }
 
-const txRefSQL = "SELECT txid_current(), pg_postmaster_start_time()::text"
+const (
+	serverSQL = "extract(epoch FROM pg_postmaster_start_time())::text"
+	txRefSQL  = "SELECT txid_current(), " + serverSQL
+)
 
 // committed asks the server, on another connection, whether transaction
 // xid committed (txid_status), retrying while the server cannot be reached
-// for up to commitStatusWait. It reports false when it committed not, or
-// when nobody could say — the server that answers is not the one that ran
-// the transaction (a failover, a restart), or none answered: the caller
-// then treats the close as failed and retries it, and the SQL guard makes
-// the retry harmless (the order is then counted as settled rather than
-// closed).
-func (s *Store) committed(xid txRef) bool {
+// for up to commitStatusWait, and, if it did, that none of the orders it
+// closed is still pending (an id reused after a crash cannot have closed
+// them). It reports false when the close did not commit, or when nobody
+// could say — the server that answers is not the one that ran the
+// transaction (a failover), or none answered: the caller then treats the
+// close as failed and retries it, and the SQL guard makes the retry
+// harmless (the order is then counted as settled rather than closed).
+func (s *Store) committed(xid txRef, closed []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), commitStatusWait)
 	defer cancel()
 	for {
 		var status sql.NullString
 		var server string
-		err := s.db.QueryRowContext(ctx, "SELECT txid_status($1), pg_postmaster_start_time()::text", xid.id).Scan(&status, &server)
+		err := s.db.QueryRowContext(ctx, "SELECT txid_status($1), "+serverSQL, xid.id).Scan(&status, &server)
 		if err == nil {
-			return server == xid.server && status.String == "committed"
+			if server != xid.server || status.String != "committed" {
+				return false
+			}
+			found, err := s.Lookup(ctx, closed)
+			if err != nil {
+				return false
+			}
+			for _, f := range found {
+				if f.Pending {
+					return false
+				}
+			}
+			return true
 		}
 		if !Transient(err) || ctx.Err() != nil {
 			return false
