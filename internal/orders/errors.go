@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -158,16 +159,35 @@ func Contended(err error) bool {
 }
 
 // Costly reports a Contended error that took a timeout to arrive (a
-// statement timeout, a lock timeout): isolating rows that cause it costs a
-// timeout per try, so the callers bound how many they spend.
-func Costly(err error) bool { return TimedOut(err) || RowLocked(err) }
+// statement timeout, a lock timeout, a deadlock found after
+// deadlock_timeout): isolating rows that cause it costs a timeout per try,
+// so the callers bound how many they spend.
+func Costly(err error) bool {
+	var pqErr *pq.Error
+	return TimedOut(err) || RowLocked(err) || (errors.As(err, &pqErr) && pqErr.Code == "40P01")
+}
 
-// TimedOut reports a statement the server cut at its statement_timeout
-// (57014 "canceling statement due to statement timeout"): a slow row, or a
-// slow database.
+// TimedOut reports a statement the server cut (57014) on its own: its
+// statement_timeout (a slow row, or a slow database), or an operator's
+// pg_cancel_backend. A 57014 that came because the caller's context ended
+// (lib/pq then asks the server to cancel, and reports the server's 57014)
+// is not: the Store's methods wrap those with the context's error
+// (clientCut). Told apart by the context, not by the message, which the
+// server writes in its own language (lc_messages).
 func TimedOut(err error) bool {
 	var pqErr *pq.Error
-	return errors.As(err, &pqErr) && pqErr.Code == "57014" && strings.Contains(pqErr.Message, "statement timeout")
+	return errors.As(err, &pqErr) && pqErr.Code == "57014" &&
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+}
+
+// clientCut wraps a 57014 that arrived after ctx ended with ctx's error:
+// the client cancelled the statement, the server did not time it out.
+func clientCut(ctx context.Context, err error) error {
+	var pqErr *pq.Error
+	if err != nil && ctx.Err() != nil && errors.As(err, &pqErr) && pqErr.Code == "57014" {
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+	return err
 }
 
 // BeginError is an error starting a transaction (BEGIN READ WRITE on a

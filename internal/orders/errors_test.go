@@ -343,3 +343,28 @@ func TestBeginErrorIsTransient(t *testing.T) {
 		t.Errorf("a statement's own 0A000 is not transient")
 	}
 }
+
+// A statement timeout is the server's whatever language it speaks
+// (lc_messages); a 57014 that came because the caller's context ended is
+// the client's, and says nothing about the row.
+func TestTimedOutIsTheServersWhateverItsLanguage(t *testing.T) {
+	german := &pq.Error{Severity: "ERROR", Code: "57014", Message: "storniere Anfrage wegen Zeitüberschreitung der Anfrage"}
+	if !orders.TimedOut(german) || !orders.Contended(german) || !orders.Costly(german) {
+		t.Errorf("a statement timeout in German: TimedOut %v, Contended %v, Costly %v; want all true",
+			orders.TimedOut(german), orders.Contended(german), orders.Costly(german))
+	}
+	db, _ := testenv.Postgres(t)
+	s := orders.NewStore(db, orders.Statements{
+		Lookup: `SELECT s, true FROM unnest($1::text[]) s WHERE length(s) + (SELECT 0 FROM pg_sleep(5)) < 0`,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := s.Lookup(ctx, []string{"x"})
+	if err == nil {
+		t.Fatal("a five-second lookup under a 100 ms context returned no error")
+	}
+	if orders.TimedOut(err) || orders.Contended(err) || !orders.Transient(err) {
+		t.Errorf("cut by the client's deadline (%v): TimedOut %v, Contended %v, Transient %v; want false, false, true",
+			err, orders.TimedOut(err), orders.Contended(err), orders.Transient(err))
+	}
+}

@@ -156,7 +156,8 @@ func (e *FenceError) Unwrap() error { return e.Err }
 // when it drops serials the transaction is rolled back and the close runs
 // again without them, so a dropped serial is never closed.
 func (s *Store) Close(ctx context.Context, serials []string, fence Fence) ([]string, error) {
-	return s.closeTx(ctx, serials, fence, "", false)
+	closed, err := s.closeTx(ctx, serials, fence, "", false)
+	return closed, clientCut(ctx, err)
 }
 
 // closeTx is Close; outbox, if not empty, is the reason of the close events
@@ -302,7 +303,8 @@ func (s *Store) committed(xid txRef, closed []string) bool {
 
 // CloseOn is Close on q (a transaction, for the reconciler).
 func (s *Store) CloseOn(ctx context.Context, q Querier, serials []string) ([]string, error) {
-	return querySerials(ctx, q, s.stmts.Close, len(serials), pq.Array(serials))
+	closed, err := querySerials(ctx, q, s.stmts.Close, len(serials), pq.Array(serials))
+	return closed, clientCut(ctx, err)
 }
 
 // Found is one row the lookup statement returned.
@@ -316,7 +318,7 @@ type Found struct {
 func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
 	rows, err := s.db.QueryContext(ctx, s.stmts.Lookup, pq.Array(serials))
 	if err != nil {
-		return nil, err
+		return nil, clientCut(ctx, err)
 	}
 	defer rows.Close()
 	trim := blankPadded(rows)
