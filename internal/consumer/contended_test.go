@@ -294,3 +294,103 @@ END $$`); err != nil {
 		t.Errorf("an order an hour overdue waits %v, want 5 to 10 minutes (half of BackoffMax to BackoffMax)", d)
 	}
 }
+
+// Orders whose close always costs a timeout, at the head of the first page
+// (the oldest overdue), more of them than a page's timeout budget: each is
+// left out for a while once it failed, and tried last, so within a few
+// passes every other lost order is closed. (An adversarial review found
+// passes alternating between pairs of four such rows forever.)
+func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		action string
+	}{
+		{"statement timeouts", `PERFORM pg_sleep(5)`},
+		{"lock timeouts", `UPDATE hot SET n = n + 1 WHERE id = 1`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, orderStatements())
+			e.store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
+			ctx := context.Background()
+			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
+			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
+			bad := lost[:4]
+			if _, err := e.db.Exec(`CREATE TABLE hot (id int PRIMARY KEY, n int); INSERT INTO hot VALUES (1, 0);
+CREATE FUNCTION refuse_some() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'closed' AND NEW.serial_no IN ('` + strings.Join(bad, "','") + `') THEN
+    ` + tc.action + `;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_some BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_some();`); err != nil {
+				t.Fatal(err)
+			}
+			holder, err := e.db.BeginTxx(ctx, nil) // holds the hot row (lock variant)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer holder.Rollback() //nolint:errcheck // test cleanup
+			if _, err := holder.Exec(`SELECT * FROM hot WHERE id = 1 FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
+			for pass := range 4 {
+				n, err := r.RunOnce(ctx)
+				t.Logf("pass %d: closed %d, err %v", pass, n, err)
+			}
+			for _, s := range append(append([]string{}, lost...), behind...) {
+				want := "closed"
+				if slices.Contains(bad, s) {
+					want = "pending"
+				}
+				if st := e.status(s); st != want {
+					t.Errorf("after 4 passes %s is %s, want %s", s, st, want)
+				}
+			}
+			// Once their time is up they are tried again (and still fail).
+			r.now = func() time.Time { return time.Now().Add(time.Hour) }
+			before := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile))
+			if _, err := r.RunOnce(ctx); err != nil && !strings.Contains(err.Error(), "slow") {
+				t.Fatalf("pass after the skip: %v", err)
+			}
+			if after := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile)); after <= before {
+				t.Errorf("the skipped orders were not tried again once their time was up")
+			}
+		})
+	}
+}
+
+// One order whose close times out, claimed alone (low traffic, or back
+// from its own retry), is a slow row: postgres stays up and the order
+// waits the contended backoff, which grows with how overdue it is — not
+// the dependency backoff, which any success elsewhere resets.
+func TestLoneSlowRowIsNotTakenForADownDatabase(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
+	ctx := context.Background()
+	past := e.redisNow().Add(-10 * time.Minute)
+	slow := e.orders("slow", 1, past)[0]
+	e.slowCloseOf(slow)
+	e.enqueue([]string{slow}, past)
+	c := e.consumer(Config{BatchSize: 1, StatementTimeout: 100 * time.Millisecond, Lease: 3 * time.Second, BackoffMax: time.Hour})
+	c.stopping = make(chan struct{})
+	e.m.SetUp(metrics.DepPostgres, true)
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 1 {
+		t.Fatalf("claim: %v %d", err, len(res.items))
+	}
+	now := e.redisNow()
+	c.process(ctx, res.items)
+	got, err := e.cl.Get(ctx, slow)
+	if err != nil || got.State != client.StateBackoff || got.Attempts != 0 {
+		t.Fatalf("%+v (%v), want backoff with 0 attempts", got, err)
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 1 {
+		t.Errorf("dependency_up{postgres} = %v: one slow row marked the database down", v)
+	}
+	// Ten minutes overdue: half of that, with jitter down to half again.
+	if d := got.Until.Sub(now); d < 2*time.Minute {
+		t.Errorf("retried in %v, want the contended backoff (2.5 to 5 minutes)", d)
+	}
+}

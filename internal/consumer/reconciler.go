@@ -65,13 +65,29 @@ type Reconciler struct {
 	// and before the fence, with the serials it closed.
 	afterClose func(closed []string)
 
-	// skip holds the orders whose close cost a timeout in the previous
-	// pass (a row locked, a slow row): this pass leaves them out, so a few
-	// such rows on the first page cannot take every pass's timeout budget
-	// and keep the pass from reaching the lost orders behind them. They
-	// are tried again the pass after. skipNext collects this pass's.
-	skip, skipNext map[string]struct{}
+	// skip holds the orders whose close cost a timeout (a row locked, a
+	// slow row), each until a time that doubles with every failure, from
+	// one Interval up to maxSkipIntervals: passes leave them out until
+	// then, and try them last in their page, so a few such rows at the
+	// head of the first page cannot take every pass's timeout budget and
+	// keep the pass from the lost orders behind them. An entry goes when
+	// its order closes, or maxSkipIntervals after it was last due.
+	skip map[string]*skipEntry
+	now  func() time.Time
 }
+
+// skipEntry is one order the reconciler leaves out for a while.
+type skipEntry struct {
+	until    time.Time
+	failures int
+}
+
+const (
+	maxSkipIntervals = 16
+	// maxSkipped bounds the skip set; beyond it, failing orders are not
+	// remembered (and cost their timeout again next pass).
+	maxSkipped = 10000
+)
 
 // NewReconciler returns a Reconciler.
 func NewReconciler(cfg ReconcilerConfig, rdb redis.Cmdable, store *orders.Store, m *metrics.Metrics, log *zap.Logger) *Reconciler {
@@ -86,7 +102,7 @@ func NewReconciler(cfg ReconcilerConfig, rdb redis.Cmdable, store *orders.Store,
 	}
 	h := fnv.New64a()
 	h.Write([]byte("orderdelay reconcile " + cfg.Keys.Queue))
-	return &Reconciler{cfg: cfg, rdb: rdb, store: store, m: m, log: log, lock: int64(h.Sum64())}
+	return &Reconciler{cfg: cfg, rdb: rdb, store: store, m: m, log: log, lock: int64(h.Sum64()), now: time.Now}
 }
 
 // Run reconciles every Interval until ctx ends.
@@ -122,7 +138,15 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 		}
 		return 0, nil
 	}
-	r.skip, r.skipNext = r.skipNext, map[string]struct{}{}
+	if r.skip == nil {
+		r.skip = map[string]*skipEntry{}
+	}
+	now := r.now()
+	for sn, e := range r.skip {
+		if now.Sub(e.until) > maxSkipIntervals*r.cfg.Interval {
+			delete(r.skip, sn) // no longer failing here: closed elsewhere, paid, or back in Redis
+		}
+	}
 	total := 0
 	var cur orders.Cursor
 	for range maxPagesPerRun {
@@ -177,7 +201,20 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	if err != nil {
 		return 0, cur, false, err
 	}
-	lost = slices.DeleteFunc(lost, func(s string) bool { _, ok := r.skip[s]; return ok })
+	now := r.now()
+	lost = slices.DeleteFunc(lost, func(s string) bool { e := r.skip[s]; return e != nil && now.Before(e.until) })
+	// Orders that failed before are tried last: the others close first.
+	slices.SortStableFunc(lost, func(a, b string) int {
+		_, fa := r.skip[a]
+		_, fb := r.skip[b]
+		switch {
+		case fa == fb:
+			return 0
+		case fb:
+			return -1
+		}
+		return 1
+	})
 	var st pageState
 	if len(lost) > 0 {
 		done, err := r.closeFenced(ctx, tx, lost, &st)
@@ -185,6 +222,9 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 			return 0, cur, false, fmt.Errorf("reconcile close: %w", err)
 		}
 		closed = len(done)
+		for _, sn := range done {
+			delete(r.skip, sn)
+		}
 		if r.cfg.Outbox {
 			if err := orders.RecordClosed(ctx, tx, done, "reconciled"); err != nil {
 				return 0, cur, false, err
@@ -298,9 +338,8 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 		r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
 		if orders.Costly(err) {
 			st.costly++
-			r.skipNext[serials[0]] = struct{}{}
-			if orders.TimedOut(err) {
-				st.timeouts++
+			if first := r.skipFailed(serials[0]); first && orders.TimedOut(err) {
+				st.timeouts++ // only new offenders say the database is slow
 			}
 		}
 		r.log.Warn("reconcile: closing this order fails with a transient error (a lock, a conflict, a timeout); skipped, the other lost orders are closed",
@@ -326,12 +365,28 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 	return append(a, b...), append(pa, pb...), nil
 }
 
+// skipFailed records that closing serial cost a timeout and reports
+// whether that is the first time.
+func (r *Reconciler) skipFailed(serial string) (first bool) {
+	e := r.skip[serial]
+	if e == nil {
+		if len(r.skip) >= maxSkipped {
+			return true
+		}
+		e = &skipEntry{}
+		r.skip[serial] = e
+	}
+	e.failures++
+	e.until = r.now().Add(r.cfg.Interval * time.Duration(min(1<<(e.failures-1), maxSkipIntervals)))
+	return e.failures == 1
+}
+
 // closeOneByOne closes serials one statement each (closeIsolating), until
 // maxCostly of them cost a timeout: the rest is skipped for this pass
-// (the timed-out ones for the next pass too, see Reconciler.skip), so a
-// page spends at most maxCostly timeouts holding its rows locked. If those
-// were statement timeouts, the database is taken to be slow (st.slow) and
-// the pass ends after this page.
+// (the timed-out ones for longer, see Reconciler.skip), so a page spends
+// at most maxCostly timeouts holding its rows locked. If those were
+// statement timeouts of orders that had not failed before, the database is
+// taken to be slow (st.slow) and the pass ends after this page.
 func (r *Reconciler) closeOneByOne(ctx context.Context, tx *sqlx.Tx, serials []string, st *pageState) (closed, skipped []string, err error) {
 	for i, s := range serials {
 		if st.costly >= maxCostly {

@@ -115,7 +115,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 			c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
 			c.finish(done)
 			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup", isolating)
-			return nil
+			return err
 		}
 		state := make(map[string]bool, len(found))
 		for _, f := range found {
@@ -261,16 +261,16 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		c.log.Warn("a transient error that one row can cause; closing the batch order by order to isolate it",
 			zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
 		c.oneByOne(workCtx, batchCtx, stmt, items)
-	case orders.Contended(err) && (isolating || !orders.TimedOut(err)):
-		// Alone now: back off and try again, spending no attempt. A lock
-		// or a conflict is someone else's transaction, never this order's
-		// fault; and a lock held by a stalled replica that has already
-		// closed the order must not end in a dead letter (its session is
-		// cut after idle_in_transaction_session_timeout, see
-		// orders.PoolOptions). A statement timeout on a batch of one
-		// falls through unless the rest of its batch closed without it:
-		// then the database is slow, not the row, and the worker holds
-		// back.
+	case orders.Contended(err):
+		// Alone now (or out of time): back off and try again, spending no
+		// attempt. A lock or a conflict is someone else's transaction,
+		// never this order's fault; and a lock held by a stalled replica
+		// that has already closed the order must not end in a dead letter
+		// (its session is cut after idle_in_transaction_session_timeout,
+		// see orders.PoolOptions). A statement timeout of one order is
+		// taken for a slow row, not a slow database: the database is
+		// taken to be slow when two orders of a batch time out alone
+		// (oneByOne).
 		c.log.Warn("this order's row is locked, in conflict or slow to close; retrying it alone",
 			zap.String("serial", items[0].serial), zap.Error(err))
 		c.retry(items, c.contendedBackoff(items[0]), false, err.Error())
@@ -333,19 +333,42 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		case timeouts >= maxCostly:
 			c.unavailable(workCtx, rest, last, "close", true)
 			return
-		case costly >= maxCostly || batchCtx.Err() != nil:
+		case costly >= maxCostly || !c.timeForAStatement(batchCtx):
 			c.retry(rest, c.entryBackoff(0), false, "not tried: the batch's time ran out isolating a row")
 			return
 		}
 		err := c.closeItems(workCtx, batchCtx, stmt, []item{it}, true)
-		if orders.Costly(err) {
+		switch {
+		case orders.Costly(err):
 			costly++
 			last = err
 			if orders.TimedOut(err) {
 				timeouts++
 			}
+		case err != nil && !orders.Contended(err) && orders.Transient(err):
+			// The database (or the queue) went away: that order was
+			// retried after the dependency backoff; the rest goes back
+			// untried rather than fail one by one.
+			if workCtx.Err() == nil {
+				c.retry(items[i+1:], c.entryBackoff(0), false, "not tried: the database went away isolating a row")
+			} else {
+				c.handBack(items[i+1:])
+			}
+			return
 		}
 	}
+}
+
+// timeForAStatement reports whether the batch has time left for one more
+// statement to end by the server's statement_timeout (with a tenth to
+// spare) rather than by the client's deadline: a statement the client
+// cancels ends in a 57014 that says nothing about the row.
+func (c *Consumer) timeForAStatement(batchCtx context.Context) bool {
+	if batchCtx.Err() != nil {
+		return false
+	}
+	end, ok := batchCtx.Deadline()
+	return !ok || time.Until(end) >= c.cfg.StatementTimeout+c.cfg.StatementTimeout/10
 }
 
 // contendedBackoff is the delay before an order whose row was locked, in

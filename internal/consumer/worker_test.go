@@ -180,7 +180,7 @@ func TestTransientErrorRetriesWithoutSpendingAnAttempt(t *testing.T) {
 		t.Fatalf("claim: %v", err)
 	}
 	c.stopping = make(chan struct{}) // not shutting down
-	start := time.Now()
+	e.m.SetUp(metrics.DepPostgres, true)
 	c.process(ctx, res.items)
 	got, err := e.cl.Get(ctx, "slow-00000")
 	if err != nil {
@@ -189,14 +189,14 @@ func TestTransientErrorRetriesWithoutSpendingAnAttempt(t *testing.T) {
 	if got.State != client.StateBackoff || got.Attempts != 0 {
 		t.Fatalf("after a timeout: %s with %d attempts, want backoff with 0", got.State, got.Attempts)
 	}
-	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 0 {
-		t.Errorf("dependency_up{postgres} = %v after a transient failure, want 0", v)
+	// One order timing out is taken for a slow row, not a slow database
+	// (two orders of a batch timing out alone are: see
+	// TestFastPathBacksOffADatabaseSlowForEveryRow).
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 1 {
+		t.Errorf("dependency_up{postgres} = %v after one order timed out, want 1", v)
 	}
 	if v := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClose)); v != 1 {
 		t.Errorf("errors_total{close} = %v, want 1", v)
-	}
-	if time.Since(start) < 100*time.Millisecond {
-		t.Errorf("the worker did not hold back after the failure")
 	}
 }
 
