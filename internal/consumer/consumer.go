@@ -513,8 +513,12 @@ func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
 	if c.cfg.Forward != nil {
 		return c.forward(ctx, limit)
 	}
+	return c.claimAs(ctx, limit, c.token())
+}
+
+// claimAs runs claimScript once under the lease token tok.
+func (c *Consumer) claimAs(ctx context.Context, limit int, tok string) (claimResult, error) {
 	k := c.cfg.Keys
-	tok := c.token()
 	raw, err := claimScript.Run(ctx, c.rdb,
 		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused},
 		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),

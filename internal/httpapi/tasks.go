@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -20,10 +21,10 @@ import (
 //	GET    /v1/queues/{queue}/tasks/{id}
 //	DELETE /v1/queues/{queue}/tasks/{id}
 //	POST   /v1/queues/{queue}/batch-delete {"ids":["a","b"]}
-//	POST   /v1/queues/{queue}/poll?max=N   due tasks under a lease (poll queues)
-//	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]}
+//	POST   /v1/queues/{queue}/poll?max=N   due tasks under a lease of their own (poll queues)
+//	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]} (compare-and-set on the token)
 
-// maxPoll bounds one poll.
+// maxPoll bounds one poll's task count, and one ack's.
 const maxPoll = 1000
 
 // EnableTasks serves the task API for m's queues.
@@ -223,7 +224,8 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 		max = n
 	}
 	lease := time.Duration(q.Config.Lease)
-	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, lease, "poll", q.Config.Retry.MaxAttempts, q.Metrics, s.log)
+	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, lease,
+		q.Config.Retry.MaxAttempts, q.Metrics, s.log)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return
@@ -235,6 +237,11 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 }
 
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	if q.Config.Action.Type != tasks.ActionPoll {
+		writeError(w, http.StatusBadRequest, "queue "+q.Config.Name+" is served by its "+q.Config.Action.Type+
+			" action; only poll queues take acks")
+		return
+	}
 	var b struct {
 		Token string   `json:"token"`
 		IDs   []string `json:"ids"`
@@ -242,21 +249,39 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	if !decodeBody(w, r, &b) {
 		return
 	}
-	if b.Token == "" || len(b.IDs) == 0 || len(b.IDs) > maxPoll {
-		writeError(w, http.StatusBadRequest, `give "token" from the poll and "ids" (1 to 1000)`)
+	if !consumer.ValidPollToken(b.Token) {
+		writeError(w, http.StatusBadRequest, `token: give the "token" of the poll that returned the tasks`)
 		return
 	}
+	if len(b.IDs) == 0 || len(b.IDs) > maxPoll {
+		writeError(w, http.StatusBadRequest, `ids: give 1 to 1000 ids of tasks the poll returned`)
+		return
+	}
+	ids := make([]string, 0, len(b.IDs))
+	seen := make(map[string]bool, len(b.IDs))
 	for _, id := range b.IDs {
 		if err := queue.ValidateSerial(id); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
 	}
-	n, err := consumer.AckTasks(r.Context(), q.Redis, q.Keys, b.Token, b.IDs)
+	missed, err := consumer.AckTasks(r.Context(), q.Redis, q.Keys, b.Token, ids)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return
 	}
+	n := len(ids) - len(missed)
 	q.Metrics.Closed.Add(float64(n))
-	writeJSON(w, http.StatusOK, map[string]int{"acked": n, "expired": len(b.IDs) - n})
+	if len(missed) > 0 {
+		writeJSON(w, http.StatusConflict, map[string]any{
+			"error": fmt.Sprintf("%d of %d tasks are not leased under this token: the lease expired and another poll took them, "+
+				"or they were acked already or moved by a producer; the others were acked", len(missed), len(ids)),
+			"acked": n, "expired": len(missed), "expired_ids": missed})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"acked": n, "expired": 0})
 }
