@@ -222,6 +222,13 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 	return res, nil
 }
 
+// TaskOverheadBytes bounds the JSON encoding of a Task (with HTML
+// escaping off) beyond its payload and twice its id: the field names, a
+// deadline of at most 37 bytes quoted, an attempt count of at most 20, and
+// the comma and newline between tasks of a poll's answer; 103 bytes in all,
+// rounded up.
+const TaskOverheadBytes = 128
+
 // pollTokenPrefix starts every token ClaimTasks hands out; pollTokenChars
 // base32 characters (rand.Text's 128 bits) follow.
 const (
@@ -258,10 +265,13 @@ const maxPollClaims = 8
 
 // ClaimTasks leases up to limit due tasks of a polled queue for lease,
 // under a token of this call's own, counting a redelivery after an expired
-// lease as an attempt. Tasks over maxAttempts are dead-lettered as failed instead of returned. It
+// lease as an attempt. maxBytes > 0 bounds the tasks' encoded size (each
+// costs its payload, twice its id and TaskOverheadBytes); tasks past it are
+// left due and untouched, but the first is taken whatever its size. Tasks
+// over maxAttempts are dead-lettered as failed instead of returned. It
 // returns the tasks and the lease token that acknowledges them ("" with no
 // tasks).
-func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, limit int, lease time.Duration,
+func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, limit, maxBytes int, lease time.Duration,
 	maxAttempts int, m *metrics.Metrics, log *zap.Logger) ([]Task, string, error) {
 	// Polled tasks are held by the consumer that polled, not this replica.
 	mm := *m
@@ -270,7 +280,7 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 		CountRedeliveries: true, Process: func(context.Context, []Task) []error { return nil }}, rdb, nil, &mm, log)
 	tok := newPollToken()
 	for range maxPollClaims {
-		res, err := c.claimAs(ctx, limit, tok)
+		res, err := c.claimAs(ctx, limit, tok, maxBytes)
 		if err != nil {
 			return nil, "", err
 		}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,6 +29,9 @@ import (
 	"github.com/orderdelay/orderdelay/internal/tasks"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
+
+// pollLimitBytes is the documented bound of a poll's answer (docs/tasks.md).
+const pollLimitBytes = 1 << 20
 
 // pollEnv serves two task queues of the test's own: "jobs" (poll) and
 // "confirm" (sql; its consumer does not run here).
@@ -283,5 +287,190 @@ func TestAckRefusesForeignTokensAndQueues(t *testing.T) {
 	}
 	if ok, _ := e.rdb.HExists(ctx, e.confirm.Payload, "c-1").Result(); !ok {
 		t.Error("the refused ack deleted c-1's payload")
+	}
+}
+
+// sink is a ResponseWriter that counts the body and keeps its first 2 MiB,
+// in a buffer allocated before the measurement.
+type sink struct {
+	header http.Header
+	code   int
+	n      int
+	buf    []byte
+}
+
+func newSink() *sink { return &sink{header: http.Header{}, buf: make([]byte, 0, 2<<20)} }
+
+func (s *sink) Header() http.Header { return s.header }
+func (s *sink) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+}
+func (s *sink) Write(p []byte) (int, error) {
+	s.WriteHeader(http.StatusOK)
+	s.n += len(p)
+	if room := cap(s.buf) - len(s.buf); room > 0 {
+		s.buf = append(s.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+// One poll of 400 tasks of 63 KiB answered 25.8 MB and the daemon's RSS
+// went from 21 to 137 MB. A poll's answer is capped in bytes: tasks past
+// the cap are left due in the queue, untouched (no lease, no attempt), and
+// the next polls take them.
+func TestPollAnswerIsBoundedInBytes(t *testing.T) {
+	e := newPollAPI(t)
+	ctx := context.Background()
+	const n = 400
+	payload := `{"blob":"` + strings.Repeat("x", 63<<10-len(`{"blob":""}`)) + `"}`
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("big-%03d", i)
+	}
+	e.putDue(t, e.jobs, payload, ids...)
+
+	w := newSink()
+	req := httptest.NewRequest(http.MethodPost, "/v1/queues/jobs/poll?max="+strconv.Itoa(n), nil)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	e.h.ServeHTTP(w, req)
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("poll of %d tasks of 63 KiB: answer %d bytes, %.1f MiB allocated while serving it", n, w.n, float64(alloc)/(1<<20))
+
+	if w.code != http.StatusOK {
+		t.Fatalf("poll: %d %.200s", w.code, w.buf)
+	}
+	if w.n > pollLimitBytes {
+		t.Errorf("answer of %d bytes, want at most %d", w.n, pollLimitBytes)
+	}
+	if alloc > 16<<20 {
+		t.Errorf("serving the poll allocated %.1f MiB, want under 16 MiB", float64(alloc)/(1<<20))
+	}
+	if w.n > len(w.buf) {
+		t.Fatalf("answer larger than the test keeps (%d bytes)", w.n)
+	}
+	var p polled
+	if err := json.Unmarshal(w.buf, &p); err != nil {
+		t.Fatalf("answer is not JSON: %v", err)
+	}
+	if len(p.Tasks) == 0 || len(p.Tasks) >= n {
+		t.Fatalf("poll returned %d tasks, want some but not all %d", len(p.Tasks), n)
+	}
+	got := map[string]bool{}
+	for _, tk := range p.Tasks {
+		if string(tk.Payload) != payload {
+			t.Fatalf("task %s: payload of %d bytes, want the %d written", tk.ID, len(tk.Payload), len(payload))
+		}
+		got[tk.ID] = true
+	}
+	// The rest is due in the queue as it was: no lease, no attempt spent.
+	for _, id := range ids {
+		if got[id] {
+			continue
+		}
+		if _, err := e.rdb.ZScore(ctx, e.jobs.Queue, id).Result(); err != nil {
+			t.Fatalf("%s, not returned, is not in the queue: %v", id, err)
+		}
+		if tok := e.leaseToken(t, e.jobs, id); tok != "" {
+			t.Fatalf("%s, not returned, is leased under %q", id, tok)
+		}
+	}
+	// The next polls take the rest, each answer within the cap, every
+	// task on its first attempt.
+	for polls := 0; len(got) < n; polls++ {
+		if polls == n {
+			t.Fatalf("%d polls returned %d of %d tasks", polls, len(got), n)
+		}
+		w := newSink()
+		e.h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/queues/jobs/poll?max="+strconv.Itoa(n), nil))
+		var p polled
+		if w.n > pollLimitBytes || json.Unmarshal(w.buf[:min(w.n, len(w.buf))], &p) != nil || len(p.Tasks) == 0 {
+			t.Fatalf("poll %d: %d, %d bytes, %d tasks", polls+2, w.code, w.n, len(p.Tasks))
+		}
+		for _, tk := range p.Tasks {
+			if got[tk.ID] || tk.Attempts != 0 {
+				t.Fatalf("poll %d: %s again or with %d attempts", polls+2, tk.ID, tk.Attempts)
+			}
+			got[tk.ID] = true
+		}
+	}
+
+	// A task larger than the cap on its own (written around the API's
+	// 64 KiB limit) still goes out, alone.
+	huge := `"` + strings.Repeat("y", 2<<20) + `"`
+	pipe := e.rdb.TxPipeline()
+	pipe.HSet(ctx, e.jobs.Payload, "huge", huge)
+	pipe.ZAdd(ctx, e.jobs.Queue, redis.Z{Score: float64(time.Now().Add(-time.Minute).UnixMilli()), Member: "huge"})
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.putDue(t, e.jobs, `{}`, "small")
+	hp := e.poll(t, "jobs", 10)
+	if hp.code != http.StatusOK || len(hp.Tasks) != 1 || hp.Tasks[0].ID != "huge" || len(hp.Tasks[0].Payload) != len(huge) {
+		t.Fatalf("poll with a task over the cap first: %d, %d tasks, want that task alone", hp.code, len(hp.Tasks))
+	}
+	if sp := e.poll(t, "jobs", 10); len(sp.Tasks) != 1 || sp.Tasks[0].ID != "small" {
+		t.Errorf("the next poll: %.300s, want the small task", sp.raw)
+	}
+}
+
+// The byte cap applies to redeliveries too: expired leases past it stay as
+// they were (their holder's token, their attempts) until a poll takes
+// them, and each redelivery costs one attempt, not more.
+func TestPollCapLeavesExpiredLeasesForTheNextPoll(t *testing.T) {
+	e := newPollAPI(t)
+	const n = 40
+	payload := `"` + strings.Repeat("z", 63<<10) + `"`
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("r-%02d", i)
+	}
+	e.putDue(t, e.jobs, payload, ids...)
+	held := map[string]string{} // id -> token of the poll holding it
+	for polls := 0; len(held) < n; polls++ {
+		p := e.poll(t, "jobs", n)
+		if polls == n || len(p.Tasks) == 0 || len(p.Tasks) == n {
+			t.Fatalf("poll %d: %d tasks of %d, want some but not all", polls+1, len(p.Tasks), n)
+		}
+		for _, tk := range p.Tasks {
+			held[tk.ID] = p.Token
+		}
+	}
+	e.expireLeases(t, e.jobs)
+	first := e.poll(t, "jobs", n)
+	if len(first.Tasks) == 0 || len(first.Tasks) == n || len(first.raw) > pollLimitBytes {
+		t.Fatalf("poll after every lease expired: %d tasks, %d bytes; want some but not all, within the cap", len(first.Tasks), len(first.raw))
+	}
+	taken := map[string]bool{}
+	for _, tk := range first.Tasks {
+		taken[tk.ID] = true
+		if tk.Attempts != 1 {
+			t.Errorf("%s redelivered with %d attempts, want 1", tk.ID, tk.Attempts)
+		}
+	}
+	for _, id := range ids {
+		if taken[id] {
+			continue
+		}
+		rec, err := e.rdb.HGet(context.Background(), e.jobs.Lease, id).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Split(rec, "|"); len(f) < 3 || f[1] != "0" || f[2] != held[id] {
+			t.Fatalf("%s, past the cap, has the lease record %q; want it untouched (0 attempts, token %s)", id, rec, held[id])
+		}
+	}
+	second := e.poll(t, "jobs", n)
+	if len(second.Tasks) == 0 {
+		t.Fatal("the next poll took none of the expired leases left")
+	}
+	for _, tk := range second.Tasks {
+		if taken[tk.ID] || tk.Attempts != 1 {
+			t.Errorf("next poll: %s (taken before: %v) with %d attempts, want a new one with 1", tk.ID, taken[tk.ID], tk.Attempts)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,16 @@ import (
 
 // maxPoll bounds one poll's task count, and one ack's.
 const maxPoll = 1000
+
+// MaxPollBytes bounds one poll's answer: tasks are added while the body
+// stays within it, the first whatever its size; the rest stay due,
+// untouched, for the next poll.
+const MaxPollBytes = 1 << 20
+
+// pollEnvelopeBytes bounds a poll's answer around its tasks:
+// {"token":"poll.<26 base32>","lease_ms":<at most 20 digits>,"tasks":[ ]}\n
+// is 87 bytes at most; rounded up.
+const pollEnvelopeBytes = 128
 
 // EnableTasks serves the task API for m's queues.
 func (s *Server) EnableTasks(m *tasks.Manager) { s.tasks = m }
@@ -224,16 +235,45 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 		max = n
 	}
 	lease := time.Duration(q.Config.Lease)
-	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, lease,
+	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, MaxPollBytes-pollEnvelopeBytes, lease,
 		q.Config.Retry.MaxAttempts, q.Metrics, s.log)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return
 	}
-	if ts == nil {
-		ts = []consumer.Task{}
+	writePoll(w, token, lease, ts)
+}
+
+// writePoll streams a poll's answer one task at a time, so it is never
+// built whole, and lets each payload go once it is written. HTML escaping
+// is off: the encoding is then no longer than the stored payload, which is
+// what ClaimTasks charged. If the client goes away mid-answer the tasks
+// stay leased and come back after the lease, like any task not acked.
+func writePoll(w http.ResponseWriter, token string, lease time.Duration, ts []consumer.Task) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	enc := json.NewEncoder(bw)
+	enc.SetEscapeHTML(false)
+	// The token is base32 after "poll.", or empty: nothing to escape.
+	bw.WriteString(`{"token":"` + token + `","lease_ms":` + strconv.FormatInt(lease.Milliseconds(), 10) + `,"tasks":[`)
+	for i := range ts {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		if !json.Valid(ts[i].Payload) {
+			// Only a raw HSET can store this; hand it over as a string
+			// rather than break the answer.
+			ts[i].Payload, _ = json.Marshal(string(ts[i].Payload))
+		}
+		if err := enc.Encode(ts[i]); err != nil {
+			return // the client went away
+		}
+		ts[i].Payload = nil
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"token": token, "lease_ms": lease.Milliseconds(), "tasks": ts})
+	bw.WriteString("]}\n")
+	_ = bw.Flush() // the client went away; nothing to do
 }
 
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
