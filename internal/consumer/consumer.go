@@ -513,12 +513,18 @@ func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
 	if c.cfg.Forward != nil {
 		return c.forward(ctx, limit)
 	}
+	return c.claimAs(ctx, limit, c.token(), 0)
+}
+
+// claimAs runs claimScript once under the lease token tok. maxBytes > 0
+// bounds the claimed tasks' share of a poll's answer (see TaskOverheadBytes);
+// 0 leaves the claim bounded by limit alone.
+func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int) (claimResult, error) {
 	k := c.cfg.Keys
-	tok := c.token()
 	raw, err := claimScript.Run(ctx, c.rdb,
-		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused},
+		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload},
 		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
-		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries)).Slice()
+		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries), maxBytes, TaskOverheadBytes).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim: %w", err)
 	}

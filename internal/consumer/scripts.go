@@ -96,7 +96,7 @@ end
 //	KEYS[1] -> queue            KEYS[2] -> {queue}:inflight
 //	KEYS[3] -> {queue}:deadlines KEYS[4] -> {queue}:lease
 //	KEYS[5] -> {queue}:dead      KEYS[6] -> {queue}:deadinfo
-//	KEYS[7] -> {queue}:paused
+//	KEYS[7] -> {queue}:paused    KEYS[8] -> {queue}:payload
 //	ARGV[1] -> limit: most entries to lease
 //	ARGV[2] -> lease duration, ms
 //	ARGV[3] -> lease token (unique per claim; no '|')
@@ -104,6 +104,15 @@ end
 //	ARGV[5] -> close delay, ms: an entry is due at deadline + delay
 //	ARGV[6] -> "1" to count a re-claim of an expired lease as an attempt
 //	           (task queues whose consumers poll), else "0"
+//	ARGV[7] -> byte budget of a poll's answer, or 0 for none
+//	ARGV[8] -> bytes a task costs besides its payload and twice its id
+//
+// With a byte budget, each entry about to be leased is charged the length
+// of its payload (KEYS[8]) plus twice its id's (JSON escaping at most
+// doubles an id) plus ARGV[8]; the first entry that would overrun the
+// budget, and everything after it, is left exactly as it was. The first
+// entry is always leased, however large, so a poll never comes back empty
+// while a task is due.
 //
 // First it takes back entries whose lease or backoff expired (unless a
 // producer wrote the serial into the queue key meanwhile: then the queue
@@ -144,6 +153,22 @@ local claimed, dead = {}, {}
 local inflightArgs, deadlineArgs, leaseArgs = {}, {}, {}
 local deadArgs, deadInfoArgs = {}, {}
 local n = 0
+local budget, overhead = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
+local spent, full = 0, false
+
+-- fits charges s to the byte budget, if there is one, and says whether it
+-- may be leased.
+local function fits(s)
+  if budget <= 0 then return true end
+  if full then return false end
+  local cost = redis.call('HSTRLEN', KEYS[8], s) + 2 * #s + overhead
+  if n > 0 and spent + cost > budget then
+    full = true
+    return false
+  end
+  spent = spent + cost
+  return true
+end
 
 local function lease(s, d, a)
   n = n + 1
@@ -181,6 +206,8 @@ if #exp > 0 then
     local s = members[i]
     if queued[i] then
       stale[#stale+1] = s
+    elseif not fits(s) then
+      break
     else
       local d, a, tok = parse(recs[i] or nil)
       if not d then d = tonumber(redis.call('ZSCORE', KEYS[3], s)) or tonumber(exp[2 * i]) end
@@ -202,7 +229,7 @@ end
 
 -- 2. due entries of the queue
 local room = limit - n
-if room > 0 then
+if room > 0 and not full then
   local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
   local rem = {}
   -- Lease records left by earlier attempts, read in one call per 500.
@@ -216,12 +243,16 @@ if room > 0 then
   for i = 1, #due, 2 do
     local s, raw = due[i], due[i+1]
     local d = tonumber(raw)
-    rem[#rem+1] = s
     if not valid_serial(s) or d ~= math.floor(d) then
+      rem[#rem+1] = s
       bury(s, 'malformed', raw)
     elseif d < 946684800000 then
+      rem[#rem+1] = s
       bury(s, 'score_out_of_range', raw)
+    elseif not fits(s) then
+      break
     else
+      rem[#rem+1] = s
       local _, a = parse(recs[(i + 1) / 2] or nil)
       lease(s, d, a or 0)
       claimed[#claimed+1] = s; claimed[#claimed+1] = d

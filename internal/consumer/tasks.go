@@ -2,9 +2,11 @@ package consumer
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -220,50 +222,149 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 	return res, nil
 }
 
+// TaskOverheadBytes bounds the JSON encoding of a Task (with HTML
+// escaping off) beyond its payload and twice its id: the field names, a
+// deadline of at most 37 bytes quoted, an attempt count of at most 20, and
+// the comma and newline between tasks of a poll's answer; 103 bytes in all,
+// rounded up.
+const TaskOverheadBytes = 128
+
+// pollTokenPrefix starts every token ClaimTasks hands out; pollTokenChars
+// base32 characters (rand.Text's 128 bits) follow.
+const (
+	pollTokenPrefix = "poll."
+	pollTokenChars  = 26
+)
+
+// ErrInvalidPollToken: a token that no poll can have handed out (the retry
+// marker "-", a replica's own lease token, anything else).
+var ErrInvalidPollToken = errors.New("not a poll's lease token")
+
+// newPollToken is the lease token of one poll: 128 bits from crypto/rand,
+// so no one can guess it and no other poll holds it.
+func newPollToken() string { return pollTokenPrefix + rand.Text() }
+
+// ValidPollToken reports whether tok has the shape of a token ClaimTasks
+// hands out.
+func ValidPollToken(tok string) bool {
+	rest, ok := strings.CutPrefix(tok, pollTokenPrefix)
+	if !ok || len(rest) != pollTokenChars {
+		return false
+	}
+	for _, r := range rest {
+		if (r < 'A' || r > 'Z') && (r < '2' || r > '7') {
+			return false
+		}
+	}
+	return true
+}
+
+// maxPollClaims bounds the claims of one poll that take only tasks over
+// their attempts (each such claim dead-letters what it took).
+const maxPollClaims = 8
+
 // ClaimTasks leases up to limit due tasks of a polled queue for lease,
-// counting a redelivery after an expired lease as an attempt. Tasks over
-// maxAttempts are dead-lettered as failed instead of returned. It returns
-// the tasks and the lease token that acknowledges them.
-func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, limit int, lease time.Duration,
-	owner string, maxAttempts int, m *metrics.Metrics, log *zap.Logger) ([]Task, string, error) {
+// under a token of this call's own, counting a redelivery after an expired
+// lease as an attempt. maxBytes > 0 bounds the tasks' encoded size (each
+// costs its payload, twice its id and TaskOverheadBytes); tasks past it are
+// left due and untouched, but the first is taken whatever its size. Tasks
+// over maxAttempts are dead-lettered as failed instead of returned. It
+// returns the tasks and the lease token that acknowledges them ("" with no
+// tasks).
+func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, limit, maxBytes int, lease time.Duration,
+	maxAttempts int, m *metrics.Metrics, log *zap.Logger) ([]Task, string, error) {
 	// Polled tasks are held by the consumer that polled, not this replica.
 	mm := *m
 	mm.Inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"})
-	c := New(Config{Keys: k, BatchSize: limit, Lease: lease, Owner: owner, MaxAttempts: maxAttempts,
+	c := New(Config{Keys: k, BatchSize: limit, Lease: lease, Owner: "poll", MaxAttempts: maxAttempts,
 		CountRedeliveries: true, Process: func(context.Context, []Task) []error { return nil }}, rdb, nil, &mm, log)
-	res, err := c.claim(ctx, limit)
-	if err != nil {
-		return nil, "", err
-	}
-	if len(res.items) == 0 {
-		return nil, "", nil
-	}
-	var give, over []item
-	for _, it := range res.items {
-		if it.attempts >= maxAttempts {
-			over = append(over, it)
-		} else {
-			give = append(give, it)
+	tok := newPollToken()
+	for range maxPollClaims {
+		res, err := c.claimAs(ctx, limit, tok, maxBytes)
+		if err != nil {
+			return nil, "", err
 		}
+		if len(res.items) == 0 {
+			return nil, "", nil
+		}
+		var give, over []item
+		for _, it := range res.items {
+			if it.attempts >= maxAttempts {
+				over = append(over, it)
+			} else {
+				give = append(give, it)
+			}
+		}
+		if len(over) > 0 {
+			c.bury(over, ReasonFailed, "not acknowledged within its lease, max attempts reached")
+		}
+		if len(give) > 0 {
+			tasks, err := c.loadTasks(give)
+			return tasks, tok, err
+		}
+		// All it took was over its attempts: claim again, so a poll does
+		// not come back empty while tasks are due.
 	}
-	if len(over) > 0 {
-		c.bury(over, ReasonFailed, "not acknowledged within its lease, max attempts reached")
-	}
-	if len(give) == 0 {
-		return nil, "", nil
-	}
-	tasks, err := c.loadTasks(give)
-	return tasks, give[0].token, err
+	return nil, "", nil
 }
 
-// AckTasks completes polled tasks leased under token (compare-and-set: a
-// task whose lease expired and was handed to someone else is not touched)
-// and returns how many it completed.
-func AckTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) (int, error) {
-	args := append([]any{token}, anys(ids)...)
-	n, err := finishScript.Run(ctx, rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Payload}, args...).Int()
-	if err != nil {
-		return 0, fmt.Errorf("ack: %w", err)
+// ackScript completes polled tasks leased under a token.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:inflight  KEYS[3] -> {queue}:deadlines
+//	KEYS[4] -> {queue}:lease  KEYS[5] -> {queue}:payload
+//	ARGV[1] -> lease token; ARGV[2..] -> task ids
+//
+// Compare-and-set: only a task whose lease record carries the token is
+// completed. A task whose lease expired and was polled again carries the
+// new poll's token, a task moved by a producer through the API has no
+// record: both are left alone. A task a producer re-added with a raw ZADD
+// during the lease is in the queue key again: its lease ends, its queue
+// entry and payload stay. Returns, per id, 1 if completed, else 0.
+var ackScript = redis.NewScript(luaHelpers + `
+local out = {}
+for i = 2, #ARGV, 500 do
+  local last = math.min(i + 499, #ARGV)
+  local recs = redis.call('HMGET', KEYS[4], unpack(ARGV, i, last))
+  local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
+  for j = 1, #recs do
+    local id = ARGV[i + j - 1]
+    local _, _, tok = parse(recs[j] or nil)
+    if tok == ARGV[1] then
+      redis.call('HDEL', KEYS[4], id)
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('ZREM', KEYS[3], id)
+      if not qs[j] then redis.call('HDEL', KEYS[5], id) end
+      out[#out+1] = 1
+    else
+      out[#out+1] = 0
+    end
+  end
+end
+return out
+`)
+
+// AckTasks completes the polled tasks ids (distinct) leased under token
+// and returns those it did not complete: no longer leased under token
+// (the lease expired and another poll took the task, or it was acked
+// already, or a producer moved it). A token no poll can have handed out is
+// ErrInvalidPollToken.
+func AckTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) ([]string, error) {
+	if !ValidPollToken(token) {
+		return nil, ErrInvalidPollToken
 	}
-	return n, nil
+	args := append([]any{token}, anys(ids)...)
+	done, err := ackScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload}, args...).Int64Slice()
+	if err != nil {
+		return nil, fmt.Errorf("ack: %w", err)
+	}
+	if len(done) != len(ids) {
+		return nil, fmt.Errorf("ack: %w: %d answers for %d ids", errReply, len(done), len(ids))
+	}
+	var missed []string
+	for i, d := range done {
+		if d != 1 {
+			missed = append(missed, ids[i])
+		}
+	}
+	return missed, nil
 }

@@ -1,8 +1,10 @@
 package httpapi
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -20,11 +22,21 @@ import (
 //	GET    /v1/queues/{queue}/tasks/{id}
 //	DELETE /v1/queues/{queue}/tasks/{id}
 //	POST   /v1/queues/{queue}/batch-delete {"ids":["a","b"]}
-//	POST   /v1/queues/{queue}/poll?max=N   due tasks under a lease (poll queues)
-//	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]}
+//	POST   /v1/queues/{queue}/poll?max=N   due tasks under a lease of their own (poll queues)
+//	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]} (compare-and-set on the token)
 
-// maxPoll bounds one poll.
+// maxPoll bounds one poll's task count, and one ack's.
 const maxPoll = 1000
+
+// MaxPollBytes bounds one poll's answer: tasks are added while the body
+// stays within it, the first whatever its size; the rest stay due,
+// untouched, for the next poll.
+const MaxPollBytes = 1 << 20
+
+// pollEnvelopeBytes bounds a poll's answer around its tasks:
+// {"token":"poll.<26 base32>","lease_ms":<at most 20 digits>,"tasks":[ ]}\n
+// is 87 bytes at most; rounded up.
+const pollEnvelopeBytes = 128
 
 // EnableTasks serves the task API for m's queues.
 func (s *Server) EnableTasks(m *tasks.Manager) { s.tasks = m }
@@ -223,18 +235,53 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 		max = n
 	}
 	lease := time.Duration(q.Config.Lease)
-	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, lease, "poll", q.Config.Retry.MaxAttempts, q.Metrics, s.log)
+	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, MaxPollBytes-pollEnvelopeBytes, lease,
+		q.Config.Retry.MaxAttempts, q.Metrics, s.log)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return
 	}
-	if ts == nil {
-		ts = []consumer.Task{}
+	writePoll(w, token, lease, ts)
+}
+
+// writePoll streams a poll's answer one task at a time, so it is never
+// built whole, and lets each payload go once it is written. HTML escaping
+// is off: the encoding is then no longer than the stored payload, which is
+// what ClaimTasks charged. If the client goes away mid-answer the tasks
+// stay leased and come back after the lease, like any task not acked.
+func writePoll(w http.ResponseWriter, token string, lease time.Duration, ts []consumer.Task) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	enc := json.NewEncoder(bw)
+	enc.SetEscapeHTML(false)
+	// The token is base32 after "poll.", or empty: nothing to escape.
+	bw.WriteString(`{"token":"` + token + `","lease_ms":` + strconv.FormatInt(lease.Milliseconds(), 10) + `,"tasks":[`)
+	for i := range ts {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		if !json.Valid(ts[i].Payload) {
+			// Only a raw HSET can store this; hand it over as a string
+			// rather than break the answer.
+			ts[i].Payload, _ = json.Marshal(string(ts[i].Payload))
+		}
+		if err := enc.Encode(ts[i]); err != nil {
+			return // the client went away
+		}
+		ts[i].Payload = nil
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"token": token, "lease_ms": lease.Milliseconds(), "tasks": ts})
+	bw.WriteString("]}\n")
+	_ = bw.Flush() // the client went away; nothing to do
 }
 
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	if q.Config.Action.Type != tasks.ActionPoll {
+		writeError(w, http.StatusBadRequest, "queue "+q.Config.Name+" is served by its "+q.Config.Action.Type+
+			" action; only poll queues take acks")
+		return
+	}
 	var b struct {
 		Token string   `json:"token"`
 		IDs   []string `json:"ids"`
@@ -242,21 +289,39 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	if !decodeBody(w, r, &b) {
 		return
 	}
-	if b.Token == "" || len(b.IDs) == 0 || len(b.IDs) > maxPoll {
-		writeError(w, http.StatusBadRequest, `give "token" from the poll and "ids" (1 to 1000)`)
+	if !consumer.ValidPollToken(b.Token) {
+		writeError(w, http.StatusBadRequest, `token: give the "token" of the poll that returned the tasks`)
 		return
 	}
+	if len(b.IDs) == 0 || len(b.IDs) > maxPoll {
+		writeError(w, http.StatusBadRequest, `ids: give 1 to 1000 ids of tasks the poll returned`)
+		return
+	}
+	ids := make([]string, 0, len(b.IDs))
+	seen := make(map[string]bool, len(b.IDs))
 	for _, id := range b.IDs {
 		if err := queue.ValidateSerial(id); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
 	}
-	n, err := consumer.AckTasks(r.Context(), q.Redis, q.Keys, b.Token, b.IDs)
+	missed, err := consumer.AckTasks(r.Context(), q.Redis, q.Keys, b.Token, ids)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return
 	}
+	n := len(ids) - len(missed)
 	q.Metrics.Closed.Add(float64(n))
-	writeJSON(w, http.StatusOK, map[string]int{"acked": n, "expired": len(b.IDs) - n})
+	if len(missed) > 0 {
+		writeJSON(w, http.StatusConflict, map[string]any{
+			"error": fmt.Sprintf("%d of %d tasks are not leased under this token: the lease expired and another poll took them, "+
+				"or they were acked already or moved by a producer; the others were acked", len(missed), len(ids)),
+			"acked": n, "expired": len(missed), "expired_ids": missed})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"acked": n, "expired": 0})
 }
