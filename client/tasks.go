@@ -15,8 +15,61 @@ import (
 // MaxPayloadBytes bounds a task's payload.
 const MaxPayloadBytes = 64 << 10
 
-// ErrInvalidPayload: the payload is not JSON or is too large.
+// MaxPayloadDepth bounds how deeply a task's payload may nest arrays and
+// objects. Go's decoder accepts 10,000 levels, Redis's cjson only 1,000: a
+// payload between the two could be stored but never read back by a script
+// (a reliable-list item that can never be acknowledged). 64 levels is far
+// more than any real payload needs and far below both limits.
+const MaxPayloadDepth = 64
+
+// ErrInvalidPayload: the payload is not JSON, is too large or nests too
+// deeply.
 var ErrInvalidPayload = errors.New("invalid payload")
+
+// ValidatePayload reports whether p is an acceptable task payload: valid
+// JSON of at most MaxPayloadBytes, nested at most MaxPayloadDepth levels.
+// Errors wrap ErrInvalidPayload and name the limit broken. Every way a
+// payload enters (HTTP API, CLI, this client, durable queues) checks it.
+func ValidatePayload(p []byte) error {
+	if len(p) > MaxPayloadBytes {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidPayload, len(p), MaxPayloadBytes)
+	}
+	if !json.Valid(p) {
+		return fmt.Errorf("%w: not valid JSON", ErrInvalidPayload)
+	}
+	if d := jsonDepth(p); d > MaxPayloadDepth {
+		return fmt.Errorf("%w: nested %d levels deep, the limit is %d", ErrInvalidPayload, d, MaxPayloadDepth)
+	}
+	return nil
+}
+
+// jsonDepth returns the deepest nesting of arrays and objects in valid
+// JSON p (0 for a scalar).
+func jsonDepth(p []byte) int {
+	depth, deepest := 0, 0
+	inString, escaped := false, false
+	for _, b := range p {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case b == '\\':
+				escaped = true
+			case b == '"':
+				inString = false
+			}
+		case b == '"':
+			inString = true
+		case b == '[' || b == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case b == ']' || b == '}':
+			depth--
+		}
+	}
+	return deepest
+}
 
 // putTaskScript adds or moves a task and writes its payload, atomically.
 //
@@ -66,8 +119,8 @@ func (c *Client) PutTask(ctx context.Context, id string, payload json.RawMessage
 	if len(payload) == 0 {
 		payload = json.RawMessage("null")
 	}
-	if len(payload) > MaxPayloadBytes || !json.Valid(payload) {
-		return Unchanged, time.Time{}, fmt.Errorf("%w: must be valid JSON of at most %d bytes", ErrInvalidPayload, MaxPayloadBytes)
+	if err := ValidatePayload(payload); err != nil {
+		return Unchanged, time.Time{}, err
 	}
 	ms := queue.DeadlineMillis(deadline)
 	if err := queue.ValidateDeadline(ms, c.now()); err != nil {
@@ -253,8 +306,8 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 		if len(items[i].Payload) == 0 {
 			items[i].Payload = json.RawMessage("null")
 		}
-		if len(items[i].Payload) > MaxPayloadBytes || !json.Valid(items[i].Payload) {
-			return nil, fmt.Errorf("task %d: %w", i, ErrInvalidPayload)
+		if err := ValidatePayload(items[i].Payload); err != nil {
+			return nil, fmt.Errorf("task %d: %w", i, err)
 		}
 		if err := queue.ValidateDeadline(queue.DeadlineMillis(items[i].Deadline), now); err != nil {
 			return nil, fmt.Errorf("task %d: %w", i, err)
