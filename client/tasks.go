@@ -210,24 +210,29 @@ func (c *Client) DeleteTasks(ctx context.Context, ids ...string) (int, error) {
 }
 
 // takeScript takes the oldest item of a reliable list queue: it moves it to
-// the processing list and records when it must be acknowledged, atomically.
+// the processing list, records when it was taken and counts the delivery,
+// atomically. The daemon returns an item not acknowledged within the
+// queue's ack_timeout of being taken to the ready list, or dead-letters it
+// once it has been taken max_attempts times.
 //
 //	KEYS[1] -> {queue}:ready  KEYS[2] -> {queue}:processing
 //	KEYS[3] -> {queue}:unacked  KEYS[4] -> {queue}:taken
-//	ARGV[1] -> acknowledgement timeout, ms
+//	KEYS[5] -> {queue}:deliveries
 //
-// Returns the item, or nil when the list is empty.
-var takeScript = redis.NewScript(`
+// Returns {item, deliveries including this one}, or nil when the list is
+// empty. The id is read without decoding the payload (see
+// queue.LuaSplitListItem); an item of another shape is keyed by its whole
+// body.
+var takeScript = redis.NewScript(queue.LuaSplitListItem + `
 local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
 if not item then return nil end
-local ok, t = pcall(cjson.decode, item)
-local id = item
-if ok and type(t) == 'table' and t.id then id = t.id end
+local id = split_item(item) or item
 local now = redis.call('TIME')
-local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[1])
+local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZADD', KEYS[3], at, id)
 redis.call('HSET', KEYS[4], id, item)
-return item
+local n = redis.call('HINCRBY', KEYS[5], id, 1)
+return {item, n}
 `)
 
 // ListItem is an item of a list action's ready list.
@@ -235,50 +240,67 @@ type ListItem struct {
 	ID         string          `json:"id"`
 	DeadlineMS int64           `json:"deadline_ms"`
 	Payload    json.RawMessage `json:"payload"`
+	// Attempts is how many times the item was taken before this Take and
+	// not acknowledged in time (0 on the first delivery). It is not part
+	// of the item in Redis: Take fills it in from the delivery count.
+	Attempts int `json:"attempts"`
 }
 
 // Take takes the next item of a reliable list queue ("list" action with
-// reliable: true). Acknowledge it with Ack once handled; an item not
-// acknowledged within ackTimeout goes back to the ready list. It returns
-// ErrNotFound when the list is empty.
-func (c *Client) Take(ctx context.Context, ackTimeout time.Duration) (ListItem, error) {
+// reliable: true). Acknowledge it with Ack once handled. An item not
+// acknowledged within the queue's ack_timeout (set in the queues file and
+// enforced by the daemon) goes back to the ready list and is delivered
+// again; after retry.max_attempts deliveries it is dead-lettered as
+// "failed" instead. It returns ErrNotFound when the list is empty.
+func (c *Client) Take(ctx context.Context) (ListItem, error) {
 	k := c.keys
-	s, err := takeScript.Run(ctx, c.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken}, ackTimeout.Milliseconds()).Text()
+	v, err := takeScript.Run(ctx, c.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries}).Slice()
 	if errors.Is(err, redis.Nil) {
 		return ListItem{}, ErrNotFound
 	}
 	if err != nil {
 		return ListItem{}, fmt.Errorf("take: %w", err)
 	}
+	if len(v) != 2 {
+		return ListItem{}, fmt.Errorf("take: reply of %d fields, want 2", len(v))
+	}
+	s, ok1 := v[0].(string)
+	n, ok2 := v[1].(int64)
+	if !ok1 || !ok2 {
+		return ListItem{}, fmt.Errorf("take: reply of types %T, %T", v[0], v[1])
+	}
 	var it ListItem
 	if err := json.Unmarshal([]byte(s), &it); err != nil {
 		return ListItem{}, fmt.Errorf("take: malformed item %q: %w", s, err)
 	}
+	it.Attempts = int(n) - 1
 	return it, nil
 }
 
 // ackScript acknowledges a taken item.
 //
 //	KEYS[1] -> {queue}:processing KEYS[2] -> {queue}:unacked KEYS[3] -> {queue}:taken
+//	KEYS[4] -> {queue}:deliveries
 //	ARGV[1] -> id
 //
 // Returns 1 if the item was still taken, 0 if it had already returned to
-// the ready list (acknowledged too late).
+// the ready list (acknowledged too late) or was dead-lettered.
 var ackScript = redis.NewScript(`
 local item = redis.call('HGET', KEYS[3], ARGV[1])
 if not item then return 0 end
 redis.call('LREM', KEYS[1], 1, item)
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
 return 1
 `)
 
 // Ack acknowledges an item taken with Take. It returns ErrNotFound when the
 // item was not (or no longer) taken: it went back to the ready list after
-// its timeout and may be delivered again.
+// the queue's ack_timeout and may be delivered again, or was dead-lettered.
 func (c *Client) Ack(ctx context.Context, id string) error {
 	k := c.keys
-	n, err := ackScript.Run(ctx, c.rdb, []string{k.Processing, k.Unacked, k.Taken}, id).Int()
+	n, err := ackScript.Run(ctx, c.rdb, []string{k.Processing, k.Unacked, k.Taken, k.Deliveries}, id).Int()
 	if err != nil {
 		return fmt.Errorf("ack: %w", err)
 	}
