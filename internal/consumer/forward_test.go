@@ -14,10 +14,11 @@ import (
 	"github.com/orderdelay/orderdelay/client"
 )
 
-// Reliable-list queues: the queue's ack_timeout and retry.max_attempts
-// decide redelivery and dead-lettering, whatever the consumer does. Time
-// passing is simulated by writing the instant an item was taken into the
-// key production reads, never by sleeping.
+// Stream and reliable-list queues: the queue's ack_timeout and
+// retry.max_attempts decide redelivery and dead-lettering, whatever the
+// consumer does. Time passing is simulated by writing the instant an item
+// was taken (reliable list) or an entry's idle time (stream, XCLAIM IDLE)
+// into the keys production reads, never by sleeping.
 
 // putDue puts a task due a second ago.
 func (e *env) putDue(id, payload string) {
@@ -197,5 +198,85 @@ func TestReliableListItemNestedBeyondRedisCJSONCanBeAcked(t *testing.T) {
 	}
 	if n := e.llen(e.keys.Processing); n != 0 {
 		t.Errorf("processing list holds %d after the ack", n)
+	}
+}
+
+// streamEnv is a stream queue with a consumer group "g".
+func streamEnv(t *testing.T) (*env, Config) {
+	e := newRedisEnv(t)
+	if err := e.rdb.XGroupCreateMkStream(context.Background(), e.keys.Stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return e, Config{MaxAttempts: 2, Forward: &Forward{Kind: "stream", Queue: "ev", MaxLen: 1000, AckTimeout: time.Minute}}
+}
+
+// idleFor makes a pending stream entry look idle for d (XCLAIM ... IDLE
+// JUSTID changes neither its owner's count of deliveries nor anything else).
+func (e *env) idleFor(group, consumer, id string, d time.Duration) {
+	e.t.Helper()
+	err := e.rdb.Do(context.Background(), "XCLAIM", e.keys.Stream, group, consumer, 0, id, "IDLE", d.Milliseconds(), "JUSTID").Err()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A stream entry delivered max_attempts times and then left unacknowledged
+// for ack_timeout is acknowledged and its task dead-lettered; entries
+// carry no made-up attempt count (Redis's delivery count is the real one).
+func TestStreamEntriesDeadLetteredAfterMaxDeliveries(t *testing.T) {
+	e, cfg := streamEnv(t)
+	ctx := context.Background()
+	e.putDue("ev-1", `{"n":1}`)
+	e.putDue("ev-2", `{"n":2}`)
+	e.forwardOnce(cfg)
+	res, err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{e.keys.Stream, ">"}, Count: 10, Block: -1}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != 2 {
+		t.Fatalf("XREADGROUP: %v, %v", res, err)
+	}
+	byTask := map[string]string{}
+	for _, m := range res[0].Messages {
+		if a, ok := m.Values["attempts"]; ok {
+			t.Errorf("entry %s carries attempts %v, which no redelivery updates", m.ID, a)
+		}
+		byTask[m.Values["id"].(string)] = m.ID
+	}
+	if err := e.rdb.XAck(ctx, e.keys.Stream, "g", byTask["ev-2"]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// c1 died holding ev-1. One delivery of two: not dead yet.
+	e.idleFor("g", "c1", byTask["ev-1"], 2*time.Minute)
+	e.forwardOnce(cfg)
+	if n := e.card(e.keys.Dead); n != 0 {
+		t.Fatalf("%d dead letters after one delivery of max_attempts 2", n)
+	}
+	// c2 reclaims it (second delivery) and dies too.
+	claimed, _, err := e.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: e.keys.Stream, Group: "g", Consumer: "c2", MinIdle: time.Minute, Start: "0"}).Result()
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("XAUTOCLAIM: %d entries, %v", len(claimed), err)
+	}
+	// Not yet idle for ack_timeout: c2 may still be working on it.
+	e.forwardOnce(cfg)
+	if n := e.card(e.keys.Dead); n != 0 {
+		t.Fatalf("%d dead letters while the last delivery is within its ack_timeout", n)
+	}
+	e.idleFor("g", "c2", byTask["ev-1"], 2*time.Minute)
+	e.forwardOnce(cfg)
+	dead, err := ListDead(ctx, e.rdb, e.keys, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].Serial != "ev-1" || dead[0].Reason != ReasonFailed || dead[0].Attempts != 2 ||
+		!strings.Contains(dead[0].LastError, "consumer group g") {
+		t.Fatalf("dead letters %+v, want ev-1 failed after 2 deliveries in group g", dead)
+	}
+	pending, err := e.rdb.XPending(ctx, e.keys.Stream, "g").Result()
+	if err != nil || pending.Count != 0 {
+		t.Fatalf("pending after the dead letter: %+v, %v; want none (nobody reclaims it again)", pending, err)
+	}
+	if p, _ := e.rdb.HGet(ctx, e.keys.Payload, "ev-1").Result(); p != `{"n":1}` {
+		t.Errorf("dead task's payload %q, want it kept for a requeue", p)
+	}
+	if v := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(ReasonFailed)); v != 1 {
+		t.Errorf("dead_lettered{failed} = %v, want 1", v)
 	}
 }

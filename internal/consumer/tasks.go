@@ -108,12 +108,12 @@ type Forward struct {
 	// to the ready list (recovered in the same script), or are
 	// dead-lettered once taken Config.MaxAttempts times.
 	Reliable bool
-	// AckTimeout is how long a taken reliable-list item may stay
-	// unacknowledged before that delivery counts as failed.
+	// AckTimeout is how long a taken list item or a delivered stream entry
+	// may stay unacknowledged before that delivery counts as failed.
 	AckTimeout time.Duration
 }
 
-// DefaultAckTimeout is a reliable list queue's ack_timeout when
+// DefaultAckTimeout is a stream or reliable list queue's ack_timeout when
 // Forward.AckTimeout is zero.
 const DefaultAckTimeout = 5 * time.Minute
 
@@ -138,8 +138,9 @@ func (c *Consumer) ackTimeout() time.Duration {
 //	ARGV[4] -> queue name; ARGV[5] -> "1" to recover unacked list items
 //	ARGV[6] -> ack timeout, ms; ARGV[7] -> max attempts (deliveries)
 //
-// Stream entries carry id, deadline (ms), queue, attempts and payload;
-// list items are JSON {"id","deadline_ms","payload"}.
+// Stream entries carry id, deadline (ms), queue and payload (a delivery
+// count lives in each consumer group's pending entries list); list items
+// are JSON {"id","deadline_ms","payload"}.
 //
 // Recovery (reliable lists): an item taken at least ack timeout ago and
 // not acknowledged goes back to the ready list, unless it has been taken
@@ -208,7 +209,7 @@ for i = 1, #due, 2 do
   else
     if ARGV[1] == 'stream' then
       redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', id, 'deadline', d,
-        'queue', ARGV[4], 'attempts', 0, 'payload', payload)
+        'queue', ARGV[4], 'payload', payload)
     else
       redis.call('LPUSH', KEYS[4], '{"id":' .. cjson.encode(id) .. ',"deadline_ms":' .. d .. ',"payload":' .. payload .. '}')
     end
@@ -260,6 +261,9 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 	if recovered > 0 {
 		c.log.Info("unacknowledged list items redelivered or dead-lettered", zap.Int64("count", recovered),
 			zap.Int("dead_lettered", res.dead[ReasonFailed]))
+	}
+	if f.Kind == "stream" && !res.paused {
+		c.sweepStream(ctx, res.now)
 	}
 	return res, nil
 }
