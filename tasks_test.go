@@ -291,15 +291,19 @@ queues:
 		t.Fatal(err)
 	}
 	var it client.ListItem
-	waitFor(t, "take", 20*time.Second, func() bool { it, err = rc.Take(ctx, time.Second); return err == nil })
-	if it.ID != "rl-1" {
+	waitFor(t, "take", 20*time.Second, func() bool { it, err = rc.Take(ctx); return err == nil })
+	if it.ID != "rl-1" || it.Attempts != 0 {
 		t.Fatalf("took %+v", it)
 	}
-	// The consumer dies without Ack; after the timeout the item is back.
+	// The consumer dies without Ack; after the queue's 1 s ack_timeout the
+	// item is back, its earlier delivery counted.
 	waitFor(t, "redelivered after the ack timeout", 20*time.Second, func() bool {
-		it, err = rc.Take(ctx, time.Minute)
+		it, err = rc.Take(ctx)
 		return err == nil && it.ID == "rl-1"
 	})
+	if it.Attempts != 1 {
+		t.Errorf("redelivered with attempts %d, want 1", it.Attempts)
+	}
 	if err := rc.Ack(ctx, "rl-1"); err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,61 @@ import (
 // MaxPayloadBytes bounds a task's payload.
 const MaxPayloadBytes = 64 << 10
 
-// ErrInvalidPayload: the payload is not JSON or is too large.
+// MaxPayloadDepth bounds how deeply a task's payload may nest arrays and
+// objects. Go's decoder accepts 10,000 levels, Redis's cjson only 1,000: a
+// payload between the two could be stored but never read back by a script
+// (a reliable-list item that can never be acknowledged). 64 levels is far
+// more than any real payload needs and far below both limits.
+const MaxPayloadDepth = 64
+
+// ErrInvalidPayload: the payload is not JSON, is too large or nests too
+// deeply.
 var ErrInvalidPayload = errors.New("invalid payload")
+
+// ValidatePayload reports whether p is an acceptable task payload: valid
+// JSON of at most MaxPayloadBytes, nested at most MaxPayloadDepth levels.
+// Errors wrap ErrInvalidPayload and name the limit broken. Every way a
+// payload enters (HTTP API, CLI, this client, durable queues) checks it.
+func ValidatePayload(p []byte) error {
+	if len(p) > MaxPayloadBytes {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidPayload, len(p), MaxPayloadBytes)
+	}
+	if !json.Valid(p) {
+		return fmt.Errorf("%w: not valid JSON", ErrInvalidPayload)
+	}
+	if d := jsonDepth(p); d > MaxPayloadDepth {
+		return fmt.Errorf("%w: nested %d levels deep, the limit is %d", ErrInvalidPayload, d, MaxPayloadDepth)
+	}
+	return nil
+}
+
+// jsonDepth returns the deepest nesting of arrays and objects in valid
+// JSON p (0 for a scalar).
+func jsonDepth(p []byte) int {
+	depth, deepest := 0, 0
+	inString, escaped := false, false
+	for _, b := range p {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case b == '\\':
+				escaped = true
+			case b == '"':
+				inString = false
+			}
+		case b == '"':
+			inString = true
+		case b == '[' || b == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case b == ']' || b == '}':
+			depth--
+		}
+	}
+	return deepest
+}
 
 // putTaskScript adds or moves a task and writes its payload, atomically.
 //
@@ -66,8 +119,8 @@ func (c *Client) PutTask(ctx context.Context, id string, payload json.RawMessage
 	if len(payload) == 0 {
 		payload = json.RawMessage("null")
 	}
-	if len(payload) > MaxPayloadBytes || !json.Valid(payload) {
-		return Unchanged, time.Time{}, fmt.Errorf("%w: must be valid JSON of at most %d bytes", ErrInvalidPayload, MaxPayloadBytes)
+	if err := ValidatePayload(payload); err != nil {
+		return Unchanged, time.Time{}, err
 	}
 	ms := queue.DeadlineMillis(deadline)
 	if err := queue.ValidateDeadline(ms, c.now()); err != nil {
@@ -157,24 +210,29 @@ func (c *Client) DeleteTasks(ctx context.Context, ids ...string) (int, error) {
 }
 
 // takeScript takes the oldest item of a reliable list queue: it moves it to
-// the processing list and records when it must be acknowledged, atomically.
+// the processing list, records when it was taken and counts the delivery,
+// atomically. The daemon returns an item not acknowledged within the
+// queue's ack_timeout of being taken to the ready list, or dead-letters it
+// once it has been taken max_attempts times.
 //
 //	KEYS[1] -> {queue}:ready  KEYS[2] -> {queue}:processing
 //	KEYS[3] -> {queue}:unacked  KEYS[4] -> {queue}:taken
-//	ARGV[1] -> acknowledgement timeout, ms
+//	KEYS[5] -> {queue}:deliveries
 //
-// Returns the item, or nil when the list is empty.
-var takeScript = redis.NewScript(`
+// Returns {item, deliveries including this one}, or nil when the list is
+// empty. The id is read without decoding the payload (see
+// queue.LuaSplitListItem); an item of another shape is keyed by its whole
+// body.
+var takeScript = redis.NewScript(queue.LuaSplitListItem + `
 local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
 if not item then return nil end
-local ok, t = pcall(cjson.decode, item)
-local id = item
-if ok and type(t) == 'table' and t.id then id = t.id end
+local id = split_item(item) or item
 local now = redis.call('TIME')
-local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[1])
+local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZADD', KEYS[3], at, id)
 redis.call('HSET', KEYS[4], id, item)
-return item
+local n = redis.call('HINCRBY', KEYS[5], id, 1)
+return {item, n}
 `)
 
 // ListItem is an item of a list action's ready list.
@@ -182,50 +240,67 @@ type ListItem struct {
 	ID         string          `json:"id"`
 	DeadlineMS int64           `json:"deadline_ms"`
 	Payload    json.RawMessage `json:"payload"`
+	// Attempts is how many times the item was taken before this Take and
+	// not acknowledged in time (0 on the first delivery). It is not part
+	// of the item in Redis: Take fills it in from the delivery count.
+	Attempts int `json:"attempts"`
 }
 
 // Take takes the next item of a reliable list queue ("list" action with
-// reliable: true). Acknowledge it with Ack once handled; an item not
-// acknowledged within ackTimeout goes back to the ready list. It returns
-// ErrNotFound when the list is empty.
-func (c *Client) Take(ctx context.Context, ackTimeout time.Duration) (ListItem, error) {
+// reliable: true). Acknowledge it with Ack once handled. An item not
+// acknowledged within the queue's ack_timeout (set in the queues file and
+// enforced by the daemon) goes back to the ready list and is delivered
+// again; after retry.max_attempts deliveries it is dead-lettered as
+// "failed" instead. It returns ErrNotFound when the list is empty.
+func (c *Client) Take(ctx context.Context) (ListItem, error) {
 	k := c.keys
-	s, err := takeScript.Run(ctx, c.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken}, ackTimeout.Milliseconds()).Text()
+	v, err := takeScript.Run(ctx, c.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries}).Slice()
 	if errors.Is(err, redis.Nil) {
 		return ListItem{}, ErrNotFound
 	}
 	if err != nil {
 		return ListItem{}, fmt.Errorf("take: %w", err)
 	}
+	if len(v) != 2 {
+		return ListItem{}, fmt.Errorf("take: reply of %d fields, want 2", len(v))
+	}
+	s, ok1 := v[0].(string)
+	n, ok2 := v[1].(int64)
+	if !ok1 || !ok2 {
+		return ListItem{}, fmt.Errorf("take: reply of types %T, %T", v[0], v[1])
+	}
 	var it ListItem
 	if err := json.Unmarshal([]byte(s), &it); err != nil {
 		return ListItem{}, fmt.Errorf("take: malformed item %q: %w", s, err)
 	}
+	it.Attempts = int(n) - 1
 	return it, nil
 }
 
 // ackScript acknowledges a taken item.
 //
 //	KEYS[1] -> {queue}:processing KEYS[2] -> {queue}:unacked KEYS[3] -> {queue}:taken
+//	KEYS[4] -> {queue}:deliveries
 //	ARGV[1] -> id
 //
 // Returns 1 if the item was still taken, 0 if it had already returned to
-// the ready list (acknowledged too late).
+// the ready list (acknowledged too late) or was dead-lettered.
 var ackScript = redis.NewScript(`
 local item = redis.call('HGET', KEYS[3], ARGV[1])
 if not item then return 0 end
 redis.call('LREM', KEYS[1], 1, item)
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
 return 1
 `)
 
 // Ack acknowledges an item taken with Take. It returns ErrNotFound when the
 // item was not (or no longer) taken: it went back to the ready list after
-// its timeout and may be delivered again.
+// the queue's ack_timeout and may be delivered again, or was dead-lettered.
 func (c *Client) Ack(ctx context.Context, id string) error {
 	k := c.keys
-	n, err := ackScript.Run(ctx, c.rdb, []string{k.Processing, k.Unacked, k.Taken}, id).Int()
+	n, err := ackScript.Run(ctx, c.rdb, []string{k.Processing, k.Unacked, k.Taken, k.Deliveries}, id).Int()
 	if err != nil {
 		return fmt.Errorf("ack: %w", err)
 	}
@@ -253,8 +328,8 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 		if len(items[i].Payload) == 0 {
 			items[i].Payload = json.RawMessage("null")
 		}
-		if len(items[i].Payload) > MaxPayloadBytes || !json.Valid(items[i].Payload) {
-			return nil, fmt.Errorf("task %d: %w", i, ErrInvalidPayload)
+		if err := ValidatePayload(items[i].Payload); err != nil {
+			return nil, fmt.Errorf("task %d: %w", i, err)
 		}
 		if err := queue.ValidateDeadline(queue.DeadlineMillis(items[i].Deadline), now); err != nil {
 			return nil, fmt.Errorf("task %d: %w", i, err)

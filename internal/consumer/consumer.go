@@ -172,6 +172,10 @@ type Consumer struct {
 	// members read at exactly that deadline.
 	peekFrom int64
 	peekSeen map[string]struct{}
+	// Stream queues (scan loop only): when the consumer groups were last
+	// swept (Redis ms) and, per group, where the next sweep continues.
+	streamSwept int64
+	pelCursor   map[string]string
 }
 
 // New returns a Consumer.

@@ -106,9 +106,25 @@ type Forward struct {
 	Kind   string // "stream" or "list"
 	Queue  string // queue name, written into each stream entry
 	MaxLen int64  // stream: approximate cap (XADD MAXLEN ~)
-	// Reliable list: taken items not acknowledged within their timeout
-	// return to the ready list (recovered in the same script).
+	// Reliable list: taken items not acknowledged within AckTimeout return
+	// to the ready list (recovered in the same script), or are
+	// dead-lettered once taken Config.MaxAttempts times.
 	Reliable bool
+	// AckTimeout is how long a taken list item or a delivered stream entry
+	// may stay unacknowledged before that delivery counts as failed.
+	AckTimeout time.Duration
+}
+
+// DefaultAckTimeout is a stream or reliable list queue's ack_timeout when
+// Forward.AckTimeout is zero.
+const DefaultAckTimeout = 5 * time.Minute
+
+// ackTimeout is the Forward's ack timeout, or its default.
+func (c *Consumer) ackTimeout() time.Duration {
+	if c.cfg.Forward == nil || c.cfg.Forward.AckTimeout <= 0 {
+		return DefaultAckTimeout
+	}
+	return c.cfg.Forward.AckTimeout
 }
 
 // forwardScript moves due tasks into the queue's stream or ready list in
@@ -119,33 +135,62 @@ type Forward struct {
 //	KEYS[4] -> {queue}:stream or {queue}:ready
 //	KEYS[5] -> {queue}:dead  KEYS[6] -> {queue}:deadinfo
 //	KEYS[7] -> {queue}:unacked  KEYS[8] -> {queue}:taken  KEYS[9] -> {queue}:processing
+//	KEYS[10] -> {queue}:deliveries
 //	ARGV[1] -> "stream" | "list"; ARGV[2] -> limit; ARGV[3] -> stream MAXLEN
 //	ARGV[4] -> queue name; ARGV[5] -> "1" to recover unacked list items
+//	ARGV[6] -> ack timeout, ms; ARGV[7] -> max attempts (deliveries)
 //
-// Stream entries carry id, deadline (ms), queue, attempts and payload;
-// list items are JSON {"id","deadline_ms","payload"}.
+// Stream entries carry id, deadline (ms), queue and payload (a delivery
+// count lives in each consumer group's pending entries list); list items
+// are JSON {"id","deadline_ms","payload"}.
 //
-// Returns the claim script's shape {now, next deadline or -1, -1, {},
-// dead (serial, reason), paused} plus the number forwarded and recovered.
-var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + `
+// Recovery (reliable lists): an item taken at least ack timeout ago and
+// not acknowledged goes back to the ready list, unless it has been taken
+// max attempts times: then it is dead-lettered as "failed", its payload
+// back in {queue}:payload (HSETNX: a newer task of the same id keeps its
+// own) so that GET shows it and a requeue runs it again.
+//
+// Returns the claim script's shape {now, next deadline or -1, next
+// recovery or -1, {}, dead (serial, reason), paused} plus the number
+// forwarded and recovered (redelivered or dead-lettered).
+var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + queue.LuaSplitListItem + `
 local now = now_ms()
 local function head()
   local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
   return -1
 end
+local ack, maxAttempts = tonumber(ARGV[6]), tonumber(ARGV[7])
+local function nextRecovery()
+  if ARGV[5] ~= '1' then return -1 end
+  local h = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')
+  if h[2] then return tonumber(h[2]) + ack end
+  return -1
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {now, head(), -1, {}, {}, 1, 0, 0}
+  return {now, head(), nextRecovery(), {}, {}, 1, 0, 0}
 end
 local limit = tonumber(ARGV[2])
 local recovered = 0
+local dead, n = {}, 0
 if ARGV[5] == '1' then
-  local late = redis.call('ZRANGE', KEYS[7], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  local late = redis.call('ZRANGE', KEYS[7], '-inf', now - ack, 'BYSCORE', 'LIMIT', 0, limit)
   for _, id in ipairs(late) do
     local body = redis.call('HGET', KEYS[8], id)
     if body then
       redis.call('LREM', KEYS[9], 1, body)
-      redis.call('RPUSH', KEYS[4], body)
+      local taken = tonumber(redis.call('HGET', KEYS[10], id) or '0')
+      if taken >= maxAttempts then
+        local _, d, payload = split_item(body)
+        redis.call('ZADD', KEYS[5], now, id)
+        redis.call('HSET', KEYS[6], id, 'failed|' .. taken .. '|' .. (d or '0') ..
+          '|taken ' .. taken .. ' times, never acknowledged within ack_timeout')
+        if payload then redis.call('HSETNX', KEYS[2], id, payload) end
+        redis.call('HDEL', KEYS[10], id)
+        dead[#dead+1] = id; dead[#dead+1] = 'failed'
+      else
+        redis.call('RPUSH', KEYS[4], body)
+      end
     end
     redis.call('ZREM', KEYS[7], id)
     redis.call('HDEL', KEYS[8], id)
@@ -153,7 +198,6 @@ if ARGV[5] == '1' then
   end
 end
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-local dead, n = {}, 0
 for i = 1, #due, 2 do
   local id, d = due[i], tonumber(due[i+1])
   redis.call('ZREM', KEYS[1], id)
@@ -167,7 +211,7 @@ for i = 1, #due, 2 do
   else
     if ARGV[1] == 'stream' then
       redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', id, 'deadline', d,
-        'queue', ARGV[4], 'attempts', 0, 'payload', payload)
+        'queue', ARGV[4], 'payload', payload)
     else
       redis.call('LPUSH', KEYS[4], '{"id":' .. cjson.encode(id) .. ',"deadline_ms":' .. d .. ',"payload":' .. payload .. '}')
     end
@@ -175,7 +219,7 @@ for i = 1, #due, 2 do
     n = n + 1
   end
 end
-return {now, head(), -1, {}, dead, 0, n, recovered}
+return {now, head(), nextRecovery(), {}, dead, 0, n, recovered}
 `)
 
 func boolArg(b bool) string {
@@ -193,8 +237,8 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 		target = k.Ready
 	}
 	raw, err := forwardScript.Run(ctx, c.rdb,
-		[]string{k.Queue, k.Payload, k.Paused, target, k.Dead, k.DeadInfo, k.Unacked, k.Taken, k.Processing},
-		f.Kind, limit, f.MaxLen, f.Queue, boolArg(f.Reliable)).Slice()
+		[]string{k.Queue, k.Payload, k.Paused, target, k.Dead, k.DeadInfo, k.Unacked, k.Taken, k.Processing, k.Deliveries},
+		f.Kind, limit, f.MaxLen, f.Queue, boolArg(f.Reliable), c.ackTimeout().Milliseconds(), c.cfg.MaxAttempts).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("forward: %w", err)
 	}
@@ -217,7 +261,11 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 		c.m.DeadLettered.WithLabelValues(reason).Add(float64(k))
 	}
 	if recovered > 0 {
-		c.log.Info("unacknowledged list items returned to the ready list", zap.Int64("count", recovered))
+		c.log.Info("unacknowledged list items redelivered or dead-lettered", zap.Int64("count", recovered),
+			zap.Int("dead_lettered", res.dead[ReasonFailed]))
+	}
+	if f.Kind == "stream" && !res.paused {
+		c.sweepStream(ctx, res.now)
 	}
 	return res, nil
 }

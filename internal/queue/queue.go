@@ -70,8 +70,9 @@ type Keys struct {
 	Stream     string // stream action target
 	Ready      string // list action target
 	Processing string // reliable list consumers' taken items
-	Unacked    string // taken task id -> redelivery time
+	Unacked    string // taken task id -> when it was taken (Unix ms, Redis clock)
 	Taken      string // taken task id -> list item
+	Deliveries string // reliable list: task id -> times taken so far
 }
 
 // NewKeys returns the keys of the queue named key. It does not validate key;
@@ -95,6 +96,7 @@ func NewKeys(key string) Keys {
 		Processing: tag + "processing",
 		Unacked:    tag + "unacked",
 		Taken:      tag + "taken",
+		Deliveries: tag + "deliveries",
 	}
 }
 

@@ -74,8 +74,13 @@ type Action struct {
 	// stream
 	MaxLen int64 `yaml:"max_len"` // approximate cap of the stream (default 100000)
 	// list
-	Reliable   bool     `yaml:"reliable"`    // consumers take with LMOVE and ack; unacked items return
-	AckTimeout Duration `yaml:"ack_timeout"` // reliable list: how long a taken item may stay unacked (default 5m)
+	Reliable bool `yaml:"reliable"` // consumers take with LMOVE and ack; unacked items return
+	// AckTimeout (stream and reliable list, default 5m) is how long a
+	// delivery may stay unacknowledged before it counts as failed: a
+	// reliable-list item taken this long ago goes back to the ready list,
+	// and a stream entry pending this long after its max_attempts-th
+	// delivery is dead-lettered.
+	AckTimeout Duration `yaml:"ack_timeout"`
 	// webhook
 	URL       string   `yaml:"url"`
 	Timeout   Duration `yaml:"timeout"`    // default 10s
@@ -191,6 +196,9 @@ func (f *File) setDefaults() error {
 		if err := q.Action.check(where, q.Lease); err != nil {
 			return err
 		}
+		if err := q.Retry.checkRedelivery(where, q.Action); err != nil {
+			return err
+		}
 		if err := q.Retry.check(where); err != nil {
 			return err
 		}
@@ -225,8 +233,8 @@ func (a *Action) check(where string, lease Duration) error {
 			return fmt.Errorf("%s: action.max_len must be positive", where)
 		}
 	case ActionList:
-		if a.AckTimeout == 0 {
-			a.AckTimeout = Duration(5 * time.Minute)
+		if !a.Reliable && a.AckTimeout != 0 {
+			return fmt.Errorf("%s: ack_timeout needs reliable: true (a plain list is delivered once, never acknowledged)", where)
 		}
 	case ActionWebhook:
 		if !strings.HasPrefix(a.URL, "http://") && !strings.HasPrefix(a.URL, "https://") {
@@ -241,6 +249,36 @@ func (a *Action) check(where string, lease Duration) error {
 		if a.SecretEnv == "" || os.Getenv(a.SecretEnv) == "" {
 			return fmt.Errorf("%s: a webhook action needs secret_env naming a set environment variable with the HMAC secret", where)
 		}
+	}
+	switch {
+	case a.Type == ActionStream || a.Type == ActionList && a.Reliable:
+		if a.AckTimeout == 0 {
+			a.AckTimeout = Duration(5 * time.Minute)
+		}
+	case a.AckTimeout != 0 && a.Type != ActionList:
+		return fmt.Errorf("%s: ack_timeout applies to stream and reliable list actions only", where)
+	}
+	return nil
+}
+
+// checkRedelivery refuses retry settings a stream or list action cannot
+// keep. Consumers acknowledge those deliveries themselves, so a failed
+// delivery is redelivered after the action's ack_timeout, not after a
+// backoff: of the retry policy only max_attempts applies, and only where
+// there are acknowledgements (a stream or a reliable list). It runs before
+// the defaults are filled in, so it sees what the file says.
+func (r Retry) checkRedelivery(where string, a Action) error {
+	if a.Type != ActionStream && a.Type != ActionList {
+		return nil
+	}
+	if a.Type == ActionList && !a.Reliable {
+		if r.MaxAttempts != 0 || len(r.Backoff) > 0 || r.Initial != 0 || r.Max != 0 || r.Multiplier != 0 || r.Jitter != nil {
+			return fmt.Errorf("%s: retry needs reliable: true (a plain list is delivered once and never retried)", where)
+		}
+		return nil
+	}
+	if len(r.Backoff) > 0 || r.Initial != 0 || r.Max != 0 || r.Multiplier != 0 || r.Jitter != nil {
+		return fmt.Errorf("%s: a %s action redelivers after action.ack_timeout; of retry only max_attempts applies", where, a.Type)
 	}
 	return nil
 }

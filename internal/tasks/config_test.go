@@ -33,6 +33,13 @@ func TestParseRefusesBadFiles(t *testing.T) {
 		{"batch too big", "queues:\n  - {name: a, batch_size: 9999, action: {type: poll}}\n", "batch_size"},
 		{"bad retry", "queues:\n  - {name: a, action: {type: poll}, retry: {initial: 1m, max: 1s}}\n", "retry"},
 		{"not yaml", "queues: [\n", "queues file"},
+		// Stream and list deliveries are redelivered after ack_timeout, not
+		// after a backoff; a plain list is never redelivered.
+		{"backoff on a stream", "queues:\n  - {name: a, action: {type: stream}, retry: {backoff: [1s]}}\n", "only max_attempts applies"},
+		{"initial on a reliable list", "queues:\n  - {name: a, action: {type: list, reliable: true}, retry: {initial: 1s}}\n", "only max_attempts applies"},
+		{"retry on a plain list", "queues:\n  - {name: a, action: {type: list}, retry: {max_attempts: 3}}\n", "reliable: true"},
+		{"ack timeout on a plain list", "queues:\n  - {name: a, action: {type: list, ack_timeout: 1m}}\n", "reliable: true"},
+		{"ack timeout on poll", "queues:\n  - {name: a, action: {type: poll, ack_timeout: 1m}}\n", "ack_timeout applies"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -53,6 +60,13 @@ func TestParseDefaults(t *testing.T) {
 	if q.Key != "delaytask:confirm" || q.Lease != Duration(time.Minute) || q.BatchSize != 100 || q.Workers != 4 ||
 		q.Action.MaxLen != 100000 || q.Retry.MaxAttempts != 10 {
 		t.Fatalf("defaults: %+v", q)
+	}
+	if q.Action.AckTimeout != Duration(5*time.Minute) {
+		t.Errorf("stream ack_timeout %s, want the default 5m", time.Duration(q.Action.AckTimeout))
+	}
+	f, err = Parse([]byte("queues:\n  - {name: r, action: {type: list, reliable: true, ack_timeout: 1h}, retry: {max_attempts: 3}}\n"))
+	if err != nil || f.Queues[0].Action.AckTimeout != Duration(time.Hour) || f.Queues[0].Retry.MaxAttempts != 3 {
+		t.Fatalf("reliable list: %v, %+v", err, f.Queues)
 	}
 	if f, err := Parse(nil); err != nil || len(f.Queues) != 0 {
 		t.Fatalf("empty file: %v, %d queues", err, len(f.Queues))

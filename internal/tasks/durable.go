@@ -65,8 +65,8 @@ func (d *Durable) Put(ctx context.Context, id string, payload json.RawMessage, d
 	if len(payload) == 0 {
 		payload = json.RawMessage("null")
 	}
-	if !json.Valid(payload) || len(payload) > client.MaxPayloadBytes {
-		return client.Unchanged, time.Time{}, client.ErrInvalidPayload
+	if err := client.ValidatePayload(payload); err != nil {
+		return client.Unchanged, time.Time{}, err
 	}
 	tx, err := d.DB.BeginTxx(ctx, nil)
 	if err != nil {
@@ -206,13 +206,23 @@ func (d *Durable) Load(ctx context.Context) (int, error) {
 		if err != nil || len(rows) == 0 {
 			return added, err
 		}
-		items := make([]client.TaskItem, len(rows))
-		for i, r := range rows {
-			items[i] = client.TaskItem{ID: r.ID, Payload: r.Payload, Deadline: r.Due}
+		items := make([]client.TaskItem, 0, len(rows))
+		for _, r := range rows {
+			// A row stored before payloads were bounded as they are now
+			// (nesting depth) stays in the table, reported, rather than
+			// failing every page it is on and so stopping the loader.
+			if err := client.ValidatePayload(r.Payload); err != nil {
+				d.Log.Warn("durable task not loaded: its payload is refused now", zap.String("id", r.ID), zap.Error(err))
+				continue
+			}
+			items = append(items, client.TaskItem{ID: r.ID, Payload: r.Payload, Deadline: r.Due})
 		}
-		res, err := d.Client.PutTasks(ctx, items, client.Create)
-		if err != nil {
-			return added, err
+		var res []client.Result
+		if len(items) > 0 {
+			res, err = d.Client.PutTasks(ctx, items, client.Create)
+			if err != nil {
+				return added, err
+			}
 		}
 		for _, r := range res {
 			if r == client.Created {

@@ -104,7 +104,8 @@ func (m *Manager) Run(ctx context.Context) {
 		switch q.Action.Type {
 		case ActionStream, ActionList:
 			cfg.Workers = 1
-			cfg.Forward = &consumer.Forward{Kind: q.Action.Type, Queue: name, MaxLen: q.Action.MaxLen, Reliable: q.Action.Reliable}
+			cfg.Forward = &consumer.Forward{Kind: q.Action.Type, Queue: name, MaxLen: q.Action.MaxLen,
+				Reliable: q.Action.Reliable, AckTimeout: time.Duration(q.Action.AckTimeout)}
 		case ActionSQL:
 			cfg.Process = sqlAction(m.db, q.Action.Statement)
 		case ActionWebhook:
