@@ -83,10 +83,18 @@ const webhookConcurrency = 8
 // webhookAction POSTs each task. 2xx is done; anything else, or no answer
 // within the timeout, is a failure to retry. The idempotency key is the
 // same on every attempt of a task, so the receiver can drop duplicates.
+//
+// Redirects are never followed, on hc too: a 3xx is a failure like a 5xx.
+// Following one would turn the signed POST into a body-less GET that counts
+// as delivered (301, 302, 303) or send the signed body to whatever host the
+// Location names (307, 308).
 func webhookAction(queue, url string, timeout time.Duration, secret []byte, hc *http.Client) consumer.ProcessFunc {
 	if hc == nil {
 		hc = &http.Client{Timeout: timeout}
 	}
+	noRedirects := *hc
+	noRedirects.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	hc = &noRedirects
 	return func(ctx context.Context, tasks []consumer.Task) []error {
 		errs := make([]error, len(tasks))
 		sem := make(chan struct{}, webhookConcurrency)
@@ -127,7 +135,10 @@ func post(ctx context.Context, hc *http.Client, queue, url string, timeout time.
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) //nolint:errcheck // drained for connection reuse
 	resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	switch {
+	case resp.StatusCode >= 300 && resp.StatusCode <= 399:
+		return fmt.Errorf("webhook: status %d (redirects are not followed: point url at the final address)", resp.StatusCode)
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		return fmt.Errorf("webhook: status %d", resp.StatusCode)
 	}
 	return nil
