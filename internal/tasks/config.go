@@ -237,8 +237,9 @@ func (a *Action) check(where string, lease Duration) error {
 			return fmt.Errorf("%s: ack_timeout needs reliable: true (a plain list is delivered once, never acknowledged)", where)
 		}
 	case ActionWebhook:
-		if !strings.HasPrefix(a.URL, "http://") && !strings.HasPrefix(a.URL, "https://") {
-			return fmt.Errorf("%s: a webhook action needs url (http:// or https://)", where)
+		// The error never quotes the URL: its path or query may hold a token.
+		if _, err := newEndpoint(a.URL); err != nil {
+			return fmt.Errorf("%s: a webhook action's %w", where, err)
 		}
 		if a.Timeout == 0 {
 			a.Timeout = Duration(10 * time.Second)

@@ -102,3 +102,14 @@ func TestRetryDelay(t *testing.T) {
 		t.Errorf("jittered Delay(3) spans %s..%s, want 2s..4s", lo, hi)
 	}
 }
+
+// A webhook URL is refused without quoting it: its query may hold a token.
+func TestParseRefusesBadWebhookURLWithoutQuotingIt(t *testing.T) {
+	t.Setenv("OD_SECRET", "0123456789abcdef0123456789abcdef")
+	for _, u := range []string{"/hook?token=QUERYSECRET", "http:///hook?token=QUERYSECRET", "ftp://h/hook?token=QUERYSECRET", "http://h:port/?token=QUERYSECRET"} {
+		_, err := Parse([]byte("queues:\n  - {name: a, action: {type: webhook, url: '" + u + "', secret_env: OD_SECRET}}\n"))
+		if err == nil || !strings.Contains(err.Error(), "url") || strings.Contains(err.Error(), "QUERYSECRET") {
+			t.Errorf("url %s: %v, want an error about the url that does not quote it", u, err)
+		}
+	}
+}
