@@ -50,8 +50,14 @@ func newTaskWorld(t *testing.T, yaml string) *taskWorld {
 		t.Fatal(err)
 	}
 	tw := &taskWorld{world: w, prefix: prefix, file: file}
+	// Parsing a webhook queue needs its secret: without it the cleanup
+	// below found no queues and left their keys behind.
+	t.Setenv("OD_TEST_SECRET", webhookSecret)
 	t.Cleanup(func() {
-		f, _ := tasks.Parse([]byte(yaml))
+		f, err := tasks.Parse([]byte(yaml))
+		if err != nil {
+			t.Errorf("cleanup: the queues file: %v", err)
+		}
 		for _, q := range f.Queues {
 			testenv.DeleteQueue(w.rdb, queue.NewKeys(q.Key))
 		}
