@@ -31,7 +31,7 @@ import (
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
-const webhookSecret = "whsec-0123456789abcdef"
+const webhookSecret = "whsec-0123456789abcdef0123456789abcdef"
 
 // taskWorld writes a queues file whose keys belong to this test and starts
 // the daemon with it.

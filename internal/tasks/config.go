@@ -84,8 +84,13 @@ type Action struct {
 	// webhook
 	URL       string   `yaml:"url"`
 	Timeout   Duration `yaml:"timeout"`    // default 10s
-	SecretEnv string   `yaml:"secret_env"` // environment variable holding the HMAC secret
+	SecretEnv string   `yaml:"secret_env"` // environment variable holding the HMAC secret (at least MinSecretBytes)
+	secret    []byte   // SecretEnv's value, read once by check
 }
+
+// MinSecretBytes is the shortest webhook secret accepted: 256 bits, the
+// size of the HMAC-SHA256 key that signs each request.
+const MinSecretBytes = 32
 
 // Retry is a queue's retry policy: an explicit list of delays, or
 // exponential growth from Initial by Multiplier capped at Max, with jitter.
@@ -249,6 +254,11 @@ func (a *Action) check(where string, lease Duration) error {
 		}
 		if a.SecretEnv == "" || os.Getenv(a.SecretEnv) == "" {
 			return fmt.Errorf("%s: a webhook action needs secret_env naming a set environment variable with the HMAC secret", where)
+		}
+		a.secret = []byte(os.Getenv(a.SecretEnv))
+		if len(a.secret) < MinSecretBytes {
+			return fmt.Errorf("%s: action.secret_env: %s holds %d bytes; a webhook secret needs at least %d (e.g. openssl rand -hex 32)",
+				where, a.SecretEnv, len(a.secret), MinSecretBytes)
 		}
 	}
 	switch {

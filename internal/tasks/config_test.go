@@ -8,7 +8,7 @@ import (
 )
 
 func TestParseRefusesBadFiles(t *testing.T) {
-	t.Setenv("OD_SECRET", "s3cret")
+	t.Setenv("OD_SECRET", "0123456789abcdef0123456789abcdef")
 	cases := []struct{ name, yaml, want string }{
 		{"unknown field", "queues:\n  - name: a\n    actoin: {type: poll}\n", "actoin"},
 		{"bad name", "queues:\n  - name: A B\n    action: {type: poll}\n", "name must be"},
@@ -77,7 +77,7 @@ func TestParseDefaults(t *testing.T) {
 }
 
 func TestShippedExampleFileParses(t *testing.T) {
-	t.Setenv("CALLRECORD_WEBHOOK_SECRET", "x")
+	t.Setenv("CALLRECORD_WEBHOOK_SECRET", "0123456789abcdef0123456789abcdef")
 	if _, err := Load(filepath.Join("..", "..", "configs", "orderdelay.yaml")); err != nil {
 		t.Fatal(err)
 	}
@@ -111,5 +111,29 @@ func TestParseRefusesBadWebhookURLWithoutQuotingIt(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "url") || strings.Contains(err.Error(), "QUERYSECRET") {
 			t.Errorf("url %s: %v, want an error about the url that does not quote it", u, err)
 		}
+	}
+}
+
+// A webhook secret shorter than 32 bytes is refused at load, with an error
+// naming the queue, the setting and the variable but not the secret.
+func TestParseRefusesShortWebhookSecret(t *testing.T) {
+	const file = "queues:\n  - {name: hook, action: {type: webhook, url: 'https://h/x', secret_env: OD_SECRET}}\n"
+	short := "whsec-0123456789abcdef012345678" // 31 bytes
+	t.Setenv("OD_SECRET", short)
+	_, err := Parse([]byte(file))
+	if err == nil {
+		t.Fatal("a 31-byte secret was accepted")
+	}
+	for _, want := range []string{`"hook"`, "secret_env", "OD_SECRET", "31 bytes", "at least 32"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), short) {
+		t.Errorf("error %q quotes the secret", err)
+	}
+	t.Setenv("OD_SECRET", short+"7")
+	if _, err := Parse([]byte(file)); err != nil {
+		t.Fatalf("a 32-byte secret: %v", err)
 	}
 }
