@@ -266,6 +266,56 @@ func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
 	}
 }
 
+// During a secret rotation (previous_secret_env) each request carries a
+// signature by each secret: a receiver still on the old secret finds its
+// signature in the second header, and one comparing X-Orderdelay-Signature
+// with the new secret, as every receiver did before rotations, still can.
+func TestWebhookSecretRotation(t *testing.T) {
+	const previous = "the-old-secret" // short: rotating a short secret out is allowed
+	type request struct {
+		h    http.Header
+		body []byte
+	}
+	got := make(chan request, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		select {
+		case got <- request{r.Header.Clone(), body}:
+		default: // only the first request is checked
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	t.Setenv("OD_TEST_PREVIOUS_SECRET", previous) // for the cleanup's parse
+	tw := newTaskWorld(t, `
+queues:
+  - name: rotating
+    key: PREFIX:rotating
+    action: {type: webhook, url: `+srv.URL+`, timeout: 2s, secret_env: OD_TEST_SECRET, previous_secret_env: OD_TEST_PREVIOUS_SECRET}
+`)
+	d := tw.start("OD_TEST_PREVIOUS_SECRET=" + previous)
+	if code := call(t, d, http.MethodPut, "/v1/queues/rotating/tasks/t-1", `{"after":"10ms","payload":{"n":1}}`, nil); code != http.StatusCreated {
+		t.Fatalf("PUT: %d", code)
+	}
+	var r request
+	select {
+	case r = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no request within 30s")
+	}
+	ts, err := strconv.ParseInt(r.h.Get(tasks.HeaderTimestamp), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", tasks.HeaderTimestamp, err)
+	}
+	if sig, want := r.h.Get(tasks.HeaderSignature), tasks.Sign([]byte(webhookSecret), ts, r.body); sig != want {
+		t.Errorf("%s %q, want %q: Sign by the current secret alone", tasks.HeaderSignature, sig, want)
+	}
+	if sig, want := r.h.Get("X-Orderdelay-Signature-Previous"), tasks.Sign([]byte(previous), ts, r.body); sig != want {
+		t.Errorf("X-Orderdelay-Signature-Previous %q, want %q: Sign by the previous secret", sig, want)
+	}
+	d.stop()
+}
+
 // Seed 000: tasks with payloads, added and removed atomically, batch delete.
 func TestSeed000PayloadTasksAndBatchDelete(t *testing.T) {
 	tw := newTaskWorld(t, `

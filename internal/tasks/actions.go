@@ -56,7 +56,12 @@ func sqlAction(db *sqlx.DB, statement string) consumer.ProcessFunc {
 const (
 	HeaderIdempotencyKey = "Idempotency-Key"
 	HeaderTimestamp      = "X-Orderdelay-Timestamp"
-	HeaderSignature      = "X-Orderdelay-Signature"
+	// HeaderSignature is Sign by the current secret (secret_env), alone and
+	// in the same format whether or not a rotation is under way.
+	HeaderSignature = "X-Orderdelay-Signature"
+	// HeaderSignaturePrevious is Sign by the secret being replaced
+	// (previous_secret_env), sent only during a rotation.
+	HeaderSignaturePrevious = "X-Orderdelay-Signature-Previous"
 )
 
 // WebhookBody is what a webhook receives.
@@ -70,8 +75,10 @@ type WebhookBody struct {
 
 // Sign returns the signature header value for a body sent at ts (Unix
 // seconds): "v1=" + hex(HMAC-SHA256(secret, ts + "." + body)). Receivers
-// recompute it, compare in constant time, and reject timestamps older than
-// a few minutes so a captured request cannot be replayed.
+// recompute it with the secret they know, accept the request if it equals
+// HeaderSignature or HeaderSignaturePrevious (compared in constant time),
+// and reject timestamps older than a few minutes so a captured request
+// cannot be replayed.
 func Sign(secret []byte, ts int64, body []byte) string {
 	mac := hmac.New(sha256.New, secret)
 	mac.Write([]byte(strconv.FormatInt(ts, 10)))
@@ -91,7 +98,10 @@ const webhookConcurrency = 8
 // Following one would turn the signed POST into a body-less GET that counts
 // as delivered (301, 302, 303) or send the signed body to whatever host the
 // Location names (307, 308).
-func webhookAction(queue, rawURL string, timeout time.Duration, secret []byte, hc *http.Client) consumer.ProcessFunc {
+//
+// previous, when not nil, is the secret being rotated out: each request then
+// carries a second signature by it (HeaderSignaturePrevious).
+func webhookAction(queue, rawURL string, timeout time.Duration, secret, previous []byte, hc *http.Client) consumer.ProcessFunc {
 	if hc == nil {
 		hc = &http.Client{Timeout: timeout}
 	}
@@ -114,7 +124,7 @@ func webhookAction(queue, rawURL string, timeout time.Duration, secret []byte, h
 			sem <- struct{}{}
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				errs[i] = post(ctx, hc, queue, ep, timeout, secret, t)
+				errs[i] = post(ctx, hc, queue, ep, timeout, secret, previous, t)
 			}()
 		}
 		wg.Wait()
@@ -180,7 +190,7 @@ func (ep endpoint) transportError(err error) error {
 	return &webhookError{msg: fmt.Sprintf("webhook %s: %s", ep.origin, ep.scrub.Replace(err.Error())), err: err}
 }
 
-func post(ctx context.Context, hc *http.Client, queue string, ep endpoint, timeout time.Duration, secret []byte, t consumer.Task) error {
+func post(ctx context.Context, hc *http.Client, queue string, ep endpoint, timeout time.Duration, secret, previous []byte, t consumer.Task) error {
 	body, err := json.Marshal(WebhookBody{Queue: queue, ID: t.ID, Deadline: t.Deadline.UTC(), Attempt: t.Attempts + 1, Payload: t.Payload})
 	if err != nil {
 		return err
@@ -197,6 +207,9 @@ func post(ctx context.Context, hc *http.Client, queue string, ep endpoint, timeo
 	req.Header.Set(HeaderIdempotencyKey, queue+":"+t.ID+":"+strconv.FormatInt(t.Deadline.UnixMilli(), 10))
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
 	req.Header.Set(HeaderSignature, Sign(secret, ts, body))
+	if previous != nil {
+		req.Header.Set(HeaderSignaturePrevious, Sign(previous, ts, body))
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return ep.transportError(err)

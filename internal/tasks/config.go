@@ -85,7 +85,14 @@ type Action struct {
 	URL       string   `yaml:"url"`
 	Timeout   Duration `yaml:"timeout"`    // default 10s
 	SecretEnv string   `yaml:"secret_env"` // environment variable holding the HMAC secret (at least MinSecretBytes)
-	secret    []byte   // SecretEnv's value, read once by check
+	// PreviousSecretEnv, set during a rotation, names the variable holding
+	// the secret being replaced: each request then carries a signature by
+	// each secret, so receivers that know either accept it. Empty: none.
+	// It may be shorter than MinSecretBytes, so a short secret can be
+	// rotated out without refusing requests.
+	PreviousSecretEnv string `yaml:"previous_secret_env"`
+	secret            []byte // SecretEnv's value, read once by check
+	previousSecret    []byte // PreviousSecretEnv's value; nil when unset
 }
 
 // MinSecretBytes is the shortest webhook secret accepted: 256 bits, the
@@ -259,6 +266,15 @@ func (a *Action) check(where string, lease Duration) error {
 		if len(a.secret) < MinSecretBytes {
 			return fmt.Errorf("%s: action.secret_env: %s holds %d bytes; a webhook secret needs at least %d (e.g. openssl rand -hex 32)",
 				where, a.SecretEnv, len(a.secret), MinSecretBytes)
+		}
+		if a.PreviousSecretEnv != "" {
+			a.previousSecret = []byte(os.Getenv(a.PreviousSecretEnv))
+			if len(a.previousSecret) == 0 {
+				return fmt.Errorf("%s: action.previous_secret_env: %s is unset or empty; name the variable holding the secret being replaced, or leave the setting out", where, a.PreviousSecretEnv)
+			}
+			if string(a.previousSecret) == string(a.secret) {
+				return fmt.Errorf("%s: action.previous_secret_env: %s holds the same secret as %s; a rotation needs the new secret in secret_env", where, a.PreviousSecretEnv, a.SecretEnv)
+			}
 		}
 	}
 	switch {

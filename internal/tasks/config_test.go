@@ -137,3 +137,24 @@ func TestParseRefusesShortWebhookSecret(t *testing.T) {
 		t.Fatalf("a 32-byte secret: %v", err)
 	}
 }
+
+// previous_secret_env, for a rotation, must name a set variable holding a
+// secret other than the current one; it may be short, so a short secret
+// can be rotated out.
+func TestParseWebhookSecretRotation(t *testing.T) {
+	t.Setenv("OD_SECRET", "0123456789abcdef0123456789abcdef")
+	t.Setenv("OD_OLD_SECRET", "old-short-secret")
+	t.Setenv("OD_SAME_SECRET", "0123456789abcdef0123456789abcdef")
+	file := func(previous string) []byte {
+		return []byte("queues:\n  - {name: hook, action: {type: webhook, url: 'https://h/x', secret_env: OD_SECRET, previous_secret_env: " + previous + "}}\n")
+	}
+	if _, err := Parse(file("OD_OLD_SECRET")); err != nil {
+		t.Fatalf("a rotation: %v", err)
+	}
+	for previous, want := range map[string]string{"OD_UNSET_VAR": "unset", "OD_SAME_SECRET": "same secret"} {
+		_, err := Parse(file(previous))
+		if err == nil || !strings.Contains(err.Error(), `"hook"`) || !strings.Contains(err.Error(), "previous_secret_env") || !strings.Contains(err.Error(), want) {
+			t.Errorf("previous_secret_env: %s: %v, want an error naming the queue, the setting and %q", previous, err, want)
+		}
+	}
+}

@@ -108,7 +108,7 @@ func (m *Manager) Run(ctx context.Context) {
 		case ActionSQL:
 			cfg.Process = sqlAction(m.db, q.Action.Statement)
 		case ActionWebhook:
-			cfg.Process = webhookAction(name, q.Action.URL, time.Duration(q.Action.Timeout), q.Action.secret, nil)
+			cfg.Process = webhookAction(name, q.Action.URL, time.Duration(q.Action.Timeout), q.Action.secret, q.Action.previousSecret, nil)
 		}
 		if r.Durable != nil {
 			cfg.Process = r.Durable.Executor(cfg.Process, retry.MaxAttempts)
