@@ -25,12 +25,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
-const webhookSecret = "whsec-0123456789abcdef"
+const webhookSecret = "whsec-0123456789abcdef0123456789abcdef"
 
 // taskWorld writes a queues file whose keys belong to this test and starts
 // the daemon with it.
@@ -50,8 +51,14 @@ func newTaskWorld(t *testing.T, yaml string) *taskWorld {
 		t.Fatal(err)
 	}
 	tw := &taskWorld{world: w, prefix: prefix, file: file}
+	// Parsing a webhook queue needs its secret: without it the cleanup
+	// below found no queues and left their keys behind.
+	t.Setenv("OD_TEST_SECRET", webhookSecret)
 	t.Cleanup(func() {
-		f, _ := tasks.Parse([]byte(yaml))
+		f, err := tasks.Parse([]byte(yaml))
+		if err != nil {
+			t.Errorf("cleanup: the queues file: %v", err)
+		}
 		for _, q := range f.Queues {
 			testenv.DeleteQueue(w.rdb, queue.NewKeys(q.Key))
 		}
@@ -154,6 +161,157 @@ queues:
 	if m[`orderdelay_task_done_total{queue="callrecord"}`] != 2 || m[`orderdelay_task_dead_lettered_total{queue="callrecord",reason="failed"}`] != 1 {
 		t.Errorf("task metrics: done %v, failed %v", m[`orderdelay_task_done_total{queue="callrecord"}`],
 			m[`orderdelay_task_dead_lettered_total{queue="callrecord",reason="failed"}`])
+	}
+	d.stop()
+}
+
+// A webhook's redirect is a failed attempt, never a delivery: a followed
+// 302 turned the signed POST into a GET whose 200 dropped the task, and a
+// 307 re-sent the signed body to another host. And what the task API, the
+// dead letters and the log record of a failure names the URL's scheme and
+// host only: tokens in its path, query or userinfo stay out.
+func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
+	var mu sync.Mutex
+	landed := map[string]int{} // requests that reached a redirect's target, by server
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		landed["elsewhere"]++
+		mu.Unlock()
+	}))
+	defer elsewhere.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/moved":
+			http.Redirect(w, r, "/landing", http.StatusFound)
+		case r.URL.Path == "/forwarded":
+			http.Redirect(w, r, elsewhere.URL+"/landing", http.StatusTemporaryRedirect)
+		case r.URL.Path == "/landing":
+			mu.Lock()
+			landed["landing"]++
+			mu.Unlock()
+		default:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	host := srv.Listener.Addr().String()
+	closedHost := freeAddr(t) // nothing listens there
+	tokened := func(h string) string { return "'http://user:USERSECRET@" + h + "/hook/PATHSECRET?token=QUERYSECRET'" }
+	queueYAML := func(name, url string) string {
+		return "  - name: " + name + "\n    key: PREFIX:" + name + "\n    action: {type: webhook, url: " + url +
+			", timeout: 2s, secret_env: OD_TEST_SECRET}\n    retry: {backoff: [100ms], max_attempts: 2}\n"
+	}
+	tw := newTaskWorld(t, "queues:\n"+queueYAML("moved", srv.URL+"/moved")+queueYAML("forwarded", srv.URL+"/forwarded")+
+		queueYAML("tokened", tokened(host))+queueYAML("unreachable", tokened(closedHost)))
+	d := tw.start()
+	type state struct {
+		State     string `json:"state"`
+		Reason    string `json:"reason"`
+		LastError string `json:"last_error"`
+	}
+	cases := []struct{ queue, want string }{
+		{"moved", "webhook http://" + host + ": status 302"},
+		{"forwarded", "webhook http://" + host + ": status 307"},
+		{"tokened", "webhook http://" + host + ": status 503"},
+		{"unreachable", "webhook http://" + closedHost + ": "},
+	}
+	for _, c := range cases {
+		if code := call(t, d, http.MethodPut, "/v1/queues/"+c.queue+"/tasks/t-1", `{"after":"10ms","payload":{"n":1}}`, nil); code != http.StatusCreated {
+			t.Fatalf("PUT on %s: %d", c.queue, code)
+		}
+	}
+	secrets := []string{"USERSECRET", "PATHSECRET", "QUERYSECRET"}
+	for _, c := range cases {
+		var got state
+		waitFor(t, c.queue+": t-1 settled", 30*time.Second, func() bool {
+			got = state{}
+			code := call(t, d, http.MethodGet, "/v1/queues/"+c.queue+"/tasks/t-1", "", &got)
+			return code == http.StatusNotFound || got.State == "dead"
+		})
+		if got.State != "dead" || got.Reason != "failed" {
+			t.Errorf("%s: task state %q reason %q, want dead and failed (gone means it counted as delivered)", c.queue, got.State, got.Reason)
+		}
+		if !strings.HasPrefix(got.LastError, c.want) {
+			t.Errorf("%s: last_error %q, want it to begin %q", c.queue, got.LastError, c.want)
+		}
+		tools, err := admin.New(tw.rdb, tw.prefix+":"+c.queue, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead, err := tools.Dead(context.Background(), 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range secrets {
+			if strings.Contains(got.LastError, s) {
+				t.Errorf("%s: last_error %q holds the URL's %s", c.queue, got.LastError, s)
+			}
+			for _, e := range dead {
+				if strings.Contains(e.LastError, s) {
+					t.Errorf("%s: dead letter %q holds the URL's %s", c.queue, e.LastError, s)
+				}
+			}
+		}
+	}
+	mu.Lock()
+	if len(landed) != 0 {
+		t.Errorf("redirects were followed: requests reached %v", landed)
+	}
+	mu.Unlock()
+	d.stop()
+	for _, s := range secrets {
+		if strings.Contains(d.Output(), s) {
+			t.Errorf("the daemon's log holds the URL's %s", s)
+		}
+	}
+}
+
+// During a secret rotation (previous_secret_env) each request carries a
+// signature by each secret: a receiver still on the old secret finds its
+// signature in the second header, and one comparing X-Orderdelay-Signature
+// with the new secret, as every receiver did before rotations, still can.
+func TestWebhookSecretRotation(t *testing.T) {
+	const previous = "the-old-secret" // short: rotating a short secret out is allowed
+	type request struct {
+		h    http.Header
+		body []byte
+	}
+	got := make(chan request, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		select {
+		case got <- request{r.Header.Clone(), body}:
+		default: // only the first request is checked
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	t.Setenv("OD_TEST_PREVIOUS_SECRET", previous) // for the cleanup's parse
+	tw := newTaskWorld(t, `
+queues:
+  - name: rotating
+    key: PREFIX:rotating
+    action: {type: webhook, url: `+srv.URL+`, timeout: 2s, secret_env: OD_TEST_SECRET, previous_secret_env: OD_TEST_PREVIOUS_SECRET}
+`)
+	d := tw.start("OD_TEST_PREVIOUS_SECRET=" + previous)
+	if code := call(t, d, http.MethodPut, "/v1/queues/rotating/tasks/t-1", `{"after":"10ms","payload":{"n":1}}`, nil); code != http.StatusCreated {
+		t.Fatalf("PUT: %d", code)
+	}
+	var r request
+	select {
+	case r = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no request within 30s")
+	}
+	ts, err := strconv.ParseInt(r.h.Get(tasks.HeaderTimestamp), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", tasks.HeaderTimestamp, err)
+	}
+	if sig, want := r.h.Get(tasks.HeaderSignature), tasks.Sign([]byte(webhookSecret), ts, r.body); sig != want {
+		t.Errorf("%s %q, want %q: Sign by the current secret alone", tasks.HeaderSignature, sig, want)
+	}
+	if sig, want := r.h.Get("X-Orderdelay-Signature-Previous"), tasks.Sign([]byte(previous), ts, r.body); sig != want {
+		t.Errorf("X-Orderdelay-Signature-Previous %q, want %q: Sign by the previous secret", sig, want)
 	}
 	d.stop()
 }

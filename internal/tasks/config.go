@@ -84,8 +84,20 @@ type Action struct {
 	// webhook
 	URL       string   `yaml:"url"`
 	Timeout   Duration `yaml:"timeout"`    // default 10s
-	SecretEnv string   `yaml:"secret_env"` // environment variable holding the HMAC secret
+	SecretEnv string   `yaml:"secret_env"` // environment variable holding the HMAC secret (at least MinSecretBytes)
+	// PreviousSecretEnv, set during a rotation, names the variable holding
+	// the secret being replaced: each request then carries a signature by
+	// each secret, so receivers that know either accept it. Empty: none.
+	// It may be shorter than MinSecretBytes, so a short secret can be
+	// rotated out without refusing requests.
+	PreviousSecretEnv string `yaml:"previous_secret_env"`
+	secret            []byte // SecretEnv's value, read once by check
+	previousSecret    []byte // PreviousSecretEnv's value; nil when unset
 }
+
+// MinSecretBytes is the shortest webhook secret accepted: 256 bits, the
+// size of the HMAC-SHA256 key that signs each request.
+const MinSecretBytes = 32
 
 // Retry is a queue's retry policy: an explicit list of delays, or
 // exponential growth from Initial by Multiplier capped at Max, with jitter.
@@ -237,8 +249,9 @@ func (a *Action) check(where string, lease Duration) error {
 			return fmt.Errorf("%s: ack_timeout needs reliable: true (a plain list is delivered once, never acknowledged)", where)
 		}
 	case ActionWebhook:
-		if !strings.HasPrefix(a.URL, "http://") && !strings.HasPrefix(a.URL, "https://") {
-			return fmt.Errorf("%s: a webhook action needs url (http:// or https://)", where)
+		// The error never quotes the URL: its path or query may hold a token.
+		if _, err := newEndpoint(a.URL); err != nil {
+			return fmt.Errorf("%s: a webhook action's %w", where, err)
 		}
 		if a.Timeout == 0 {
 			a.Timeout = Duration(10 * time.Second)
@@ -248,6 +261,20 @@ func (a *Action) check(where string, lease Duration) error {
 		}
 		if a.SecretEnv == "" || os.Getenv(a.SecretEnv) == "" {
 			return fmt.Errorf("%s: a webhook action needs secret_env naming a set environment variable with the HMAC secret", where)
+		}
+		a.secret = []byte(os.Getenv(a.SecretEnv))
+		if len(a.secret) < MinSecretBytes {
+			return fmt.Errorf("%s: action.secret_env: %s holds %d bytes; a webhook secret needs at least %d (e.g. openssl rand -hex 32)",
+				where, a.SecretEnv, len(a.secret), MinSecretBytes)
+		}
+		if a.PreviousSecretEnv != "" {
+			a.previousSecret = []byte(os.Getenv(a.PreviousSecretEnv))
+			if len(a.previousSecret) == 0 {
+				return fmt.Errorf("%s: action.previous_secret_env: %s is unset or empty; name the variable holding the secret being replaced, or leave the setting out", where, a.PreviousSecretEnv)
+			}
+			if string(a.previousSecret) == string(a.secret) {
+				return fmt.Errorf("%s: action.previous_secret_env: %s holds the same secret as %s; a rotation needs the new secret in secret_env", where, a.PreviousSecretEnv, a.SecretEnv)
+			}
 		}
 	}
 	switch {

@@ -8,7 +8,7 @@ import (
 )
 
 func TestParseRefusesBadFiles(t *testing.T) {
-	t.Setenv("OD_SECRET", "s3cret")
+	t.Setenv("OD_SECRET", "0123456789abcdef0123456789abcdef")
 	cases := []struct{ name, yaml, want string }{
 		{"unknown field", "queues:\n  - name: a\n    actoin: {type: poll}\n", "actoin"},
 		{"bad name", "queues:\n  - name: A B\n    action: {type: poll}\n", "name must be"},
@@ -77,7 +77,7 @@ func TestParseDefaults(t *testing.T) {
 }
 
 func TestShippedExampleFileParses(t *testing.T) {
-	t.Setenv("CALLRECORD_WEBHOOK_SECRET", "x")
+	t.Setenv("CALLRECORD_WEBHOOK_SECRET", "0123456789abcdef0123456789abcdef")
 	if _, err := Load(filepath.Join("..", "..", "configs", "orderdelay.yaml")); err != nil {
 		t.Fatal(err)
 	}
@@ -100,5 +100,61 @@ func TestRetryDelay(t *testing.T) {
 	jit := Retry{Initial: Duration(time.Second), Max: Duration(time.Minute), Multiplier: 2}
 	if lo, hi := jit.Delay(3, func() float64 { return 0 }), jit.Delay(3, func() float64 { return 0.999 }); lo != 2*time.Second || hi < 3900*time.Millisecond || hi > 4*time.Second {
 		t.Errorf("jittered Delay(3) spans %s..%s, want 2s..4s", lo, hi)
+	}
+}
+
+// A webhook URL is refused without quoting it: its query may hold a token.
+func TestParseRefusesBadWebhookURLWithoutQuotingIt(t *testing.T) {
+	t.Setenv("OD_SECRET", "0123456789abcdef0123456789abcdef")
+	for _, u := range []string{"/hook?token=QUERYSECRET", "http:///hook?token=QUERYSECRET", "ftp://h/hook?token=QUERYSECRET", "http://h:port/?token=QUERYSECRET"} {
+		_, err := Parse([]byte("queues:\n  - {name: a, action: {type: webhook, url: '" + u + "', secret_env: OD_SECRET}}\n"))
+		if err == nil || !strings.Contains(err.Error(), "url") || strings.Contains(err.Error(), "QUERYSECRET") {
+			t.Errorf("url %s: %v, want an error about the url that does not quote it", u, err)
+		}
+	}
+}
+
+// A webhook secret shorter than 32 bytes is refused at load, with an error
+// naming the queue, the setting and the variable but not the secret.
+func TestParseRefusesShortWebhookSecret(t *testing.T) {
+	const file = "queues:\n  - {name: hook, action: {type: webhook, url: 'https://h/x', secret_env: OD_SECRET}}\n"
+	short := "whsec-0123456789abcdef012345678" // 31 bytes
+	t.Setenv("OD_SECRET", short)
+	_, err := Parse([]byte(file))
+	if err == nil {
+		t.Fatal("a 31-byte secret was accepted")
+	}
+	for _, want := range []string{`"hook"`, "secret_env", "OD_SECRET", "31 bytes", "at least 32"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), short) {
+		t.Errorf("error %q quotes the secret", err)
+	}
+	t.Setenv("OD_SECRET", short+"7")
+	if _, err := Parse([]byte(file)); err != nil {
+		t.Fatalf("a 32-byte secret: %v", err)
+	}
+}
+
+// previous_secret_env, for a rotation, must name a set variable holding a
+// secret other than the current one; it may be short, so a short secret
+// can be rotated out.
+func TestParseWebhookSecretRotation(t *testing.T) {
+	t.Setenv("OD_SECRET", "0123456789abcdef0123456789abcdef")
+	t.Setenv("OD_OLD_SECRET", "old-short-secret")
+	t.Setenv("OD_SAME_SECRET", "0123456789abcdef0123456789abcdef")
+	file := func(previous string) []byte {
+		return []byte("queues:\n  - {name: hook, action: {type: webhook, url: 'https://h/x', secret_env: OD_SECRET, previous_secret_env: " + previous + "}}\n")
+	}
+	if _, err := Parse(file("OD_OLD_SECRET")); err != nil {
+		t.Fatalf("a rotation: %v", err)
+	}
+	for previous, want := range map[string]string{"OD_UNSET_VAR": "unset", "OD_SAME_SECRET": "same secret"} {
+		_, err := Parse(file(previous))
+		if err == nil || !strings.Contains(err.Error(), `"hook"`) || !strings.Contains(err.Error(), "previous_secret_env") || !strings.Contains(err.Error(), want) {
+			t.Errorf("previous_secret_env: %s: %v, want an error naming the queue, the setting and %q", previous, err, want)
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
@@ -109,7 +108,7 @@ func (m *Manager) Run(ctx context.Context) {
 		case ActionSQL:
 			cfg.Process = sqlAction(m.db, q.Action.Statement)
 		case ActionWebhook:
-			cfg.Process = webhookAction(name, q.Action.URL, time.Duration(q.Action.Timeout), []byte(os.Getenv(q.Action.SecretEnv)), nil)
+			cfg.Process = webhookAction(name, q.Action.URL, time.Duration(q.Action.Timeout), q.Action.secret, q.Action.previousSecret, nil)
 		}
 		if r.Durable != nil {
 			cfg.Process = r.Durable.Executor(cfg.Process, retry.MaxAttempts)
