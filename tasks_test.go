@@ -89,8 +89,9 @@ func call(t *testing.T, d *daemon, method, path, body string, out any) int {
 	return resp.StatusCode
 }
 
-// Seed 001, scenario 2: a call record is re-pushed to a third party until it
-// accepts, with growing delays, then given up on.
+// Seed 000, scenario 1 (a call record re-pushed to a third party until it
+// accepts, then marked as undeliverable) with seed 001, scenario 2's
+// growing delays (1 min, 2 min, … until a threshold).
 func TestSeed001CallRecordRepushWebhookWithRetries(t *testing.T) {
 	var mu sync.Mutex
 	attempts := map[string][]int{}
