@@ -25,7 +25,7 @@ func (c *Consumer) process(workCtx context.Context, items []item) {
 		c.processTasks(workCtx, ctx, items)
 		return
 	}
-	c.closeItems(workCtx, ctx, stmt, dedupe(items), false)
+	c.closeItems(workCtx, ctx, stmt, dedupe(items))
 }
 
 // batchBudget returns how long a batch may run and how long the client
@@ -58,17 +58,16 @@ func dedupe(items []item) []item {
 
 // closeItems closes what it can of items and settles the rest. An error
 // about the data splits the batch in halves until the serial that causes it
-// is alone, so good orders are not held back by a bad one. isolating is set
-// when items is one order of a batch closed order by order (oneByOne). It
-// returns the close statement's error, once handled.
-func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Duration, items []item, isolating bool) error {
+// is alone, so good orders are not held back by a bad one. It returns the
+// close or lookup statement's error, once handled (oneByOne counts them).
+func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Duration, items []item) error {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
 	fence, dropped := c.fence(items)
 	closed, err := c.store.Close(ctx, serialsOf(items), fence)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
-		c.failed(workCtx, batchCtx, stmt, items, err, "close", isolating)
+		c.failed(workCtx, batchCtx, stmt, items, err, "close")
 		return err
 	}
 	c.m.SetUp(metrics.DepPostgres, true)
@@ -114,7 +113,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
 			c.finish(done)
-			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup", isolating)
+			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup")
 			return err
 		}
 		state := make(map[string]bool, len(found))
@@ -243,9 +242,8 @@ func (c *Consumer) stillPending(items []item) {
 	}
 }
 
-// failed handles a batch whose statement failed (see closeItems for
-// isolating).
-func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, isolating bool) {
+// failed handles a batch whose statement failed.
+func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string) {
 	var fenceErr *orders.FenceError
 	switch {
 	case workCtx.Err() != nil:
@@ -337,7 +335,7 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 			c.retry(rest, c.entryBackoff(0), false, "not tried: the batch's time ran out isolating a row")
 			return
 		}
-		err := c.closeItems(workCtx, batchCtx, stmt, []item{it}, true)
+		err := c.closeItems(workCtx, batchCtx, stmt, []item{it})
 		switch {
 		case orders.Costly(err):
 			costly++
@@ -386,12 +384,12 @@ func (c *Consumer) contendedBackoff(it item) time.Duration {
 // untried (no attempt spent) rather than fail on a spent deadline.
 func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	half := len(items) / 2
-	c.closeItems(workCtx, batchCtx, stmt, items[:half], false)
+	c.closeItems(workCtx, batchCtx, stmt, items[:half])
 	if batchCtx.Err() != nil && workCtx.Err() == nil {
 		c.retry(items[half:], c.entryBackoff(0), false, "not tried: the batch's time ran out isolating an order")
 		return
 	}
-	c.closeItems(workCtx, batchCtx, stmt, items[half:], false)
+	c.closeItems(workCtx, batchCtx, stmt, items[half:])
 }
 
 // notFound backs off orders that have no row yet (the producer may have
