@@ -22,22 +22,28 @@ import (
 // same order may close later — but they are the row's, so a batch that
 // holds it must not be held back with it.
 
+// closeTrigger makes every close of an order row matching when (an SQL
+// condition on NEW) run action (PL/pgSQL) first.
+func (e *env) closeTrigger(name, when, action string) {
+	e.t.Helper()
+	_, err := e.db.Exec(`CREATE FUNCTION ` + name + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'closed' AND (` + when + `) THEN
+    ` + action + `;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER ` + name + ` BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION ` + name + `();`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // slowCloseOf makes the close of serial sleep for five seconds (a shop's
 // trigger calling out, a hot row): any short statement timeout cuts the
 // statement that closes it, and only that one.
 func (e *env) slowCloseOf(serial string) {
-	e.t.Helper()
-	_, err := e.db.Exec(`CREATE FUNCTION slow_close() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no = '` + serial + `' THEN
-    PERFORM pg_sleep(5);
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER slow_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION slow_close();`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	e.closeTrigger("slow_close", "NEW.serial_no = '"+serial+"'", "PERFORM pg_sleep(5)")
 }
 
 // Fast path: the batch is split until the row is alone; the other 19 close
@@ -121,19 +127,10 @@ func TestReconcilerIsolatesAContendedOrder(t *testing.T) {
 // statements that reached a row (each is cut on its first row).
 func (e *env) slowEveryClose() {
 	e.t.Helper()
-	_, err := e.db.Exec(`CREATE SEQUENCE slow_closes;
-CREATE FUNCTION slow_close() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' THEN
-    PERFORM nextval('slow_closes');
-    PERFORM pg_sleep(5);
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER slow_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION slow_close();`)
-	if err != nil {
+	if _, err := e.db.Exec(`CREATE SEQUENCE slow_closes`); err != nil {
 		e.t.Fatal(err)
 	}
+	e.closeTrigger("slow_close", "true", "PERFORM nextval('slow_closes'); PERFORM pg_sleep(5)")
 }
 
 func (e *env) slowCloses() int {
@@ -190,16 +187,7 @@ func TestReconcilerGetsPastSeveralContendedRows(t *testing.T) {
 			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
 			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
 			bad := []string{lost[0], lost[16], lost[32]}
-			if _, err := e.db.Exec(`CREATE FUNCTION refuse_some() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no IN ('` + strings.Join(bad, "','") + `') THEN
-    ` + tc.action + `;
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER refuse_some BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_some();`); err != nil {
-				t.Fatal(err)
-			}
+			e.closeTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
 			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
 			for pass := range tc.passes {
 				n, err := r.RunOnce(ctx)
@@ -315,17 +303,10 @@ func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
 			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
 			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
 			bad := lost[:4]
-			if _, err := e.db.Exec(`CREATE TABLE hot (id int PRIMARY KEY, n int); INSERT INTO hot VALUES (1, 0);
-CREATE FUNCTION refuse_some() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no IN ('` + strings.Join(bad, "','") + `') THEN
-    ` + tc.action + `;
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER refuse_some BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_some();`); err != nil {
+			if _, err := e.db.Exec(`CREATE TABLE hot (id int PRIMARY KEY, n int); INSERT INTO hot VALUES (1, 0)`); err != nil {
 				t.Fatal(err)
 			}
+			e.closeTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
 			holder, err := e.db.BeginTxx(ctx, nil) // holds the hot row (lock variant)
 			if err != nil {
 				t.Fatal(err)
