@@ -129,7 +129,7 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 			t.State, t.Until = "leased", &until
 			// "deadline|attempts|token|last error"; token "-" is a backoff.
 			parts := strings.SplitN(rec, "|", 4)
-			if len(parts) == 4 {
+			if len(parts) >= 3 { // the last error may be missing
 				if ms, err := strconv.ParseInt(parts[0], 10, 64); err == nil {
 					t.Due = time.UnixMilli(ms).UTC()
 				}
@@ -137,7 +137,9 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 				if parts[2] == "-" {
 					t.State = "backoff"
 				}
-				t.LastError = parts[3]
+				if len(parts) == 4 {
+					t.LastError = parts[3]
+				}
 			}
 		}
 		if payloads != nil {

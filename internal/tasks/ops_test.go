@@ -109,3 +109,30 @@ func TestListRefusesBadStateAndCursor(t *testing.T) {
 }
 
 func redisZ(m string, s float64) redis.Z { return redis.Z{Member: m, Score: s} }
+
+// Inflight tasks show their true due time, attempts, last error and when
+// their lease or backoff ends; a backoff (token "-") is "backoff".
+func TestListInflightShowsLeasesAndBackoffs(t *testing.T) {
+	ctx := context.Background()
+	rdb, keys := testenv.Redis(t)
+	r := &Runtime{Config: Queue{Name: "q", Key: keys.Queue}, Keys: keys, Redis: rdb}
+	due := time.UnixMilli(1_800_000_000_000).UTC()
+	rdb.ZAdd(ctx, keys.Inflight, redisZ("b", 1_800_000_060_000), redisZ("l", 1_800_000_030_000))
+	rdb.HSet(ctx, keys.Lease, "b", "1800000000000|2|-|webhook https://x.example: status 503", "l", "1800000000000|0|poll.X")
+	page, err := r.List(ctx, ListInflight, "", 10, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Tasks) != 2 || page.Next != "" {
+		t.Fatalf("inflight page %+v, want l then b, no next", page)
+	}
+	l, b := page.Tasks[0], page.Tasks[1]
+	if l.ID != "l" || l.State != "leased" || !l.Due.Equal(due) || l.Attempts != 0 || l.LastError != "" ||
+		l.Until == nil || l.Until.UnixMilli() != 1_800_000_030_000 {
+		t.Errorf("leased %+v", l)
+	}
+	if b.ID != "b" || b.State != "backoff" || !b.Due.Equal(due) || b.Attempts != 2 || b.LastError != "webhook https://x.example: status 503" ||
+		b.Until == nil || b.Until.UnixMilli() != 1_800_000_060_000 {
+		t.Errorf("backoff %+v", b)
+	}
+}
