@@ -188,7 +188,11 @@ func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
-	ps, err := r.tools().PauseState(ctx)
+	t, err := r.tools()
+	if err != nil {
+		return Stats{}, err
+	}
+	ps, err := t.PauseState(ctx)
 	if err != nil {
 		return Stats{}, err
 	}
@@ -199,23 +203,29 @@ func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
 
 // tools are the admin package's tools on this queue's keys (pause and
 // resume work on any queue).
-func (r *Runtime) tools() *admin.Tools {
-	t, err := admin.New(r.Redis, r.Keys.Queue, nil)
-	if err != nil {
-		panic(err) // the key was validated when the file was parsed
-	}
-	return t
+func (r *Runtime) tools() (*admin.Tools, error) {
+	return admin.New(r.Redis, r.Keys.Queue, nil)
 }
 
 // Pause stops the queue: no task is claimed, forwarded or polled until
 // Resume (each replica notices at its next claim). Producers keep adding
 // tasks. Pausing again keeps the first pause's time and reason.
 func (r *Runtime) Pause(ctx context.Context, reason string) (admin.PauseState, error) {
-	return r.tools().Pause(ctx, reason)
+	t, err := r.tools()
+	if err != nil {
+		return admin.PauseState{}, err
+	}
+	return t.Pause(ctx, reason)
 }
 
 // Resume lets the queue run again and wakes its consumers.
-func (r *Runtime) Resume(ctx context.Context) error { return r.tools().Resume(ctx) }
+func (r *Runtime) Resume(ctx context.Context) error {
+	t, err := r.tools()
+	if err != nil {
+		return err
+	}
+	return t.Resume(ctx)
+}
 
 // RequeueResult reports a requeue.
 type RequeueResult struct {
