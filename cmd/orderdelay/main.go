@@ -75,6 +75,12 @@ Named task queues (ORDERDELAY_QUEUES_FILE, see docs/tasks.md):
   orderdelay task put QUEUE ID (--after D | --at TIME) [--payload JSON] [--reschedule | --only-later]
   orderdelay task get QUEUE ID
   orderdelay task delete QUEUE ID...
+  orderdelay task list QUEUE [--state pending|inflight|dead] [--limit N] [--after CURSOR] [--payload]
+  orderdelay task dead QUEUE [--limit N] [--after CURSOR] [--payload]   dead letters, oldest first
+  orderdelay task requeue QUEUE (ID... | --all)                          dead letters back, due now
+  orderdelay task purge QUEUE (ID... | --all | --older-than D)           remove dead letters
+  orderdelay task stats [QUEUE]          pending, due, inflight, dead, oldest overdue, paused
+  orderdelay task pause QUEUE [--reason TEXT] | task resume QUEUE
 
 Operator tools (see docs/operations.md):
   orderdelay pause [--reason TEXT]       stop closing on every replica; enqueues continue

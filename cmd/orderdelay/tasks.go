@@ -18,9 +18,12 @@ import (
 // the queues file.
 func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	if len(args) == 0 {
-		return usagef("task needs put, get or delete")
+		return usagef("task needs put, get, delete, list, dead, requeue, purge, stats, pause or resume")
 	}
 	verb := args[0]
+	if taskOpsVerbs[verb] {
+		return cmdTaskOps(ctx, verb, args[1:], stdout, stderr, getenv) // tasks_ops.go
+	}
 	var after time.Duration
 	var at, payload string
 	var req producer.Request
@@ -86,7 +89,7 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		}
 		fmt.Fprintf(stdout, "deleted %d of %d tasks\n", n, len(pos)-1)
 	default:
-		return usagef("task: unknown verb %q (want put, get or delete)", verb)
+		return usagef("task: unknown verb %q (want put, get, delete, list, dead, requeue, purge, stats, pause or resume)", verb)
 	}
 	return nil
 }

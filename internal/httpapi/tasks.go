@@ -51,6 +51,7 @@ func (s *Server) taskRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/queues/{queue}/batch-delete", s.auth(s.withQueue(s.batchDelete)))
 	mux.HandleFunc("POST /v1/queues/{queue}/poll", s.auth(s.withQueue(s.poll)))
 	mux.HandleFunc("POST /v1/queues/{queue}/ack", s.auth(s.withQueue(s.ack)))
+	s.taskOpsRoutes(mux) // tasks_ops.go: list, stats, dead letters, pause
 }
 
 type queueHandler func(w http.ResponseWriter, r *http.Request, q *tasks.Runtime)

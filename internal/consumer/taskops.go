@@ -1,0 +1,270 @@
+package consumer
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Operators' tools for task queues: page through a queue's sorted sets,
+// requeue and purge dead letters without touching a live task of the same
+// id. The order queue's requeue and purge (dead.go) do not fit task
+// queues: they neither look for a leased task of the same id nor remove
+// payloads.
+
+// Cursor is a position in a sorted set: the score and member of the last
+// entry a page returned. The next page starts after it, in the set's own
+// order (by score, then member byte by byte), so entries added or removed
+// between pages never make a page repeat or skip one that stayed.
+type Cursor struct {
+	Score float64
+	ID    string
+}
+
+// ErrBadCursor: a cursor that no page handed out.
+var ErrBadCursor = errors.New("bad cursor")
+
+// String encodes c for a URL (base64url of "score|id").
+func (c Cursor) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatFloat(c.Score, 'g', -1, 64) + "|" + c.ID))
+}
+
+// ParseCursor decodes what Cursor.String made.
+func ParseCursor(s string) (Cursor, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return Cursor{}, fmt.Errorf("%w: not base64url", ErrBadCursor)
+	}
+	score, id, ok := strings.Cut(string(raw), "|")
+	if !ok || id == "" {
+		return Cursor{}, fmt.Errorf("%w: no position", ErrBadCursor)
+	}
+	f, err := strconv.ParseFloat(score, 64)
+	if err != nil || f != f { // NaN is no score
+		return Cursor{}, fmt.Errorf("%w: no score", ErrBadCursor)
+	}
+	return Cursor{Score: f, ID: id}, nil
+}
+
+// pageScript returns up to ARGV[3] entries of a sorted set after a
+// position, with their scores.
+//
+//	KEYS[1] -> the sorted set
+//	ARGV[1] -> score of the position ("" for the start); ARGV[2] -> its member
+//	ARGV[3] -> limit
+//
+// Members of equal score are ordered byte by byte (memcmp), so the first
+// entry after (score, member) is found by binary search over the ranks of
+// that score: O(log n) calls whether or not the member is still there.
+// Lua's own string comparison follows the server's locale, hence less().
+var pageScript = redis.NewScript(`
+local function less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local start = 0
+if ARGV[1] ~= '' then
+  local lo = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
+  local hi = lo + redis.call('ZCOUNT', KEYS[1], ARGV[1], ARGV[1])
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local m = redis.call('ZRANGE', KEYS[1], mid, mid)[1]
+    if less(ARGV[2], m) then hi = mid else lo = mid + 1 end
+  end
+  start = lo
+end
+return redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[3]) - 1, 'WITHSCORES')
+`)
+
+// Page returns up to limit entries of the sorted set key after the
+// position after (nil: from the start).
+func Page(ctx context.Context, rdb redis.Scripter, key string, after *Cursor, limit int) ([]redis.Z, error) {
+	score, id := "", ""
+	if after != nil {
+		score, id = strconv.FormatFloat(after.Score, 'g', -1, 64), after.ID
+	}
+	raw, err := pageScript.Run(ctx, rdb, []string{key}, score, id, limit).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("page %s: %w", key, err)
+	}
+	if len(raw)%2 != 0 {
+		return nil, fmt.Errorf("page %s: %w: odd reply", key, errReply)
+	}
+	out := make([]redis.Z, 0, len(raw)/2)
+	for i := 0; i < len(raw); i += 2 {
+		f, err := strconv.ParseFloat(raw[i+1], 64)
+		if err != nil {
+			return nil, fmt.Errorf("page %s: %w: score %q", key, errReply, raw[i+1])
+		}
+		out = append(out, redis.Z{Member: raw[i], Score: f})
+	}
+	return out, nil
+}
+
+// DeadRecord is a dead letter's record ({queue}:deadinfo).
+type DeadRecord struct {
+	Reason    string
+	Attempts  int
+	Deadline  string // as the producer wrote it (may be garbage)
+	LastError string
+}
+
+// ParseDeadRecord splits "reason|attempts|deadline|last error"; ok is
+// false for anything else.
+func ParseDeadRecord(rec string) (r DeadRecord, ok bool) {
+	parts := strings.SplitN(rec, "|", 4)
+	if len(parts) != 4 {
+		return DeadRecord{}, false
+	}
+	r.Reason, r.Deadline, r.LastError = parts[0], parts[2], parts[3]
+	r.Attempts, _ = strconv.Atoi(parts[1]) // a damaged count shows as 0
+	return r, true
+}
+
+// Outcomes of RequeueTasks, per id.
+const (
+	RequeueDone    = "requeued"
+	RequeueLive    = "live"     // a live task has the id: both left alone
+	RequeueNotDead = "not_dead" // no dead letter with the id
+)
+
+// requeueTasksScript puts dead-lettered tasks back on the queue, due now
+// (Redis's clock), with the payload they died with.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:dead
+//	KEYS[4] -> {queue}:deadinfo  KEYS[5] -> {queue}:taken
+//	KEYS[6] -> {queue}:deliveries  KEYS[7] -> {queue}:wake
+//	ARGV[1..] -> task ids
+//
+// An id that is live as well (queued, leased or backing off, or taken
+// from a reliable list) belongs to a task a producer wrote after the dead
+// one: its deadline, lease and payload (the payload hash holds one per id,
+// so the live task's) are left alone, and so is the dead letter. A task
+// forwarded to a stream or a plain list is out of reach and not seen as
+// live. Returns per id 1 (requeued), 2 (live) or 0 (no dead letter).
+var requeueTasksScript = redis.NewScript(luaHelpers + `
+local now = now_ms()
+local out, n = {}, 0
+for i = 1, #ARGV do
+  local id = ARGV[i]
+  if not redis.call('ZSCORE', KEYS[3], id) then
+    out[i] = 0
+  elseif redis.call('ZSCORE', KEYS[1], id) or redis.call('HEXISTS', KEYS[2], id) == 1
+      or redis.call('HEXISTS', KEYS[5], id) == 1 then
+    out[i] = 2
+  else
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[6], id)
+    redis.call('ZADD', KEYS[1], now, id)
+    out[i] = 1
+    n = n + 1
+  end
+end
+if n > 0 then redis.call('PUBLISH', KEYS[7], now) end
+return out
+`)
+
+// RequeueTasks puts the dead letters ids (at most 1,000) back on the
+// queue, due now, with their payloads, and returns each id's outcome
+// (RequeueDone, RequeueLive or RequeueNotDead).
+func RequeueTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	v, err := requeueTasksScript.Run(ctx, rdb,
+		[]string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Deliveries, k.Wake}, anys(ids)...).Int64Slice()
+	if err != nil {
+		return nil, fmt.Errorf("requeue: %w", err)
+	}
+	if len(v) != len(ids) {
+		return nil, fmt.Errorf("requeue: %w: %d answers for %d ids", errReply, len(v), len(ids))
+	}
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = [...]string{RequeueNotDead, RequeueDone, RequeueLive}[min(max(x, 0), 2)]
+	}
+	return out, nil
+}
+
+// purgeTasksScript removes dead letters with their records, and their
+// payloads unless a live task has the same id.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:dead
+//	KEYS[4] -> {queue}:deadinfo  KEYS[5] -> {queue}:taken  KEYS[6] -> {queue}:payload
+//	ARGV[1] -> "ids": ARGV[2..] are the ids; or "before": ARGV[2] is a
+//	           time of death (Unix ms, "+inf" for all) and ARGV[3] a limit
+//
+// Returns the number removed.
+var purgeTasksScript = redis.NewScript(`
+local ids = {}
+if ARGV[1] == 'before' then
+  ids = redis.call('ZRANGE', KEYS[3], '-inf', ARGV[2], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[3]))
+else
+  for i = 2, #ARGV do ids[#ids+1] = ARGV[i] end
+end
+local n = 0
+for _, id in ipairs(ids) do
+  if redis.call('ZREM', KEYS[3], id) == 1 then
+    redis.call('HDEL', KEYS[4], id)
+    if not redis.call('ZSCORE', KEYS[1], id) and redis.call('HEXISTS', KEYS[2], id) == 0
+        and redis.call('HEXISTS', KEYS[5], id) == 0 then
+      redis.call('HDEL', KEYS[6], id)
+    end
+    n = n + 1
+  end
+end
+return n
+`)
+
+func purgeTaskKeys(k queue.Keys) []string {
+	return []string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Payload}
+}
+
+// PurgeTasks removes the dead letters ids (at most 1,000) and returns how
+// many there were. A live task of the same id keeps its payload.
+func PurgeTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, ids []string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	n, err := purgeTasksScript.Run(ctx, rdb, purgeTaskKeys(k), append([]any{"ids"}, anys(ids)...)...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("purge: %w", err)
+	}
+	return n, nil
+}
+
+// purgeStep bounds one purge script call.
+const purgeStep = 1000
+
+// PurgeTasksBefore removes dead letters dead-lettered before cutoff (the
+// zero time: all of them), 1,000 per script call, and returns how many.
+func PurgeTasksBefore(ctx context.Context, rdb redis.Scripter, k queue.Keys, cutoff time.Time) (int, error) {
+	until := "+inf"
+	if !cutoff.IsZero() {
+		until = "(" + strconv.FormatInt(cutoff.UnixMilli(), 10)
+	}
+	total := 0
+	for {
+		n, err := purgeTasksScript.Run(ctx, rdb, purgeTaskKeys(k), "before", until, purgeStep).Int()
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("purge: %w", err)
+		}
+		if n < purgeStep {
+			return total, nil
+		}
+	}
+}
