@@ -57,6 +57,7 @@ type Server struct {
 	stopping atomic.Bool
 	admin    *AdminConfig   // nil: no admin API
 	tasks    *tasks.Manager // nil: no task queues
+	newIDs   ids            // ids of tasks created without one
 }
 
 // New returns a Server.

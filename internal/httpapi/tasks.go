@@ -51,6 +51,8 @@ func (s *Server) taskRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/queues/{queue}/batch-delete", s.auth(s.withQueue(s.batchDelete)))
 	mux.HandleFunc("POST /v1/queues/{queue}/poll", s.auth(s.withQueue(s.poll)))
 	mux.HandleFunc("POST /v1/queues/{queue}/ack", s.auth(s.withQueue(s.ack)))
+	mux.HandleFunc("POST /v1/queues/{queue}/tasks", s.auth(s.withQueue(s.createTask)))
+	mux.HandleFunc("POST /v1/queues/{queue}/tasks/batch", s.auth(s.withQueue(s.createTasks)))
 }
 
 type queueHandler func(w http.ResponseWriter, r *http.Request, q *tasks.Runtime)
