@@ -58,6 +58,7 @@ type Server struct {
 	admin    *AdminConfig   // nil: no admin API
 	tasks    *tasks.Manager // nil: no task queues
 	newIDs   ids            // ids of tasks created without one
+	wakes    wakeHub        // long polls' wake-ups
 }
 
 // New returns a Server.

@@ -22,7 +22,7 @@ import (
 //	GET    /v1/queues/{queue}/tasks/{id}
 //	DELETE /v1/queues/{queue}/tasks/{id}
 //	POST   /v1/queues/{queue}/batch-delete {"ids":["a","b"]}
-//	POST   /v1/queues/{queue}/poll?max=N   due tasks under a lease of their own (poll queues)
+//	POST   /v1/queues/{queue}/poll?max=N[&wait=10s]  due tasks under a lease of their own (poll queues)
 //	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]} (compare-and-set on the token)
 
 // maxPoll bounds one poll's task count, and one ack's.
@@ -236,9 +236,12 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 		}
 		max = n
 	}
+	wait, ok := pollWait(w, r)
+	if !ok {
+		return
+	}
 	lease := time.Duration(q.Config.Lease)
-	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, MaxPollBytes-pollEnvelopeBytes, lease,
-		q.Config.Retry.MaxAttempts, q.Metrics, s.log)
+	ts, token, err := s.claimPolled(r.Context(), q, max, lease, wait)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return

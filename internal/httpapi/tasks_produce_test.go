@@ -34,6 +34,7 @@ import (
 // database, "durable" (sql, durable, its consumer not running).
 type produceEnv struct {
 	h       http.Handler
+	api     *httpapi.Server
 	rdb     *redis.Client
 	db      *sqlx.DB
 	plain   queue.Keys
@@ -70,7 +71,7 @@ func newProduceAPI(t *testing.T, withDB bool) *produceEnv {
 	}
 	api := httpapi.New(httpapi.Config{}, producer.New(c, m, time.Now), m, reg, zap.NewNop())
 	api.EnableTasks(mgr)
-	e.h = api.Handler()
+	e.h, e.api = api.Handler(), api
 	return e
 }
 
