@@ -19,10 +19,14 @@ import (
 // Task API, for the queues of the queues file (producer tokens apply):
 //
 //	PUT    /v1/queues/{queue}/tasks/{id}   {"after":"5m"|"at":"...", "payload":{...}, "reschedule":true|"only_later":true}
+//	POST   /v1/queues/{queue}/tasks        the same without an id or mode flags: the service names the task
+//	                                       (ULID), 201 + Location; Idempotency-Key: <key> makes a retry safe
+//	POST   /v1/queues/{queue}/tasks/batch  {"tasks":[{"id":"...", "after":"5m", "payload":{...}}, ...]} (tasks_produce.go)
 //	GET    /v1/queues/{queue}/tasks/{id}
 //	DELETE /v1/queues/{queue}/tasks/{id}
 //	POST   /v1/queues/{queue}/batch-delete {"ids":["a","b"]}
-//	POST   /v1/queues/{queue}/poll?max=N[&wait=10s]  due tasks under a lease of their own (poll queues)
+//	POST   /v1/queues/{queue}/poll?max=N[&wait=10s]  due tasks under a lease of their own (poll queues);
+//	                                       wait: up to 20 s for one to be due (tasks_wait.go)
 //	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]} (compare-and-set on the token)
 
 // maxPoll bounds one poll's task count, and one ack's.
