@@ -379,3 +379,27 @@ func TestBatchCreateIsAllOrNothingAtTheDoor(t *testing.T) {
 		t.Errorf("durable rows after refused batches: %d (%v), want 0", n, err)
 	}
 }
+
+// A batch cut short by the store answers 503 with what was written, and
+// a retry finds those tasks instead of creating them twice.
+func TestBatchCreateCutShortAnswers503(t *testing.T) {
+	e := newProduceAPI(t, true)
+	body := `{"tasks":[{"id":"a","after":"1m"},{"id":"b","after":"1m"}]}`
+	if err := e.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a := e.batch(t, "durable", body)
+	if a.code != http.StatusServiceUnavailable || a.Error == "" || a.Tasks == nil || len(a.Tasks) != 0 {
+		t.Errorf("durable batch with the database gone: %d %s, want 503 with no task written", a.code, a.raw)
+	}
+	if err := e.rdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = e.batch(t, "plain", body)
+	if a.code != http.StatusServiceUnavailable || a.Error == "" {
+		t.Errorf("plain batch with Redis gone: %d %s, want 503", a.code, a.raw)
+	}
+	if c := e.create(t, "plain", `{"after":"1m"}`); c.code != http.StatusServiceUnavailable {
+		t.Errorf("POST with Redis gone: %d %s, want 503", c.code, c.raw)
+	}
+}
