@@ -1,5 +1,8 @@
 // Package httpapi serves orderdelay's HTTP surface: Prometheus metrics,
-// liveness and readiness, and the producer API under /v1/timeouts.
+// liveness and readiness, the producer API under /v1/timeouts, and, with
+// a queues file, the task API under /v1/queues (tasks.go): put, create
+// with an id the service makes, batch create, get, delete, and poll (long
+// poll with wait) and ack for poll queues.
 //
 //	PUT    /v1/timeouts/{serial}  {"after":"30m"} or {"at":"<RFC 3339>"}
 //	                              [+ "reschedule":true | "only_later":true]
@@ -57,6 +60,8 @@ type Server struct {
 	stopping atomic.Bool
 	admin    *AdminConfig   // nil: no admin API
 	tasks    *tasks.Manager // nil: no task queues
+	newIDs   ids            // ids of tasks created without one
+	wakes    wakeHub        // long polls' wake-ups
 }
 
 // New returns a Server.

@@ -19,10 +19,14 @@ import (
 // Task API, for the queues of the queues file (producer tokens apply):
 //
 //	PUT    /v1/queues/{queue}/tasks/{id}   {"after":"5m"|"at":"...", "payload":{...}, "reschedule":true|"only_later":true}
+//	POST   /v1/queues/{queue}/tasks        the same without an id or mode flags: the service names the task
+//	                                       (ULID), 201 + Location; Idempotency-Key: <key> makes a retry safe
+//	POST   /v1/queues/{queue}/tasks/batch  {"tasks":[{"id":"...", "after":"5m", "payload":{...}}, ...]} (tasks_produce.go)
 //	GET    /v1/queues/{queue}/tasks/{id}
 //	DELETE /v1/queues/{queue}/tasks/{id}
 //	POST   /v1/queues/{queue}/batch-delete {"ids":["a","b"]}
-//	POST   /v1/queues/{queue}/poll?max=N   due tasks under a lease of their own (poll queues)
+//	POST   /v1/queues/{queue}/poll?max=N[&wait=10s]  due tasks under a lease of their own (poll queues);
+//	                                       wait: up to 20 s for one to be due (tasks_wait.go)
 //	POST   /v1/queues/{queue}/ack          {"token":"...","ids":["a"]} (compare-and-set on the token)
 
 // maxPoll bounds one poll's task count, and one ack's.
@@ -51,6 +55,8 @@ func (s *Server) taskRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/queues/{queue}/batch-delete", s.auth(s.withQueue(s.batchDelete)))
 	mux.HandleFunc("POST /v1/queues/{queue}/poll", s.auth(s.withQueue(s.poll)))
 	mux.HandleFunc("POST /v1/queues/{queue}/ack", s.auth(s.withQueue(s.ack)))
+	mux.HandleFunc("POST /v1/queues/{queue}/tasks", s.auth(s.withQueue(s.createTask)))
+	mux.HandleFunc("POST /v1/queues/{queue}/tasks/batch", s.auth(s.withQueue(s.createTasks)))
 	s.taskOpsRoutes(mux) // tasks_ops.go: list, stats, dead letters, pause
 }
 
@@ -235,9 +241,12 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 		}
 		max = n
 	}
+	wait, ok := pollWait(w, r)
+	if !ok {
+		return
+	}
 	lease := time.Duration(q.Config.Lease)
-	ts, token, err := consumer.ClaimTasks(r.Context(), q.Redis, q.Keys, max, MaxPollBytes-pollEnvelopeBytes, lease,
-		q.Config.Retry.MaxAttempts, q.Metrics, s.log)
+	ts, token, err := s.claimPolled(r.Context(), q, max, lease, wait)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return

@@ -73,6 +73,7 @@ type Keys struct {
 	Unacked    string // taken task id -> when it was taken (Unix ms, Redis clock)
 	Taken      string // taken task id -> list item
 	Deliveries string // reliable list: task id -> times taken so far
+	Name       string // the queue's name in the queues file, set by the daemon (client.ForQueue)
 }
 
 // NewKeys returns the keys of the queue named key. It does not validate key;
@@ -97,6 +98,7 @@ func NewKeys(key string) Keys {
 		Unacked:    tag + "unacked",
 		Taken:      tag + "taken",
 		Deliveries: tag + "deliveries",
+		Name:       tag + "name",
 	}
 }
 
