@@ -44,9 +44,13 @@ const maxCostly = 2
 //     attempt, its batch-mates succeed.
 //
 // Cost: a batch of N with one failing task runs at most 1 + 2*ceil(log2 N)
-// statements; with a contended task, at most N+1, of which at most 1 +
-// maxCostly wait out a timeout. Whatever the batch's time does not cover
-// goes back untried, spending no attempt.
+// statements; with a contended task, at most N+1; in any case at most
+// 2N-1 (each statement runs on a different node of the halving tree).
+// Timeouts: after maxCostly single tasks' timeouts the rest goes back
+// untried, and no statement starts without the time to end by the
+// server's timeout (a quarter of the batch's time, plus a tenth), so at
+// most three statements of a batch hit statement_timeout and the batch
+// ends before its lease. Whatever is not tried goes back without spending an attempt.
 func sqlAction(db *sqlx.DB, statement string) consumer.ProcessFunc {
 	return func(ctx context.Context, tasks []consumer.Task) []error {
 		r := &sqlRun{db: db, statement: statement, errs: make([]error, len(tasks))}
@@ -73,21 +77,34 @@ type sqlRun struct {
 	timeout, lock  time.Duration // server-side limits per statement; 0: none
 	ids            []string
 	errs           []error
+	ran            int   // statements run
 	costly, timed  int   // costly errors met isolating (timeouts among them)
 	down, lastCost error // the database went away / the last costly error
 }
 
 // batch runs the statement on the tasks at idx, and on failure isolates
-// the cause. It returns the statement's error.
-func (r *sqlRun) batch(ctx context.Context, idx []int) error {
+// the cause.
+func (r *sqlRun) batch(ctx context.Context, idx []int) {
 	ids := make([]string, len(idx))
 	for j, i := range idx {
 		ids[j] = r.ids[i]
 	}
 	done, err := orders.RunIDsLimited(ctx, r.db, r.statement, ids, r.timeout, r.lock)
+	first := r.ran == 0
+	r.ran++
 	if err != nil {
+		if !first && len(idx) == 1 && orders.Costly(err) {
+			// A single task's timeout counts, as in the order worker's
+			// oneByOne (a split half's does not, or one locked row would
+			// use up the budget twice and leave its batch-mates untried).
+			r.costly++
+			r.lastCost = err
+			if orders.TimedOut(err) {
+				r.timed++
+			}
+		}
 		r.failed(ctx, idx, err)
-		return err
+		return
 	}
 	ok := make(map[string]bool, len(done))
 	for _, id := range done {
@@ -98,7 +115,6 @@ func (r *sqlRun) batch(ctx context.Context, idx []int) error {
 			r.errs[i] = fmt.Errorf("the statement did not return %q", r.ids[i])
 		}
 	}
-	return nil
 }
 
 func (r *sqlRun) set(idx []int, err error) {
@@ -144,20 +160,13 @@ func (r *sqlRun) split(ctx context.Context, idx []int) {
 // oneByOne runs the tasks at idx one per statement, after an error one row
 // can cause (orders.Contended): every task that can succeed does, and only
 // the rows that cause the error wait. Errors that cost a timeout are
-// bounded: after maxCostly, the rest goes back untried; if those were
-// statement timeouts, the database itself is taken to be slow.
+// bounded (counted in batch): after maxCostly, the rest goes back untried;
+// if those were statement timeouts, the database itself is taken to be
+// slow.
 func (r *sqlRun) oneByOne(ctx context.Context, idx []int) {
 	for _, i := range idx {
-		if r.untried(ctx, []int{i}) {
-			continue
-		}
-		err := r.batch(ctx, []int{i})
-		if orders.Costly(err) {
-			r.costly++
-			r.lastCost = err
-			if orders.TimedOut(err) {
-				r.timed++
-			}
+		if !r.untried(ctx, []int{i}) {
+			r.batch(ctx, []int{i})
 		}
 	}
 }
