@@ -145,3 +145,33 @@ func tasksOf(ids ...string) []consumer.Task {
 	}
 	return out
 }
+
+// A statement the client cancels (the drain timeout ending a shutdown: the
+// batch's context is cancelled, lib/pq asks the server to cancel and
+// reports its 57014) says nothing about the tasks: it is not taken for the
+// server's statement timeout (which would start isolating with no time
+// left), and no task spends an attempt. The consumer then hands the tasks
+// back.
+func TestSQLActionClientCancelIsNotATaskTimeout(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	sqlFixture(t, db, "x", "y")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		// Cancel once the statement is sleeping on the server.
+		for {
+			var n int
+			if err := db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`); err != nil || n > 0 {
+				cancel()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	errs := sqlAction(db, `UPDATE items SET done = pg_sleep(30) IS NOT NULL WHERE id = ANY($1) RETURNING id`)(ctx, tasksOf("x", "y"))
+	for i, err := range errs {
+		if outcome(err) != "unavailable" {
+			t.Errorf("task %d after a client cancel: %s (%v), want unavailable", i, outcome(err), err)
+		}
+	}
+}
