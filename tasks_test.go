@@ -95,6 +95,7 @@ func call(t *testing.T, d *daemon, method, path, body string, out any) int {
 func TestSeed001CallRecordRepushWebhookWithRetries(t *testing.T) {
 	var mu sync.Mutex
 	attempts := map[string][]int{}
+	arrived := map[string][]time.Time{} // when each attempt reached the receiver
 	keys := map[string]map[string]bool{}
 	var badSig int
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -111,6 +112,7 @@ func TestSeed001CallRecordRepushWebhookWithRetries(t *testing.T) {
 			return
 		}
 		attempts[b.ID] = append(attempts[b.ID], b.Attempt)
+		arrived[b.ID] = append(arrived[b.ID], time.Now())
 		if keys[b.ID] == nil {
 			keys[b.ID] = map[string]bool{}
 		}
@@ -157,6 +159,24 @@ queues:
 	}
 	if len(keys["cr-flaky"]) != 1 || len(keys["cr-down"]) != 1 {
 		t.Errorf("idempotency keys changed between attempts: %v", keys)
+	}
+	// The delays grow as the policy says: attempt n+1 cannot arrive before
+	// the n-th delay has passed since attempt n arrived (the retry is
+	// scheduled after the answer to attempt n). Only lower bounds are
+	// exact; the upper bound is generous, for a loaded machine.
+	backoff := []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}
+	for id, want := range map[string][]time.Duration{"cr-flaky": backoff[:1], "cr-down": backoff} {
+		at := arrived[id]
+		if len(at) != len(want)+1 {
+			continue // the counts are checked above
+		}
+		for n, d := range want {
+			gap := at[n+1].Sub(at[n])
+			t.Logf("%s: attempt %d arrived %v after attempt %d (policy: %v)", id, n+2, gap, n+1, d)
+			if gap < d-5*time.Millisecond || gap > d+20*time.Second {
+				t.Errorf("%s: attempt %d arrived %v after attempt %d, want at least the policy's %v (and not 20 s more)", id, n+2, gap, n+1, d)
+			}
+		}
 	}
 	m := d.metrics()
 	if m[`orderdelay_task_done_total{queue="callrecord"}`] != 2 || m[`orderdelay_task_dead_lettered_total{queue="callrecord",reason="failed"}`] != 1 {

@@ -26,7 +26,10 @@ type Task struct {
 }
 
 // ProcessFunc runs a queue's action on claimed tasks and returns one error
-// per task (nil: done). It must return within ctx's deadline.
+// per task: nil, done; an error, an attempt spent (retried by the queue's
+// policy, dead-lettered after MaxAttempts); an error wrapped by
+// Unavailable or Later, retried without spending an attempt (see
+// NoAttemptError). It must return within ctx's deadline.
 type ProcessFunc func(ctx context.Context, tasks []Task) []error
 
 // ReasonFailed dead-letters a task whose action kept failing.
@@ -50,7 +53,8 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		}
 	}
 	now := c.now()
-	var done []item
+	var done, later, down []item
+	var laterErr, downErr error
 	failed := map[int][]item{} // by attempts after this one
 	lastErr := map[int]string{}
 	for i, it := range items {
@@ -61,6 +65,14 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		}
 		if workCtx.Err() != nil {
 			c.handBack([]item{it})
+			continue
+		}
+		if na := noAttempt(errs[i]); na != nil { // see NoAttemptError
+			if na.Unavailable {
+				down, downErr = append(down, it), na.Err
+			} else {
+				later, laterErr = append(later, it), na.Err
+			}
 			continue
 		}
 		a := it.attempts + 1
@@ -81,6 +93,10 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		}
 		c.retry(group, delay, true, lastErr[a])
 	}
+	if len(done) > 0 && len(down) == 0 {
+		c.pgBackReset()
+	}
+	c.retryNoAttempt(workCtx, later, down, laterErr, downErr)
 }
 
 // loadTasks reads the payloads of claimed items.

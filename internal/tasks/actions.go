@@ -17,40 +17,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/orderdelay/orderdelay/internal/consumer"
-	"github.com/orderdelay/orderdelay/internal/orders"
 )
-
-// sqlAction runs a queue's statement on a batch: `$1 text[]` ids -> the ids
-// it handled. Ids it does not return failed and are retried.
-func sqlAction(db *sqlx.DB, statement string) consumer.ProcessFunc {
-	return func(ctx context.Context, tasks []consumer.Task) []error {
-		ids := make([]string, len(tasks))
-		for i, t := range tasks {
-			ids[i] = t.ID
-		}
-		errs := make([]error, len(tasks))
-		done, err := orders.RunIDs(ctx, db, statement, ids)
-		if err != nil {
-			for i := range errs {
-				errs[i] = err
-			}
-			return errs
-		}
-		ok := make(map[string]bool, len(done))
-		for _, id := range done {
-			ok[id] = true
-		}
-		for i, t := range tasks {
-			if !ok[t.ID] {
-				errs[i] = fmt.Errorf("the statement did not return %q", t.ID)
-			}
-		}
-		return errs
-	}
-}
 
 // Webhook request headers.
 const (

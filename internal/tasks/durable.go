@@ -15,6 +15,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -261,7 +262,10 @@ func (d *Durable) RunLoader(ctx context.Context) {
 // Executor wraps a queue's action: tasks that are no longer SCHEDULED in
 // PostgreSQL are dropped without a side effect; after the action, the row
 // moves to EXECUTED (or FAILED after the last attempt) with an optimistic
-// lock on its version.
+// lock on its version. A failure that spends no attempt (the action's
+// consumer.Unavailable or consumer.Later, or the state check itself failing
+// for a reason orders.Transient gives) leaves the row as it is: its
+// attempts are not bumped.
 func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consumer.ProcessFunc {
 	return func(ctx context.Context, tasks []consumer.Task) []error {
 		errs := make([]error, len(tasks))
@@ -276,6 +280,9 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 		}
 		if err := d.DB.SelectContext(ctx, &rows, `SELECT id, state, version FROM orderdelay_tasks WHERE queue = $1 AND id = ANY($2)`,
 			d.Queue, pq.Array(ids)); err != nil {
+			if orders.Transient(err) {
+				err = consumer.Unavailable(err) // the database's, not the tasks': no attempt
+			}
 			for i := range errs {
 				errs[i] = err
 			}
@@ -305,6 +312,10 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 		for j, t := range live {
 			errs[at[j]] = out[j]
 			state, detail := StateExecuted, ""
+			var na *consumer.NoAttemptError
+			if errors.As(out[j], &na) {
+				continue // spends no attempt (see consumer.NoAttemptError): the row stays as it is
+			}
 			if out[j] != nil {
 				if t.Attempts+1 < maxAttempts {
 					d.bumpAttempts(ctx, t.ID)

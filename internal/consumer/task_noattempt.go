@@ -1,0 +1,79 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+)
+
+// A ProcessFunc's plain error for a task spends an attempt: the task is
+// retried by the queue's policy and dead-lettered as "failed" after
+// MaxAttempts. An action that can tell a failure that says nothing about
+// the task wraps it instead, and the task spends no attempt and is never
+// dead-lettered for it:
+//
+//   - Unavailable(err): the database is down, read-only, overloaded or
+//     too slow for everyone (orders.Transient). The task is retried after
+//     the consumer's dependency backoff, as an order batch is when the
+//     database is away, and the worker holds back for that backoff, so
+//     errors per second stay bounded.
+//   - Later(err): the task's own row was locked, in conflict or slow
+//     (orders.Contended), or the task was not tried because its batch ran
+//     out of time isolating another. It is retried after a delay that
+//     grows with how overdue it is (half of that, from one second up to
+//     BackoffMax, jittered), as a contended order is.
+//
+// The task's last_error records the wrapped error's text.
+type NoAttemptError struct {
+	Err         error
+	Unavailable bool // false: Later
+}
+
+func (e *NoAttemptError) Error() string { return e.Err.Error() }
+
+func (e *NoAttemptError) Unwrap() error { return e.Err }
+
+// Unavailable marks err as the database's, not the task's (see
+// NoAttemptError).
+func Unavailable(err error) error { return &NoAttemptError{Err: err, Unavailable: true} }
+
+// Later marks err as one the task's row caused for a while, or a task not
+// tried (see NoAttemptError).
+func Later(err error) error { return &NoAttemptError{Err: err} }
+
+// noAttempt is the NoAttemptError in err, or nil.
+func noAttempt(err error) *NoAttemptError {
+	var na *NoAttemptError
+	if errors.As(err, &na) {
+		return na
+	}
+	return nil
+}
+
+// retryNoAttempt retries tasks whose action failed with a NoAttemptError,
+// spending no attempt. It holds the worker back for the dependency backoff
+// when some were Unavailable, so it comes last in a batch's bookkeeping.
+func (c *Consumer) retryNoAttempt(workCtx context.Context, later, down []item, laterErr, downErr error) {
+	if len(later) > 0 {
+		oldest := later[0]
+		for _, it := range later[1:] {
+			if it.deadline < oldest.deadline {
+				oldest = it
+			}
+		}
+		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(later)))
+		c.log.Warn("task action failed for a reason that spends no attempt; retrying",
+			zap.Int("tasks", len(later)), zap.Error(laterErr))
+		c.retry(later, c.contendedBackoff(oldest), false, laterErr.Error())
+	}
+	if len(down) > 0 {
+		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(down)))
+		// down=false: the order path and the daemon's health check own
+		// orderdelay_dependency_up; a task queue would set it but never
+		// clear it (a webhook queue's success says nothing of PostgreSQL).
+		c.unavailable(workCtx, down, downErr, "close", false)
+	}
+}
