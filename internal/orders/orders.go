@@ -555,11 +555,6 @@ func VerifyStatement(ctx context.Context, db *sqlx.DB, query string) error {
 	return nil
 }
 
-// RunIDs runs a `$1 text[]` statement and returns the ids it returns.
-func RunIDs(ctx context.Context, db *sqlx.DB, query string, ids []string) ([]string, error) {
-	return querySerials(ctx, db, query, len(ids), pq.Array(ids))
-}
-
 // OutboxTable holds close events until the relay has published them.
 const OutboxTable = "orderdelay_close_outbox"
 
