@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -146,5 +147,19 @@ func TestTaskStatsReportOnlyTheQueuesOfTheFile(t *testing.T) {
 		if strings.HasSuffix(name, "{removed}") {
 			t.Errorf("series %s of a queue no longer in the file", name)
 		}
+	}
+}
+
+// TestTaskStatsLint: the gauges follow Prometheus's naming and help
+// conventions (promlint), as the order queue's do.
+func TestTaskStatsLint(t *testing.T) {
+	e := newRedisEnv(t)
+	_, k := taskQueue(t, e.rdb, "lint")
+	problems, err := testutil.CollectAndLint(NewTaskStatsCollector(e.rdb, []NamedKeys{{"lint", k}}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s", p.Metric, p.Text)
 	}
 }
