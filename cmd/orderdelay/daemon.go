@@ -170,6 +170,9 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 			return usageError{err}
 		}
 		log.Info("task queues", zap.Strings("queues", d.tasks.Names()))
+		reg.MustRegister(consumer.NewTaskStatsCollector(d.rdb, taskQueueKeys(d.tasks), func(q string, err error) {
+			log.Debug("task queue gauges unavailable for this scrape", zap.String("queue", q), zap.Error(err))
+		}))
 	}
 	if withReminders {
 		rq, _ := d.tasks.Queue(reminders.Name) // declared: checked above

@@ -40,6 +40,8 @@ var requiredAlerts = []string{
 	"OrderdelayReconcilerClosingOrders", // the fast path lost orders
 	"OrderdelayPausedTooLong",           // closing paused by an operator and not resumed
 	"OrderdelayConfigWarning",           // a start-up check found a risky setup
+	"OrderdelayTaskDeadLetters",         // a task queue dead-lettered tasks
+	"OrderdelayTaskOverdue",             // a task queue's oldest overdue task too old
 }
 
 // prometheusRule decodes the PrometheusRule strictly from its source file.
@@ -386,6 +388,38 @@ orderdelay_config_warning{namespace="shop",job="orderdelay",pod="c",check="redis
 		series: `
 orderdelay_config_warning{namespace="shop",job="orderdelay",pod="a",check="schema_version"} 0x5 1x10`,
 		at: 12 * time.Minute,
+	},
+	{
+		name:  "task dead letters fire per queue and reason",
+		alert: "OrderdelayTaskDeadLetters",
+		series: `
+orderdelay_task_dead_lettered_total{namespace="shop",job="orderdelay",pod="a",queue="callrecord",reason="failed"} 0x5 2x10
+orderdelay_task_dead_lettered_total{namespace="shop",job="orderdelay",pod="b",queue="callrecord",reason="failed"} 0x5 1x10
+orderdelay_task_dead_lettered_total{namespace="shop",job="orderdelay",pod="a",queue="jobs",reason="failed"} 0x15`,
+		at:   8 * time.Minute,
+		want: []map[string]string{{"namespace": "shop", "job": "orderdelay", "queue": "callrecord", "reason": "failed"}},
+	},
+	{
+		name:   "task dead letters that stopped growing resolve",
+		alert:  "OrderdelayTaskDeadLetters",
+		series: `orderdelay_task_dead_lettered_total{namespace="shop",job="orderdelay",pod="a",queue="callrecord",reason="failed"} 0x5 3x30`,
+		at:     30 * time.Minute,
+	},
+	{
+		name:  "a task 15 minutes overdue for 10 minutes fires for its queue, once for two replicas",
+		alert: "OrderdelayTaskOverdue",
+		series: `
+orderdelay_task_queue_oldest_overdue_seconds{namespace="shop",job="orderdelay",pod="a",queue="jobs"} 0+60x40
+orderdelay_task_queue_oldest_overdue_seconds{namespace="shop",job="orderdelay",pod="b",queue="jobs"} 0+60x40
+orderdelay_task_queue_oldest_overdue_seconds{namespace="shop",job="orderdelay",pod="a",queue="events"} 0x40`,
+		at:   27 * time.Minute, // above 900 s from 16m, so firing from 26m
+		want: []map[string]string{{"namespace": "shop", "job": "orderdelay", "queue": "jobs"}},
+	},
+	{
+		name:   "a task overdue for a while, then done, stays quiet",
+		alert:  "OrderdelayTaskOverdue",
+		series: `orderdelay_task_queue_oldest_overdue_seconds{namespace="shop",job="orderdelay",pod="a",queue="jobs"} 0+60x20 0x20`,
+		at:     30 * time.Minute, // above 900 s only from 16m to 20m
 	},
 }
 

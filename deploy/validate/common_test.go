@@ -58,11 +58,17 @@ func settings(t testing.TB) map[string]bool {
 	return readList(t, repoPath("testdata", "settings.txt"))
 }
 
-// metricFamilies are the families a running daemon exports; the root
-// integration test scrapes /metrics after real work and fails when this
-// golden file no longer matches.
+// metricFamilies are the families a running daemon exports: the order
+// queue's (testdata/metrics.txt) and those a queues file adds
+// (testdata/task_metrics.txt). Root tests scrape /metrics after real work
+// (TestIntegration…, TestTaskQueueMetricsThroughTheDaemon) and fail when
+// these golden files no longer match.
 func metricFamilies(t testing.TB) map[string]bool {
-	return readList(t, repoPath("testdata", "metrics.txt"))
+	out := readList(t, repoPath("testdata", "metrics.txt"))
+	for f := range readList(t, repoPath("testdata", "task_metrics.txt")) {
+		out[f] = true
+	}
+	return out
 }
 
 // secretSettings must come from a Secret, never from a ConfigMap or a
@@ -92,7 +98,10 @@ var (
 
 // histogramFamilies are classic histograms: they exist only as
 // _bucket/_sum/_count series.
-var histogramFamilies = map[string]bool{"orderdelay_close_lateness_seconds": true}
+var histogramFamilies = map[string]bool{
+	"orderdelay_close_lateness_seconds": true,
+	"orderdelay_task_lateness_seconds":  true,
+}
 
 // redisGauges are read from the shared Redis (or, for the start-up checks,
 // from the shared Redis and database) and identical on every replica:
@@ -104,6 +113,12 @@ var redisGauges = map[string]bool{
 	"orderdelay_dead_letter_depth":      true,
 	"orderdelay_paused":                 true,
 	"orderdelay_config_warning":         true,
+	// Task queues (internal/consumer.TaskStatsCollector).
+	"orderdelay_task_queue_depth":                  true,
+	"orderdelay_task_queue_overdue":                true,
+	"orderdelay_task_queue_oldest_overdue_seconds": true,
+	"orderdelay_task_queue_leased":                 true,
+	"orderdelay_task_queue_dead_letters":           true,
 }
 
 // metricLabels are the labels each daemon family carries and, where the
@@ -116,6 +131,30 @@ var metricLabels = map[string]map[string][]string{
 	"orderdelay_build_info":             {"version": nil, "revision": nil, "goversion": nil},
 	"orderdelay_close_lateness_seconds": {"le": nil},
 	"orderdelay_config_warning":         {"check": {"redis_eviction", "redis_persistence", "redis_version", "schema_version", "pending_index"}},
+}
+
+// Every task family carries `queue` (names from the queues file, so any
+// value); some one more label.
+func init() {
+	extra := map[string]map[string][]string{
+		"orderdelay_task_dead_lettered_total": {"reason": {"malformed", "score_out_of_range", "failed"}},
+		"orderdelay_task_errors_total":        {"stage": {"claim", "close", "remove", "api"}},
+		"orderdelay_task_lateness_seconds":    {"le": nil},
+	}
+	for _, f := range []string{
+		"orderdelay_task_enqueued_total", "orderdelay_task_claimed_total", "orderdelay_task_reclaimed_total",
+		"orderdelay_task_done_total", "orderdelay_task_forwarded_total", "orderdelay_task_dead_lettered_total",
+		"orderdelay_task_errors_total", "orderdelay_task_lateness_seconds", "orderdelay_task_inflight",
+		"orderdelay_task_last_scan_timestamp_seconds", "orderdelay_task_paused",
+		"orderdelay_task_queue_depth", "orderdelay_task_queue_overdue", "orderdelay_task_queue_oldest_overdue_seconds",
+		"orderdelay_task_queue_leased", "orderdelay_task_queue_dead_letters",
+	} {
+		l := map[string][]string{"queue": nil}
+		for k, v := range extra[f] {
+			l[k] = v
+		}
+		metricLabels[f] = l
+	}
 }
 
 // targetLabels are attached by Prometheus (static configs, the
@@ -156,13 +195,13 @@ func (c *exprChecker) family(name string) (string, error) {
 		base, ok := strings.CutSuffix(name, suffix)
 		if ok && histogramFamilies[base] {
 			if !c.families[base] {
-				return "", fmt.Errorf("histogram %s is not in testdata/metrics.txt", base)
+				return "", fmt.Errorf("histogram %s is not in testdata/metrics.txt nor testdata/task_metrics.txt", base)
 			}
 			return base, nil
 		}
 	}
 	if !c.families[name] {
-		return "", fmt.Errorf("metric %s is not exported by the daemon (testdata/metrics.txt) nor allow-listed", name)
+		return "", fmt.Errorf("metric %s is not exported by the daemon (testdata/metrics.txt, testdata/task_metrics.txt) nor allow-listed", name)
 	}
 	return name, nil
 }

@@ -125,7 +125,7 @@ func TestDashboard(t *testing.T) {
 	if vars["datasource"] != "datasource" {
 		t.Error("no template variable \"datasource\" of type datasource: the dashboard would be tied to one Prometheus")
 	}
-	for _, need := range []string{"namespace", "job"} {
+	for _, need := range []string{"namespace", "job", "queue"} {
 		if vars[need] != "query" {
 			t.Errorf("no query variable %q", need)
 		}
@@ -169,12 +169,19 @@ func TestDashboard(t *testing.T) {
 			if err := filtersOnVariables(expr, "namespace", "job"); err != nil {
 				t.Errorf("%s/%s: %v, or the panel mixes deployments\n    expr: %s", where, tg.RefID, err, tg.Expr)
 			}
+			if strings.Contains(expr, "orderdelay_task_") {
+				if err := filtersOnVariables(expr, "queue"); err != nil {
+					t.Errorf("%s/%s: %v, or the $queue picker does nothing\n    expr: %s", where, tg.RefID, err, tg.Expr)
+				}
+			}
 		}
 	}
 	for _, need := range []string{
 		"Overdue orders", "Oldest overdue order", "Arrivals vs closes", "Close lateness p50 / p99",
 		"Close lateness distribution", "Queue depth", "Dead letters", "Skipped by reason",
 		"Errors by stage", "Worker utilisation per pod",
+		"Task queues", "Task queue depth", "Overdue tasks", "Oldest overdue task", "Task dead letters",
+		"Task throughput", "Task lateness p99",
 	} {
 		if !titles[need] {
 			t.Errorf("no panel %q", need)

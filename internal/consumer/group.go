@@ -139,6 +139,7 @@ func ReadStatsAll(ctx context.Context, rdb redis.Scripter, keys []queue.Keys) (S
 		sum.Depth += s.Depth
 		sum.Overdue += s.Overdue
 		sum.DeadLetters += s.DeadLetters
+		sum.Held += s.Held
 		sum.OldestDue = max(sum.OldestDue, s.OldestDue)
 		if !s.NextDeadline.IsZero() && (sum.NextDeadline.IsZero() || s.NextDeadline.Before(sum.NextDeadline)) {
 			sum.NextDeadline = s.NextDeadline

@@ -484,8 +484,16 @@ return out
 // 2000 companions (a long database outage) that correction is skipped and
 // such serials may count twice.
 //
+// The oldest and next deadlines are taken among valid scores only (from
+// 2000-01-01, queue.MinDeadline, to ten years ahead, queue.MaxAhead): a
+// raw producer's -inf or seconds-for-milliseconds score, which the next
+// claim dead-letters, would otherwise hide the real oldest overdue entry
+// (-inf reads as the smallest integer) or stand in for it (56 years).
+// Overdue still counts such members: they are due.
+//
 // Returns {now, depth, overdue, oldest deadline or -1, dead depth,
-// next deadline or -1}.
+// next deadline or -1, held}: held counts the entries leased or backing
+// off (ZCARD of {queue}:inflight), on every replica.
 var statsScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local held = redis.call('ZCARD', KEYS[2])
@@ -507,12 +515,12 @@ end
 local depth = redis.call('ZCARD', KEYS[1]) + held - both
 local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[3], '-inf', now) - bothOverdue
 local oldest = -1
-local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local h = redis.call('ZRANGE', KEYS[1], 946684800000, now, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
 if h[2] then oldest = tonumber(h[2]) end
-h = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+h = redis.call('ZRANGE', KEYS[3], 946684800000, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
 if h[2] and (oldest == -1 or tonumber(h[2]) < oldest) then oldest = tonumber(h[2]) end
 local nextD = -1
-h = redis.call('ZRANGE', KEYS[1], '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+h = redis.call('ZRANGE', KEYS[1], '(' .. now, now + 315360000000, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
 if h[2] then nextD = tonumber(h[2]) end
-return {now, depth, overdue, oldest, redis.call('ZCARD', KEYS[4]), nextD}
+return {now, depth, overdue, oldest, redis.call('ZCARD', KEYS[4]), nextD, held}
 `)

@@ -20,6 +20,7 @@ type Stats struct {
 	OldestDue    time.Duration // age of the oldest overdue entry (0 if none)
 	DeadLetters  int64         // entries in the dead-letter set
 	NextDeadline time.Time     // earliest deadline still ahead (zero if none)
+	Held         int64         // entries leased or backing off, by any replica or poll
 }
 
 // ReadStats reads the gauges of the queue with keys k.
@@ -28,10 +29,10 @@ func ReadStats(ctx context.Context, rdb redis.Scripter, k queue.Keys) (Stats, er
 	if err != nil {
 		return Stats{}, fmt.Errorf("read stats: %w", err)
 	}
-	if len(v) != 6 {
-		return Stats{}, fmt.Errorf("read stats: %w: %d fields, want 6", errReply, len(v))
+	if len(v) != 7 {
+		return Stats{}, fmt.Errorf("read stats: %w: %d fields, want 7", errReply, len(v))
 	}
-	s := Stats{Now: time.UnixMilli(v[0]), Depth: v[1], Overdue: v[2], DeadLetters: v[4]}
+	s := Stats{Now: time.UnixMilli(v[0]), Depth: v[1], Overdue: v[2], DeadLetters: v[4], Held: v[6]}
 	if v[3] >= 0 && v[3] <= v[0] {
 		s.OldestDue = time.Duration(v[0]-v[3]) * time.Millisecond
 	}

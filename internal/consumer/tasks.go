@@ -168,7 +168,8 @@ func (c *Consumer) ackTimeout() time.Duration {
 //
 // Returns the claim script's shape {now, next deadline or -1, next
 // recovery or -1, {}, dead (serial, reason), paused} plus the number
-// forwarded and recovered (redelivered or dead-lettered).
+// forwarded and recovered (redelivered or dead-lettered) and, per task
+// forwarded, how late (ms, now minus its deadline).
 var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + queue.LuaSplitListItem + `
 local now = now_ms()
 local function head()
@@ -184,10 +185,10 @@ local function nextRecovery()
   return -1
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {now, head(), nextRecovery(), {}, {}, 1, 0, 0}
+  return {now, head(), nextRecovery(), {}, {}, 1, 0, 0, {}}
 end
 local limit = tonumber(ARGV[2])
-local recovered = 0
+local recovered, late = 0, {}
 local dead, n = {}, 0
 if ARGV[5] == '1' then
   local late = redis.call('ZRANGE', KEYS[7], '-inf', now - ack, 'BYSCORE', 'LIMIT', 0, limit)
@@ -233,9 +234,10 @@ for i = 1, #due, 2 do
     end
     redis.call('HDEL', KEYS[2], id)
     n = n + 1
+    late[n] = now - d
   end
 end
-return {now, head(), nextRecovery(), {}, dead, 0, n, recovered}
+return {now, head(), nextRecovery(), {}, dead, 0, n, recovered, late}
 `)
 
 func boolArg(b bool) string {
@@ -258,13 +260,21 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 	if err != nil {
 		return claimResult{}, fmt.Errorf("forward: %w", err)
 	}
-	if len(raw) != 8 {
-		return claimResult{}, fmt.Errorf("forward: %w: %d fields, want 8", errReply, len(raw))
+	if len(raw) != 9 {
+		return claimResult{}, fmt.Errorf("forward: %w: %d fields, want 9", errReply, len(raw))
 	}
 	n, ok1 := raw[6].(int64)
 	recovered, ok2 := raw[7].(int64)
-	if !ok1 || !ok2 {
+	late, ok3 := raw[8].([]any)
+	if !ok1 || !ok2 || !ok3 {
 		return claimResult{}, fmt.Errorf("forward: %w: counts", errReply)
+	}
+	// Forwarding is a stream or list task's last step the daemon sees:
+	// its lateness is measured there.
+	for _, l := range late {
+		if ms, ok := l.(int64); ok {
+			c.m.Lateness.Observe(float64(ms) / 1000)
+		}
 	}
 	res, err := parseClaim(raw[:6])
 	if err != nil {
@@ -383,22 +393,23 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 // new poll's token, a task moved by a producer through the API has no
 // record: both are left alone. A task a producer re-added with a raw ZADD
 // during the lease is in the queue key again: its lease ends, its queue
-// entry and payload stay. Returns, per id, 1 if completed, else 0.
+// entry and payload stay. Returns Redis's clock (Unix ms) and then, per
+// id, the completed task's deadline (Unix ms, so above zero), else 0.
 var ackScript = redis.NewScript(luaHelpers + `
-local out = {}
+local out = {now_ms()}
 for i = 2, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)
   local recs = redis.call('HMGET', KEYS[4], unpack(ARGV, i, last))
   local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
   for j = 1, #recs do
     local id = ARGV[i + j - 1]
-    local _, _, tok = parse(recs[j] or nil)
+    local d, _, tok = parse(recs[j] or nil)
     if tok == ARGV[1] then
       redis.call('HDEL', KEYS[4], id)
       redis.call('ZREM', KEYS[2], id)
       redis.call('ZREM', KEYS[3], id)
       if not qs[j] then redis.call('HDEL', KEYS[5], id) end
-      out[#out+1] = 1
+      out[#out+1] = math.max(tonumber(d) or 1, 1)
     else
       out[#out+1] = 0
     end
@@ -413,22 +424,34 @@ return out
 // already, or a producer moved it). A token no poll can have handed out is
 // ErrInvalidPollToken.
 func AckTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) ([]string, error) {
+	missed, _, err := AckTasksLateness(ctx, rdb, k, token, ids)
+	return missed, err
+}
+
+// AckTasksLateness is AckTasks that also returns, for each completed task,
+// how late it was acknowledged (Redis's clock minus its deadline), for
+// orderdelay_task_lateness_seconds.
+func AckTasksLateness(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) ([]string, []time.Duration, error) {
 	if !ValidPollToken(token) {
-		return nil, ErrInvalidPollToken
+		return nil, nil, ErrInvalidPollToken
 	}
 	args := append([]any{token}, anys(ids)...)
 	done, err := ackScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload}, args...).Int64Slice()
 	if err != nil {
-		return nil, fmt.Errorf("ack: %w", err)
+		return nil, nil, fmt.Errorf("ack: %w", err)
 	}
-	if len(done) != len(ids) {
-		return nil, fmt.Errorf("ack: %w: %d answers for %d ids", errReply, len(done), len(ids))
+	if len(done) != len(ids)+1 {
+		return nil, nil, fmt.Errorf("ack: %w: %d answers for %d ids", errReply, len(done), len(ids))
 	}
+	now := done[0]
 	var missed []string
-	for i, d := range done {
-		if d != 1 {
+	var late []time.Duration
+	for i, d := range done[1:] {
+		if d <= 0 {
 			missed = append(missed, ids[i])
+			continue
 		}
+		late = append(late, time.Duration(now-d)*time.Millisecond)
 	}
-	return missed, nil
+	return missed, late, nil
 }

@@ -319,13 +319,16 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 			ids = append(ids, id)
 		}
 	}
-	missed, err := consumer.AckTasks(r.Context(), q.Redis, q.Keys, b.Token, ids)
+	missed, late, err := consumer.AckTasksLateness(r.Context(), q.Redis, q.Keys, b.Token, ids)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return
 	}
 	n := len(ids) - len(missed)
 	q.Metrics.Closed.Add(float64(n))
+	for _, l := range late {
+		q.Metrics.Lateness.Observe(l.Seconds())
+	}
 	if len(missed) > 0 {
 		writeJSON(w, http.StatusConflict, map[string]any{
 			"error": fmt.Sprintf("%d of %d tasks are not leased under this token: the lease expired and another poll took them, "+
