@@ -50,7 +50,7 @@ return {now, out}
 // last error goes back into the queue key with its true deadline, as
 // handBackScript does (ZADD NX keeps an entry a producer wrote meanwhile).
 // Any other becomes a backoff due now (token "-", expiry now), so its
-// attempts and last error survive: the next claim, by a poll or a worker,
+// attempts survive (and a last error, though a claim clears it): the next claim, by a poll or a worker,
 // takes it at once without counting an attempt. Returns the number handed
 // back.
 var releaseScript = redis.NewScript(luaHelpers + `
