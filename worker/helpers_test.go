@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
@@ -17,6 +18,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 )
+
+func TestMain(m *testing.M) {
+	// No goroutine of a Worker outlives Run (handlers abandoned at a
+	// shutdown timeout end when the tests release them).
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
 
 // env is one test's queue on the shared Redis.
 type env struct {
