@@ -19,7 +19,7 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	put := func(id string) {
-		if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(`{}`), time.Now(), client.Create); err != nil {
+		if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -94,5 +94,36 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	}
 	if tk, err := e.cl.GetTask(ctx, "b"); err != nil || tk.State != client.StateQueued {
 		t.Fatalf("b handed back: %+v, %v; want queued", tk, err)
+	}
+}
+
+// A polled task whose lease expires max_attempts times is dead-lettered
+// with max_attempts attempts: each expired lease is one failed run, counted
+// once.
+func TestPollExpiredLeasesDeadLetterWithTheirCount(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	if _, _, err := e.cl.PutTask(ctx, "z", json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
+		t.Fatal(err)
+	}
+	const maxAttempts = 2
+	runs := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ts, _, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, 50*time.Millisecond, maxAttempts, e.m, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs += len(ts)
+		if tk, err := e.cl.GetTask(ctx, "z"); err == nil && tk.State == client.StateDead {
+			if tk.Attempts != runs || runs != maxAttempts {
+				t.Fatalf("dead letter after %d runs records %d attempts; want %d and %d", runs, tk.Attempts, maxAttempts, maxAttempts)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not dead-lettered after %d runs", runs)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
