@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
@@ -267,5 +268,50 @@ queues:
 		if _, err := FromQueuesFile(c.path, c.name); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("FromQueuesFile(%s, %s): %v, want ErrConfig mentioning %q", filepath.Base(c.path), c.name, err, c.want)
 		}
+	}
+}
+
+// A worker whose heartbeats did not land in time (a pause, a partition;
+// simulated by moving its lease expiry into the past) loses the task to a
+// poll: its next heartbeat finds the poll's token, cancels the handler
+// with ErrLeaseLost, and the handler's success acks nothing; the poll's
+// ack completes the task.
+func TestStaleWorkerLosesTaskToPoll(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(time.Second)
+	e.put("s", `{}`)
+	started, cause := make(chan struct{}), make(chan error, 1)
+	w := newWorker(t, e.rdb, Config{})
+	if err := w.Handle(q, func(ctx context.Context, t *Task) error {
+		close(started)
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	start(t, w)
+	<-started
+	if err := e.rdb.ZAdd(context.Background(), e.keys.Inflight, redis.Z{Score: 1, Member: "s"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ts, tok := e.poll(10, time.Minute, 10)
+	if len(ts) != 1 || ts[0].Attempts != 1 {
+		t.Fatalf("poll got %+v, want s with attempts 1", ts)
+	}
+	select {
+	case err := <-cause:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("handler context ended with %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler was not cancelled after the poll took its task")
+	}
+	tk, err := e.get("s")
+	if err != nil || tk.State != client.StateLeased || tk.Owner != tok {
+		t.Fatalf("s: %+v, %v; want leased by the poll", tk, err)
+	}
+	if missed, err := consumer.AckTasks(context.Background(), e.rdb, e.keys, tok, []string{"s"}); err != nil || len(missed) != 0 {
+		t.Fatalf("poll ack: missed %v, %v", missed, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
@@ -125,5 +126,26 @@ func TestPollExpiredLeasesDeadLetterWithTheirCount(t *testing.T) {
 			t.Fatalf("not dead-lettered after %d runs", runs)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A lease that ran out but that no claim has taken since is still the
+// token's: extending it succeeds, and the task is no longer claimable.
+func TestExtendAnExpiredLeaseNoOneTook(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	if _, _, err := e.cl.PutTask(ctx, "e", json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
+		t.Fatal(err)
+	}
+	ts, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10, e.m, zap.NewNop())
+	if err != nil || len(ts) != 1 {
+		t.Fatalf("claim: %d, %v", len(ts), err)
+	}
+	e.rdb.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: "e"}) // ran out long ago
+	if lost, err := ExtendTasks(ctx, e.rdb, e.keys, tok, time.Minute, []string{"e"}); err != nil || len(lost) != 0 {
+		t.Fatalf("extend: lost %v, %v; want none", lost, err)
+	}
+	if ts, _, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10, e.m, zap.NewNop()); err != nil || len(ts) != 0 {
+		t.Fatalf("claim after extending: %d tasks, %v; want none", len(ts), err)
 	}
 }
