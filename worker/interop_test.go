@@ -17,6 +17,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
 // Handlers never run more at once than a queue's Concurrency, nor more in
@@ -313,5 +314,58 @@ func TestStaleWorkerLosesTaskToPoll(t *testing.T) {
 	}
 	if missed, err := consumer.AckTasks(context.Background(), e.rdb, e.keys, tok, []string{"s"}); err != nil || len(missed) != 0 {
 		t.Fatalf("poll ack: missed %v, %v", missed, err)
+	}
+}
+
+// A worker cut off from Redis cannot extend its leases: once a lease has
+// run out on its clock it cancels the handler (ErrLeaseLost), and the
+// task goes to whoever claims next, with one more attempt.
+func TestRedisOutageCancelsHandlerAfterLease(t *testing.T) {
+	e := newEnv(t)
+	o, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, o.Addr)
+	o.Addr = proxy.Addr()
+	o.MaxRetries = -1
+	cut := redis.NewClient(o)
+	t.Cleanup(func() { cut.Close() })
+
+	q := e.queue(time.Second)
+	e.put("o", `{}`)
+	started, cause := make(chan struct{}), make(chan error, 1)
+	w := newWorker(t, cut, Config{})
+	if err := w.Handle(q, func(ctx context.Context, t *Task) error {
+		close(started)
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop, wait := start(t, w)
+	<-started
+	proxy.Down()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("handler context ended with %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler ran on through a Redis outage longer than its lease")
+	}
+	var ts []consumer.Task
+	eventually(t, "a poll to take the task", func() bool {
+		ts, _ = e.poll(10, time.Minute, 10)
+		return len(ts) == 1
+	})
+	if ts[0].ID != "o" || ts[0].Attempts != 1 {
+		t.Fatalf("poll got %+v, want o with attempts 1", ts[0])
+	}
+	proxy.Up()
+	stop()
+	if err := wait(); err != nil {
+		t.Fatal(err)
 	}
 }
