@@ -21,7 +21,7 @@ func newMetrics() *metrics {
 		dead:      c("orderdelay_worker_dead_lettered_total", "Failed tasks dead-lettered (out of attempts, or SkipRetry), by queue."),
 		lost: c("orderdelay_worker_leases_lost_total",
 			"Tasks whose lease this worker lost while holding them (another claim or a producer took them), by queue."),
-		handedBack: c("orderdelay_worker_handed_back_total", "Claimed tasks handed back unstarted at shutdown, by queue."),
+		handedBack: c("orderdelay_worker_handed_back_total", "Tasks handed back at shutdown (claimed but unstarted, or cut short by the timeout), by queue."),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "orderdelay_worker_in_flight",
 			Help: "Handlers running now, by queue."}, []string{"queue"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "orderdelay_worker_handler_duration_seconds",

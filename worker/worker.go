@@ -51,9 +51,11 @@
 // any task it claimed but had not started (due again for any worker or
 // poll, attempts unchanged), and waits up to Config.ShutdownTimeout for
 // running handlers, extending their leases meanwhile. Handlers still
-// running then have their context cancelled (cause ErrShutdown) and are
-// abandoned: their results are dropped and their tasks come back after
-// the lease, like a crash's.
+// running then have their context cancelled (cause ErrShutdown): a task
+// whose handler returns an error within ShutdownGrace is handed back, no
+// attempt spent (a nil still acks it); a handler still running after that
+// is abandoned: its result is dropped and its task comes back after the
+// lease with one more attempt, like a crash's.
 package worker
 
 import (
@@ -188,7 +190,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Worker, error) {
 //	orderdelay_worker_retried_total{queue}          failed tasks scheduled for another attempt
 //	orderdelay_worker_dead_lettered_total{queue}    failed tasks dead-lettered
 //	orderdelay_worker_leases_lost_total{queue}      tasks whose lease was lost while held
-//	orderdelay_worker_handed_back_total{queue}      claimed tasks handed back unstarted at shutdown
+//	orderdelay_worker_handed_back_total{queue}      tasks handed back at shutdown (unstarted, or cut short)
 //	orderdelay_worker_in_flight{queue}              handlers running now
 //	orderdelay_worker_handler_duration_seconds{queue}
 func (w *Worker) Collectors() []prometheus.Collector { return w.m.collectors() }
@@ -220,8 +222,14 @@ func (w *Worker) Handle(q Queue, h Handler) error {
 }
 
 // ErrShutdownTimeout is returned by Run when handlers were still running
-// at the end of Config.ShutdownTimeout and were abandoned.
-var ErrShutdownTimeout = errors.New("shutdown timed out; running handlers abandoned")
+// at the end of Config.ShutdownTimeout and were cancelled.
+var ErrShutdownTimeout = errors.New("shutdown timed out; running handlers cancelled")
+
+// ShutdownGrace is how long Run waits, after a shutdown timed out and
+// cancelled the running handlers, for them to return. A task whose
+// handler returns an error within it is handed back (due again at once,
+// no attempt spent); a handler still running after it is abandoned.
+const ShutdownGrace = time.Second
 
 // Run claims and runs tasks until ctx ends, then shuts down gracefully (see
 // the package doc) and returns nil, or ErrShutdownTimeout. It may be
@@ -262,10 +270,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-timer.C:
-		w.abandoned.Store(true)
+		// Cancel the handlers; those that return within the grace hand
+		// their tasks back, the rest are abandoned.
 		hcancel(ErrShutdown)
 		err = ErrShutdownTimeout
-		w.log.Warn("worker: shutdown timed out; running handlers abandoned, their tasks return after the lease")
+		grace := time.NewTimer(ShutdownGrace)
+		select {
+		case <-done:
+			w.log.Warn("worker: shutdown timed out; cancelled handlers' tasks handed back")
+		case <-grace.C:
+			w.abandoned.Store(true)
+			w.log.Warn("worker: shutdown timed out; handlers still running abandoned, their tasks return after the lease")
+		}
+		grace.Stop()
 	}
 	close(beatStop)
 	beats.Wait()
@@ -429,6 +446,11 @@ func (r *runner) run(ctx context.Context, h *held, ct consumer.Task) {
 	}
 	if r.w.abandoned.Load() || errors.Is(context.Cause(ctx), ErrLeaseLost) {
 		return // no longer this worker's to settle
+	}
+	if err != nil && errors.Is(context.Cause(ctx), ErrShutdown) {
+		// Cut short by the shutdown, not failed: no attempt spent.
+		r.handBack(h.token, []consumer.Task{ct})
+		return
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), bookkeepingTimeout)
 	defer cancel()

@@ -296,3 +296,30 @@ func TestShutdownHandsBackUnstartedAndWaitsForRunning(t *testing.T) {
 		t.Fatalf("a after shutdown: %v, want acked (not found)", err)
 	}
 }
+
+// A handler cancelled by a shutdown that ran out of time, and that returns
+// promptly, hands its task back: due again at once, no attempt spent.
+func TestShutdownTimeoutHandsBackCancelledHandlers(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(time.Minute)
+	e.put("slow", `{}`)
+	started := make(chan struct{})
+	w := newWorker(t, e.rdb, Config{ShutdownTimeout: 50 * time.Millisecond})
+	if err := w.Handle(q, func(ctx context.Context, t *Task) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop, wait := start(t, w)
+	<-started
+	stop()
+	if err := wait(); !errors.Is(err, ErrShutdownTimeout) {
+		t.Fatalf("Run: %v, want ErrShutdownTimeout", err)
+	}
+	ts, _ := e.poll(10, time.Minute, 10)
+	if len(ts) != 1 || ts[0].ID != "slow" || ts[0].Attempts != 0 {
+		t.Fatalf("poll right after shutdown got %+v, want slow with attempts 0 (its lease is a minute)", ts)
+	}
+}
