@@ -31,7 +31,10 @@ type Queue struct {
 	// 1-64 of a-z, 0-9, _ and -. Required.
 	Name string
 	// Key is the queue's Redis key. Zero: "delaytask:<Name>", the queues
-	// file's default.
+	// file's default. The queue's action in the daemon's file must be
+	// poll, or the queue absent from it: the daemon runs every other
+	// action on its own claims, and a worker beside it would take its
+	// tasks.
 	Key string
 	// Lease is how long a claimed task is held without a heartbeat; the
 	// worker extends it every Lease/3 while the handler runs. Zero: 60s;
