@@ -370,7 +370,7 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 			}
 		}
 		if len(over) > 0 {
-			c.bury(over, ReasonFailed, "not acknowledged within its lease, max attempts reached")
+			c.buryCounted(over, ReasonFailed, "not acknowledged within its lease, max attempts reached")
 		}
 		if len(give) > 0 {
 			tasks, err := c.loadTasks(give)

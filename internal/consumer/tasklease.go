@@ -1,0 +1,209 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// The lease operations of a poll queue beyond ClaimTasks and AckTasks, for
+// the Go worker library (package worker): extend a lease while a handler
+// runs, retry after a delay, dead-letter now, and hand back tasks that were
+// never started. Each is a compare-and-set on the lease token ClaimTasks
+// handed out, so a task whose lease expired and was taken by another poll
+// or worker, or that a producer moved or deleted, is left alone.
+
+// extendScript moves the lease expiry of tasks still leased under a token.
+//
+//	KEYS[1] -> {queue}:inflight  KEYS[2] -> {queue}:lease
+//	ARGV[1] -> lease token; ARGV[2] -> lease, ms; ARGV[3..] -> task ids
+//
+// Compare-and-set as finishScript: a task is extended only while its lease
+// record carries the token (a lease that ran out but that no claim has
+// taken yet is still the token's, and is extended) and it is in
+// {queue}:inflight. Returns the Redis clock (ms) and the ids extended.
+var extendScript = redis.NewScript(luaHelpers + `
+local now = now_ms()
+local at = now + tonumber(ARGV[2])
+local out = {}
+for _, e in ipairs(owned(KEYS[2], ARGV[1], 3)) do
+  if redis.call('ZSCORE', KEYS[1], e[1]) then
+    redis.call('ZADD', KEYS[1], at, e[1])
+    out[#out+1] = e[1]
+  end
+end
+return {now, out}
+`)
+
+// releaseScript hands back leased tasks that were never started, keeping
+// their attempt count.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:inflight  KEYS[3] -> {queue}:deadlines
+//	KEYS[4] -> {queue}:lease
+//	ARGV[1] -> lease token; ARGV[2..] -> task ids
+//
+// Compare-and-set as finishScript. A task with no attempt spent and no
+// last error goes back into the queue key with its true deadline, as
+// handBackScript does (ZADD NX keeps an entry a producer wrote meanwhile).
+// Any other becomes a backoff due now (token "-", expiry now), so its
+// attempts survive (and a last error, though a claim clears it): the next claim, by a poll or a worker,
+// takes it at once without counting an attempt. Returns the number handed
+// back.
+var releaseScript = redis.NewScript(luaHelpers + `
+local now = now_ms()
+local n = 0
+for _, e in ipairs(owned(KEYS[4], ARGV[1], 2)) do
+  local s, d, a = e[1], e[2], e[3]
+  local _, _, _, err = parse(redis.call('HGET', KEYS[4], s))
+  if a == 0 and (err == nil or err == '') then
+    redis.call('HDEL', KEYS[4], s)
+    redis.call('ZREM', KEYS[2], s)
+    redis.call('ZREM', KEYS[3], s)
+    redis.call('ZADD', KEYS[1], 'NX', d, s)
+  else
+    redis.call('HSET', KEYS[4], s, d .. '|' .. a .. '|-|' .. (err or ''))
+    redis.call('ZADD', KEYS[2], now, s)
+  end
+  n = n + 1
+end
+return n
+`)
+
+// ExtendTasks extends, to lease from now on Redis's clock, the leases of
+// the tasks ids (distinct) still leased under token, and returns those it
+// could not extend: their lease was lost (another claim took them after it
+// expired, a producer moved or deleted them, or they were settled). A token
+// ClaimTasks cannot have handed out is ErrInvalidPollToken.
+func ExtendTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, lease time.Duration, ids []string) ([]string, error) {
+	if !ValidPollToken(token) {
+		return nil, ErrInvalidPollToken
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	args := append([]any{token, lease.Milliseconds()}, anys(ids)...)
+	raw, err := extendScript.Run(ctx, rdb, []string{k.Inflight, k.Lease}, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("extend lease: %w", err)
+	}
+	if len(raw) != 2 {
+		return nil, fmt.Errorf("extend lease: %w: %d fields, want 2", errReply, len(raw))
+	}
+	got, ok := raw[1].([]any)
+	if !ok {
+		return nil, fmt.Errorf("extend lease: %w: ids", errReply)
+	}
+	kept := make(map[string]bool, len(got))
+	for _, v := range got {
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("extend lease: %w: id", errReply)
+		}
+		kept[s] = true
+	}
+	var lost []string
+	for _, id := range ids {
+		if !kept[id] {
+			lost = append(lost, id)
+		}
+	}
+	return lost, nil
+}
+
+// RetryTasks turns the leases of tasks ids still leased under token into
+// backoffs due after delay (on Redis's clock), spending one attempt and
+// recording lastErr, as a daemon's failed action does. Any poll or worker
+// claims them when the delay is over. It returns how many it moved; the
+// others' lease was lost.
+func RetryTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, delay time.Duration, lastErr string, ids []string) (int, error) {
+	if !ValidPollToken(token) {
+		return 0, ErrInvalidPollToken
+	}
+	args := append([]any{token, max(delay, 0).Milliseconds(), 1, lastErr}, anys(ids)...)
+	res, err := retryScript.Run(ctx, rdb, []string{k.Inflight, k.Lease}, args...).Int64Slice()
+	if err != nil {
+		return 0, fmt.Errorf("retry: %w", err)
+	}
+	if len(res) != 2 {
+		return 0, fmt.Errorf("retry: %w: %d fields, want 2", errReply, len(res))
+	}
+	return int(res[0]), nil
+}
+
+// BuryTasks dead-letters tasks ids still leased under token with reason
+// and lastErr; the record's attempts include the one that failed. The
+// payload stays, so GET shows the task and a requeue runs it again. It
+// returns how many it moved; the others' lease was lost.
+func BuryTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token, reason, lastErr string, ids []string) (int, error) {
+	if !ValidPollToken(token) {
+		return 0, ErrInvalidPollToken
+	}
+	args := append([]any{token, reason, lastErr}, anys(ids)...)
+	n, err := buryScript.Run(ctx, rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter: %w", err)
+	}
+	return n, nil
+}
+
+// ReleaseTasks hands back tasks ids still leased under token that were
+// never started (see releaseScript): they are due again at once, for any
+// poll or worker, with their attempts unchanged. It returns how many it
+// handed back.
+func ReleaseTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) (int, error) {
+	if !ValidPollToken(token) {
+		return 0, ErrInvalidPollToken
+	}
+	args := append([]any{token}, anys(ids)...)
+	n, err := releaseScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease}, args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("hand back: %w", err)
+	}
+	return n, nil
+}
+
+// buryCountedScript is buryScript for tasks whose failed runs are all
+// counted in their lease record already: a claim that re-takes a task
+// after its lease expired counts that run (ClaimTasks), so the task is
+// dead-lettered with the record's attempts as they are, not one more.
+//
+//	KEYS and ARGV as buryScript.
+var buryCountedScript = redis.NewScript(luaHelpers + `
+local now = now_ms()
+local err = string.gsub(ARGV[3], '|', '/')
+local mine = owned(KEYS[3], ARGV[1], 4)
+for _, e in ipairs(mine) do
+  local s = e[1]
+  redis.call('HDEL', KEYS[3], s)
+  redis.call('ZREM', KEYS[1], s)
+  redis.call('ZREM', KEYS[2], s)
+  redis.call('ZADD', KEYS[4], now, s)
+  redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. e[3] .. '|' .. e[2] .. '|' .. err)
+end
+return #mine
+`)
+
+// buryCounted is bury for items whose attempts already count every failed
+// run.
+func (c *Consumer) buryCounted(items []item, reason, lastErr string) {
+	ctx, cancel := bookkeeping()
+	defer cancel()
+	k := c.cfg.Keys
+	for tok, serials := range byToken(items) {
+		args := append([]any{tok, reason, lastErr}, anys(serials)...)
+		n, err := buryCountedScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
+		if err != nil {
+			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
+				zap.Int("orders", len(serials)), zap.Error(err))
+			continue
+		}
+		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
+	}
+}
