@@ -114,7 +114,12 @@ func (d *Durable) Put(ctx context.Context, id string, payload json.RawMessage, d
 	} else {
 		_, err = d.Client.DeleteTasks(ctx, id)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, client.ErrQueueFull):
+		// The cap bounds Redis; the row is the task. The loader adds it
+		// once the queue has room.
+		d.Log.Info("durable task saved; Redis holds max_pending tasks, so it waits in PostgreSQL for the loader", zap.String("id", id))
+	case err != nil:
 		d.Log.Warn("durable task saved; Redis not updated, the loader will catch up", zap.String("id", id), zap.Error(err))
 	}
 	return res, due, nil
@@ -221,6 +226,15 @@ func (d *Durable) Load(ctx context.Context) (int, error) {
 		var res []client.Result
 		if len(items) > 0 {
 			res, err = d.Client.PutTasks(ctx, items, client.Create)
+			var full *client.QueueFullError
+			if errors.As(err, &full) {
+				// Redis holds max_pending tasks: the refused ones stay
+				// SCHEDULED in PostgreSQL and are loaded on a later
+				// pass, once executed tasks have left room.
+				d.Log.Debug("durable loader: the queue is at max_pending; tasks wait in PostgreSQL",
+					zap.Int("tasks", len(full.Refused)), zap.Int64("max_pending", full.MaxPending))
+				err = nil
+			}
 			if err != nil {
 				return added, err
 			}
