@@ -375,7 +375,28 @@ func (d *Durable) settle(ctx context.Context, state string, ids []string, versio
 			return err
 		}
 		if moved < len(ids) {
-			d.Log.Info("durable tasks changed while they ran; their new versions stand", zap.Int("tasks", len(ids)-moved))
+			// Rows whose version moved on while the action ran (a cancel,
+			// a reschedule) keep what that change made of them; the log
+			// says the action ran and its outcome was not applied. A row
+			// already settled to this very outcome from this version (a
+			// twin run whose lease expired under it, a replayed settle)
+			// is left alone: the settle is idempotent.
+			stale, err := tx.ExecContext(ctx, `INSERT INTO orderdelay_task_log (queue, task_id, state, version, detail)
+				SELECT $1, v.id, $4, v.version, 'not applied: the task changed while the action ran (now ' || t.state ||
+					' at version ' || t.version || ')' || coalesce('; ' || nullif(v.detail, ''), '')
+				FROM unnest($2::text[], $3::bigint[], $5::text[]) AS v(id, version, detail)
+				JOIN orderdelay_tasks t ON t.queue = $1 AND t.id = v.id
+				WHERE t.version <> v.version AND NOT (t.state = $4 AND t.version = v.version + 1)`,
+				d.Queue, pq.Array(ids), pq.Array(versions), state, pq.Array(details))
+			if err != nil {
+				return err
+			}
+			n, err := stale.RowsAffected()
+			if err != nil {
+				return err
+			}
+			d.Log.Info("durable tasks changed while they ran; their new versions stand",
+				zap.Int("tasks", len(ids)-moved), zap.Int64("changed", n), zap.Int64("settled_already", int64(len(ids)-moved)-n))
 		}
 		return tx.Commit()
 	}()
