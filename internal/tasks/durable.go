@@ -41,6 +41,8 @@ type Durable struct {
 	Client *client.Client
 	Log    *zap.Logger
 	now    func() time.Time
+	// lockedHook, for tests, runs while Load holds the loader lock.
+	lockedHook func()
 }
 
 func (d *Durable) clock() time.Time {
@@ -195,6 +197,9 @@ func (d *Durable) Load(ctx context.Context) (int, error) {
 	var got bool
 	if err := tx.GetContext(ctx, &got, "SELECT pg_try_advisory_xact_lock($1)", int64(h.Sum64())); err != nil || !got {
 		return 0, err
+	}
+	if d.lockedHook != nil {
+		d.lockedHook()
 	}
 	// Walk the whole window in keyset order, so tasks loaded earlier (and
 	// not yet executed) do not hide the ones behind them.
