@@ -293,11 +293,14 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 			ids[i] = t.ID
 		}
 		var rows []struct {
-			ID      string `db:"id"`
-			State   string `db:"state"`
-			Version int64  `db:"version"`
+			ID      string    `db:"id"`
+			State   string    `db:"state"`
+			Version int64     `db:"version"`
+			Due     time.Time `db:"due_at"`
+			NotDue  bool      `db:"not_due"`
 		}
-		if err := d.DB.SelectContext(ctx, &rows, `SELECT id, state, version FROM orderdelay_tasks WHERE queue = $1 AND id = ANY($2)`,
+		if err := d.DB.SelectContext(ctx, &rows, `SELECT id, state, version, due_at, due_at > now() AS not_due
+			FROM orderdelay_tasks WHERE queue = $1 AND id = ANY($2)`,
 			d.Queue, pq.Array(ids)); err != nil {
 			if orders.Transient(err) {
 				err = consumer.Unavailable(err) // the database's, not the tasks': no attempt
@@ -308,15 +311,32 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 			return errs
 		}
 		version := map[string]int64{}
+		later := map[string]int64{} // rows not due yet: due time, Unix ms rounded up as in Redis
 		for _, r := range rows {
 			if r.State == StateScheduled {
 				version[r.ID] = r.Version
+				if r.NotDue {
+					later[r.ID] = queue.DeadlineMillis(r.Due)
+				}
 			}
 		}
 		var live []consumer.Task
 		var at []int
 		for i, t := range tasks {
-			if _, ok := version[t.ID]; ok {
+			_, ok := version[t.ID]
+			if due, notDue := later[t.ID]; ok && notDue && !t.Deadline.IsZero() && due > t.Deadline.UnixMilli() {
+				// The row is not due yet, and due later than this entry: a
+				// stale copy (a
+				// loader that read the row before a reschedule moved it
+				// out of the window re-added it after the reschedule
+				// removed it from Redis). Dropped without a side effect;
+				// the loader adds the task again when its window opens.
+				// (A task without a deadline, which the consumer never
+				// hands over, is not compared.)
+				d.Log.Info("durable task not run: its row is due later than its Redis entry", zap.String("id", t.ID))
+				continue
+			}
+			if ok {
 				live = append(live, t)
 				at = append(at, i)
 			} // else: executed, cancelled, failed or unknown: done, no side effect

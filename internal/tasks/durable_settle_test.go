@@ -13,6 +13,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -29,6 +30,9 @@ func newTestDurable(t *testing.T) (*Durable, *observer.ObservedLogs) {
 	}
 	return d, logs
 }
+
+// redisDeadline is due as a claimed task carries it: Unix ms, rounded up.
+func redisDeadline(due time.Time) time.Time { return time.UnixMilli(queue.DeadlineMillis(due)) }
 
 type logRow struct {
 	State   string `db:"state"`
@@ -73,7 +77,8 @@ func TestDurableSettleKeepsAChangeMadeWhileTheTaskRan(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d, logs := newTestDurable(t)
 			ctx := context.Background()
-			if _, _, err := d.Put(ctx, "t-1", nil, time.Now().Add(time.Second), client.Create); err != nil {
+			due := time.Now().Add(time.Second)
+			if _, _, err := d.Put(ctx, "t-1", nil, due, client.Create); err != nil {
 				t.Fatal(err)
 			}
 			ran := 0
@@ -84,7 +89,7 @@ func TestDurableSettleKeepsAChangeMadeWhileTheTaskRan(t *testing.T) {
 				}
 				return make([]error, len(ts))
 			}
-			errs := d.Executor(action, 3)(ctx, []consumer.Task{{ID: "t-1"}})
+			errs := d.Executor(action, 3)(ctx, []consumer.Task{{ID: "t-1", Deadline: redisDeadline(due)}})
 			if ran != 1 || errs[0] != nil {
 				t.Fatalf("action ran %d times, error %v", ran, errs[0])
 			}
@@ -112,7 +117,8 @@ func TestDurableSettleKeepsAChangeMadeWhileTheTaskRan(t *testing.T) {
 func TestDurableSecondSettleIsIdempotent(t *testing.T) {
 	d, logs := newTestDurable(t)
 	ctx := context.Background()
-	if _, _, err := d.Put(ctx, "t-1", nil, time.Now().Add(time.Second), client.Create); err != nil {
+	due := time.Now().Add(time.Second)
+	if _, _, err := d.Put(ctx, "t-1", nil, due, client.Create); err != nil {
 		t.Fatal(err)
 	}
 	ran := 0
@@ -125,7 +131,7 @@ func TestDurableSecondSettleIsIdempotent(t *testing.T) {
 		}
 		return make([]error, len(ts))
 	}, 3)
-	if errs := slow(ctx, []consumer.Task{{ID: "t-1"}}); errs[0] != nil {
+	if errs := slow(ctx, []consumer.Task{{ID: "t-1", Deadline: redisDeadline(due)}}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
 	if ran != 2 {
