@@ -312,7 +312,9 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 		}
 		version := map[string]int64{}
 		later := map[string]int64{} // rows not due yet: due time, Unix ms rounded up as in Redis
+		known := make(map[string]bool, len(rows))
 		for _, r := range rows {
+			known[r.ID] = true
 			if r.State == StateScheduled {
 				version[r.ID] = r.Version
 				if r.NotDue {
@@ -340,6 +342,12 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 				live = append(live, t)
 				at = append(at, i)
 			} // else: executed, cancelled, failed or unknown: done, no side effect
+			if !known[t.ID] {
+				// Only a write past the durable tier makes this: a raw
+				// ZADD, an older client that does not read the queue's
+				// meta, or a queue made durable with tasks already in Redis.
+				d.Log.Warn("durable task dropped: it has no row (written to Redis past the durable tier)", zap.String("id", t.ID))
+			}
 		}
 		if len(live) == 0 {
 			return errs

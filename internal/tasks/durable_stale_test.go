@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
 )
@@ -41,5 +43,20 @@ func TestDurableExecutorSkipsAStaleEarlierEntry(t *testing.T) {
 	row, err := d.Get(ctx, "t-1")
 	if err != nil || row.State != StateScheduled || row.Version != 2 {
 		t.Errorf("row %+v, %v; want SCHEDULED at version 2, untouched", row, err)
+	}
+}
+
+// A task in Redis without a row (written past the durable tier: a raw
+// ZADD, an older client) is not run, and the daemon's log says why.
+func TestDurableExecutorReportsATaskWithoutARow(t *testing.T) {
+	d, logs := newTestDurable(t)
+	ran := 0
+	exec := d.Executor(func(ctx context.Context, ts []consumer.Task) []error { ran += len(ts); return make([]error, len(ts)) }, 3)
+	errs := exec(context.Background(), []consumer.Task{{ID: "ghost", Deadline: time.Now()}})
+	if ran != 0 || errs[0] != nil {
+		t.Errorf("a task without a row: ran %d times, error %v; want not run, dropped", ran, errs[0])
+	}
+	if n := logs.FilterMessageSnippet("has no row").FilterField(zap.String("id", "ghost")).Len(); n != 1 {
+		t.Errorf("%d warnings about the task without a row, want 1", n)
 	}
 }
