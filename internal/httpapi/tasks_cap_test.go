@@ -5,16 +5,19 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/httpapi"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/producer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
@@ -23,14 +26,16 @@ import (
 // 507 with a JSON error naming the queue and the cap, and stores nothing;
 // a leased (polled) task still counts as pending; a re-PUT or reschedule of
 // an existing task goes through.
-func TestPutTaskBeyondMaxPendingIs507(t *testing.T) {
+// capServer serves one poll queue "jobs" with max_pending maxPending, its
+// meta written as the daemon writes it at start.
+func capServer(t *testing.T, maxPending string) (*httptest.Server, *redis.Client, queue.Keys) {
+	t.Helper()
 	rdb, keys := testenv.Redis(t)
-	f, err := tasks.Parse([]byte("queues:\n  - name: jobs\n    key: '" + keys.Queue + "'\n    max_pending: 2\n    action: {type: poll}\n"))
+	f, err := tasks.Parse([]byte("queues:\n  - name: jobs\n    key: '" + keys.Queue + "'\n    max_pending: " + maxPending + "\n    action: {type: poll}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := tasks.WriteMeta(ctx, rdb, f); err != nil {
+	if err := tasks.WriteMeta(context.Background(), rdb, f); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
@@ -47,7 +52,12 @@ func TestPutTaskBeyondMaxPendingIs507(t *testing.T) {
 	api.EnableTasks(mgr)
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
+	return srv, rdb, keys
+}
 
+func TestPutTaskBeyondMaxPendingIs507(t *testing.T) {
+	srv, rdb, keys := capServer(t, "2")
+	ctx := context.Background()
 	put := func(id, body string) reply { return do(t, http.MethodPut, srv.URL+"/v1/queues/jobs/tasks/"+id, body) }
 	if r := put("j-1", `{"after":"1ms"}`); r.code != http.StatusCreated {
 		t.Fatalf("j-1: %d %s", r.code, r.raw)
@@ -82,5 +92,57 @@ func TestPutTaskBeyondMaxPendingIs507(t *testing.T) {
 	}
 	if r := put("j-1", `{"after":"2h","reschedule":true}`); r.code != http.StatusOK {
 		t.Errorf("reschedule of a leased task at the cap: %d %s, want 200", r.code, r.raw)
+	}
+}
+
+// A batch create straddling the cap: 507, one result per task in order:
+// "created" while there was room, "exists" for a task already there (never
+// refused), "refused" (nothing written) for new tasks after the queue
+// filled up.
+func TestBatchCreateStraddlingMaxPendingIs507(t *testing.T) {
+	srv, rdb, keys := capServer(t, "3")
+	ctx := context.Background()
+	for _, id := range []string{"j-1", "j-2"} {
+		if r := do(t, http.MethodPut, srv.URL+"/v1/queues/jobs/tasks/"+id, `{"after":"1h"}`); r.code != http.StatusCreated {
+			t.Fatalf("%s: %d %s", id, r.code, r.raw)
+		}
+	}
+	r := do(t, http.MethodPost, srv.URL+"/v1/queues/jobs/tasks/batch",
+		`{"tasks":[{"id":"b-1","after":"1h"},{"id":"j-2","after":"2h"},{"id":"b-2","after":"1h"},{"id":"b-3","after":"1h"}]}`)
+	wantJSONError(t, r, http.StatusInsufficientStorage)
+	var b struct {
+		MaxPending int64 `json:"max_pending"`
+		Tasks      []struct {
+			Index  int    `json:"index"`
+			ID     string `json:"id"`
+			Result string `json:"result"`
+		} `json:"tasks"`
+	}
+	if err := json.Unmarshal([]byte(r.raw), &b); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"b-1 created", "j-2 exists", "b-2 refused", "b-3 refused"}
+	var got []string
+	for i, x := range b.Tasks {
+		if x.Index != i {
+			t.Errorf("result %d has index %d", i, x.Index)
+		}
+		got = append(got, x.ID+" "+x.Result)
+	}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") || b.MaxPending != 3 {
+		t.Errorf("results %v (max_pending %d); want %v (3)", got, b.MaxPending, want)
+	}
+	members, err := rdb.ZRange(ctx, keys.Queue, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(members)
+	if strings.Join(members, ",") != "b-1,j-1,j-2" {
+		t.Errorf("queue holds %v; want b-1, j-1, j-2", members)
+	}
+	for _, id := range []string{"b-2", "b-3"} {
+		if ok, _ := rdb.HExists(ctx, keys.Payload, id).Result(); ok {
+			t.Errorf("refused %s has a payload", id)
+		}
 	}
 }
