@@ -36,6 +36,14 @@ var (
 	ErrInvalidDeadline = queue.ErrInvalidDeadline
 	// ErrNotFound: no entry for that serial.
 	ErrNotFound = errors.New("not found")
+	// ErrDurableQueue: the task queue is durable (the daemon's queues file
+	// says durable: true). Its tasks live in PostgreSQL, which this client
+	// cannot reach, so PutTask, PutTasks and DeleteTasks refuse it and
+	// change nothing: use the daemon's HTTP API or `orderdelay task`.
+	ErrDurableQueue = errors.New("durable queue")
+	// ErrQueueFull: the task queue holds its max_pending tasks; a new task
+	// is refused (nothing is written) until some leave. See QueueFullError.
+	ErrQueueFull = errors.New("queue full")
 )
 
 // Mode says what Enqueue does when the serial is already queued.
@@ -123,6 +131,9 @@ type Client struct {
 	// (WithShards); 1: the queue key only.
 	shards int
 	shard  []queue.Keys // the shards' keys; nil when shards is 1
+	// writer is who the task scripts are told writes ("" is writerClient);
+	// only internal/durabletier makes a writerDurable copy.
+	writer string
 }
 
 // Option configures a Client.

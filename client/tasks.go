@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/orderdelay/orderdelay/internal/durabletier"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -71,15 +72,26 @@ func jsonDepth(p []byte) int {
 	return deepest
 }
 
-// putTaskScript adds or moves a task and writes its payload, atomically.
+// putTaskScript adds or moves a task and writes its payload, atomically,
+// unless the queue's meta hash (written by the daemon from its queues
+// file) forbids it.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
 //	KEYS[4] -> {queue}:deadlines  KEYS[5] -> {queue}:wake  KEYS[6] -> {queue}:payload
+//	KEYS[7] -> {queue}:meta
 //	ARGV[1] -> mode "nx" | "set" | "later"; ARGV[2] id; ARGV[3] deadline ms; ARGV[4] payload
+//	ARGV[5] -> writer: "client", or "durable" for the daemon's durable tier
 //
-// Returns {result (0 unchanged, 1 created, 2 moved), deadline}. An
-// unchanged task keeps its payload too.
+// Returns {result, n}: result 0 unchanged, 1 created, 2 moved, with n the
+// deadline; or, with nothing written, -1: the queue is durable and the
+// writer is not its durable tier (n 0); -2: the task is new and the queue
+// already holds max_pending pending tasks, queued plus inflight (n the
+// cap). An unchanged task keeps its payload too. A task that exists
+// (queued, leased or backing off) is never refused for the cap, so an
+// idempotent retry or a reschedule always goes through.
 var putTaskScript = redis.NewScript(`
+local meta = redis.call('HMGET', KEYS[7], 'durable', 'max_pending')
+if meta[1] == '1' and ARGV[5] ~= 'durable' then return {-1, 0} end
 local mode, id, d = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local cur = redis.call('ZSCORE', KEYS[1], id)
 local leased = false
@@ -90,6 +102,8 @@ end
 if cur then cur = tonumber(cur) end
 local res = 0
 if not cur then
+  local cap = tonumber(meta[2])
+  if cap and redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[3]) >= cap then return {-2, cap} end
   res = 1
 elseif (mode == 'set' and d ~= cur) or (mode == 'later' and d > cur) then
   res = 2
@@ -108,10 +122,67 @@ if not head[2] or d < tonumber(head[2]) then redis.call('PUBLISH', KEYS[5], d) e
 return {res, d}
 `)
 
+// Writers of a task queue, as the put and delete scripts know them.
+const (
+	writerClient  = "client"
+	writerDurable = "durable" // the daemon's durable tier (internal/durabletier)
+)
+
+func init() {
+	durabletier.Writer = func(c any) any {
+		cp := *c.(*Client)
+		cp.writer = writerDurable
+		return &cp
+	}
+}
+
+func (c *Client) writerArg() string {
+	if c.writer == "" {
+		return writerClient
+	}
+	return c.writer
+}
+
+// Script replies that refuse a write (see putTaskScript, deleteTasksScript).
+const (
+	replyDurable = -1
+	replyFull    = -2
+)
+
+func (c *Client) durableErr() error {
+	return fmt.Errorf("%w: queue %s is durable: its tasks live in PostgreSQL, which this client cannot reach; "+
+		"put and delete them through the daemon's HTTP API (/v1/queues/<name>/tasks/<id>) or `orderdelay task`", ErrDurableQueue, c.keys.Queue)
+}
+
+// QueueFullError is the error of a put refused by the queue's max_pending
+// cap; it wraps ErrQueueFull. Nothing was written for the tasks it names.
+type QueueFullError struct {
+	Queue      string // the queue's key
+	MaxPending int64  // the cap in force (max_pending in the daemon's queues file)
+	// Refused lists, for PutTasks, the indexes of the items refused, in
+	// order; every other item was written. Nil for PutTask.
+	Refused []int
+}
+
+func (e *QueueFullError) Error() string {
+	what := "the task is refused"
+	if e.Refused != nil {
+		what = fmt.Sprintf("%d new tasks refused (items %v), the others written", len(e.Refused), e.Refused)
+	}
+	return fmt.Sprintf("queue full: queue %s holds its max_pending of %d pending tasks; %s; retry once it drains, "+
+		"or raise max_pending in the queues file", e.Queue, e.MaxPending, what)
+}
+
+// Unwrap makes errors.Is(err, ErrQueueFull) true.
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
+
 // PutTask enqueues task id with a JSON payload and a deadline (rounded up
 // to the millisecond). With Create a retry changes nothing, payload
 // included; Reschedule and OnlyLater replace the payload when they move the
-// deadline.
+// deadline. A new task on a queue that holds its max_pending tasks is
+// refused with a *QueueFullError (errors.Is ErrQueueFull); on a durable
+// queue every put is refused with ErrDurableQueue. Either way nothing is
+// written.
 func (c *Client) PutTask(ctx context.Context, id string, payload json.RawMessage, deadline time.Time, mode Mode) (Result, time.Time, error) {
 	if err := queue.ValidateSerial(id); err != nil {
 		return Unchanged, time.Time{}, err
@@ -126,16 +197,25 @@ func (c *Client) PutTask(ctx context.Context, id string, payload json.RawMessage
 	if err := queue.ValidateDeadline(ms, c.now()); err != nil {
 		return Unchanged, time.Time{}, err
 	}
-	k := c.keys
-	v, err := putTaskScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Payload},
-		mode.arg(), id, ms, string(payload)).Int64Slice()
+	v, err := putTaskScript.Run(ctx, c.rdb, c.putTaskKeys(), mode.arg(), id, ms, string(payload), c.writerArg()).Int64Slice()
 	if err != nil {
 		return Unchanged, time.Time{}, fmt.Errorf("put task %q: %w", id, err)
 	}
 	if len(v) != 2 {
 		return Unchanged, time.Time{}, fmt.Errorf("put task %q: reply of %d fields", id, len(v))
 	}
+	switch v[0] {
+	case replyDurable:
+		return Unchanged, time.Time{}, c.durableErr()
+	case replyFull:
+		return Unchanged, time.Time{}, &QueueFullError{Queue: c.keys.Queue, MaxPending: v[1]}
+	}
 	return Result(v[0]), time.UnixMilli(v[1]), nil
+}
+
+func (c *Client) putTaskKeys() []string {
+	k := c.keys
+	return []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Payload, k.Meta}
 }
 
 // Task is a task as GetTask sees it.
@@ -162,17 +242,21 @@ func (c *Client) GetTask(ctx context.Context, id string) (Task, error) {
 }
 
 // deleteTasksScript removes tasks wherever they are (queued, leased,
-// backing off, dead) with their payloads.
+// backing off, dead) with their payloads, unless the queue is durable and
+// the writer is not its durable tier.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
 //	KEYS[4] -> {queue}:deadlines  KEYS[5] -> {queue}:payload
-//	KEYS[6] -> {queue}:dead  KEYS[7] -> {queue}:deadinfo
-//	ARGV -> ids
+//	KEYS[6] -> {queue}:dead  KEYS[7] -> {queue}:deadinfo  KEYS[8] -> {queue}:meta
+//	ARGV[1] -> writer: "client" | "durable"; ARGV[2..] -> ids
 //
-// Returns how many existed.
+// Returns how many existed, or -1 (nothing removed) when the queue is
+// durable and the writer is not its durable tier.
 var deleteTasksScript = redis.NewScript(`
+if ARGV[1] ~= 'durable' and redis.call('HGET', KEYS[8], 'durable') == '1' then return -1 end
 local n = 0
-for _, id in ipairs(ARGV) do
+for i = 2, #ARGV do
+  local id = ARGV[i]
   local found = redis.call('ZREM', KEYS[1], id) + redis.call('HDEL', KEYS[2], id) + redis.call('ZREM', KEYS[6], id)
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZREM', KEYS[4], id)
@@ -184,7 +268,8 @@ return n
 `)
 
 // DeleteTasks removes tasks (the seeds' batch delete), up to 1,000 per
-// script call, and returns how many existed.
+// script call, and returns how many existed. On a durable queue it removes
+// nothing and returns ErrDurableQueue.
 func (c *Client) DeleteTasks(ctx context.Context, ids ...string) (int, error) {
 	for _, id := range ids {
 		if err := queue.ValidateSerial(id); err != nil {
@@ -195,14 +280,18 @@ func (c *Client) DeleteTasks(ctx context.Context, ids ...string) (int, error) {
 	total := 0
 	for start := 0; start < len(ids); start += maxPerCall {
 		chunk := ids[start:min(start+maxPerCall, len(ids))]
-		args := make([]any, len(chunk))
-		for i, id := range chunk {
-			args[i] = id
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, c.writerArg())
+		for _, id := range chunk {
+			args = append(args, id)
 		}
 		n, err := deleteTasksScript.Run(ctx, c.rdb,
-			[]string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Payload, k.Dead, k.DeadInfo}, args...).Int()
+			[]string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Payload, k.Dead, k.DeadInfo, k.Meta}, args...).Int()
 		if err != nil {
 			return total, fmt.Errorf("delete tasks: %w", err)
+		}
+		if n == replyDurable {
+			return total, c.durableErr()
 		}
 		total += n
 	}
@@ -318,7 +407,14 @@ type TaskItem struct {
 }
 
 // PutTasks is PutTask for a batch, pipelined in one round trip. Items are
-// validated first; nothing is written if any is invalid.
+// validated first; nothing is written if any is invalid. Each item is then
+// put on its own, atomically, in order: on a queue near its max_pending
+// cap the new items that find it full are refused (nothing written for
+// them; their Result is Unchanged) while every other item, existing tasks
+// included, is written, and the error is a *QueueFullError listing the
+// refused indexes. A retry of the whole batch with Create is safe: the
+// written items come back Unchanged. On a durable queue nothing is written
+// and the error is ErrDurableQueue.
 func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]Result, error) {
 	now := c.now()
 	for i := range items {
@@ -335,15 +431,15 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 			return nil, fmt.Errorf("task %d: %w", i, err)
 		}
 	}
-	k := c.keys
-	keys := []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Payload}
+	keys := c.putTaskKeys()
 	if err := putTaskScript.Load(ctx, c.rdb).Err(); err != nil {
 		return nil, fmt.Errorf("put tasks: %w", err)
 	}
+	writer := c.writerArg()
 	cmds := make([]*redis.Cmd, len(items))
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, it := range items {
-			cmds[i] = putTaskScript.EvalSha(ctx, p, keys, mode.arg(), it.ID, queue.DeadlineMillis(it.Deadline), string(it.Payload))
+			cmds[i] = putTaskScript.EvalSha(ctx, p, keys, mode.arg(), it.ID, queue.DeadlineMillis(it.Deadline), string(it.Payload), writer)
 		}
 		return nil
 	})
@@ -351,12 +447,30 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 		return nil, fmt.Errorf("put tasks: %w", err)
 	}
 	out := make([]Result, len(items))
+	var full *QueueFullError
+	durable := false
 	for i, cmd := range cmds {
 		v, err := cmd.Int64Slice()
 		if err != nil || len(v) != 2 {
 			return nil, fmt.Errorf("put tasks: reply %d: %v", i, err)
 		}
-		out[i] = Result(v[0])
+		switch v[0] {
+		case replyDurable:
+			durable = true
+		case replyFull:
+			if full == nil {
+				full = &QueueFullError{Queue: c.keys.Queue, MaxPending: v[1], Refused: []int{}}
+			}
+			full.Refused = append(full.Refused, i)
+		default:
+			out[i] = Result(v[0])
+		}
+	}
+	if durable {
+		return out, c.durableErr()
+	}
+	if full != nil {
+		return out, full
 	}
 	return out, nil
 }

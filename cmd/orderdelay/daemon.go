@@ -95,6 +95,11 @@ func reminderQueue(cfg config.Config, f tasks.File) (q tasks.Queue, ok bool, err
 		return q, false, nil
 	}
 	for _, q := range f.Queues {
+		if q.Name == cfg.ReminderQueue && q.Durable {
+			// Reminders are written beside the order entry, in Redis; a
+			// durable queue takes tasks only through its durable tier.
+			return q, false, usagef("ORDERDELAY_REMINDER_QUEUE: queue %q is durable; reminders need a queue that is not", q.Name)
+		}
 		if q.Name == cfg.ReminderQueue {
 			return q, true, nil
 		}
@@ -226,6 +231,11 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		go func() { defer bg.Done(); f(bgCtx) }()
 	}
 	spawn(d.checkRedis)
+	if d.tasks != nil && !cfg.DryRun {
+		// Before anything else: producers' scripts learn which queues
+		// are durable (and refuse to write them) and each queue's cap.
+		spawn(d.tasks.KeepMeta)
+	}
 
 	err = d.prepareDB(ctx, opts.migrate)
 	if err == nil {

@@ -42,7 +42,7 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	if len(pos) < 2 {
 		return usagef("task %s needs a queue name and a task id", verb)
 	}
-	cl, closeFn, err := taskClient(cfg, pos[0])
+	cl, closeFn, err := taskClient(cfg, pos[0], stderr)
 	if err != nil {
 		return err
 	}
@@ -68,7 +68,7 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		if err != nil {
 			return usageError{err}
 		}
-		res, when, err := cl.PutTask(ctx, req.Serial, json.RawMessage(payload), deadline, mode)
+		res, when, err := cl.put(ctx, req.Serial, json.RawMessage(payload), deadline, mode)
 		if errors.Is(err, client.ErrInvalidPayload) || errors.Is(err, client.ErrInvalidSerial) || errors.Is(err, client.ErrInvalidDeadline) {
 			return usageError{err}
 		}
@@ -77,13 +77,13 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		}
 		fmt.Fprintf(stdout, "%s %s due %s\n", req.Serial, res, when.UTC().Format(time.RFC3339Nano))
 	case "get":
-		t, err := cl.GetTask(ctx, pos[1])
+		t, err := cl.get(ctx, pos[1])
 		if err != nil {
 			return redactErr(err, cfg)
 		}
 		return printJSON(stdout, t)
 	case "delete":
-		n, err := cl.DeleteTasks(ctx, pos[1:]...)
+		n, err := cl.delete(ctx, pos[1:])
 		if err != nil {
 			return redactErr(err, cfg)
 		}
@@ -94,11 +94,12 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	return nil
 }
 
-// taskClient returns a client for the named queue of the queues file.
-func taskClient(cfg config.Config, name string) (*client.Client, func(), error) {
+// taskClient returns the named queue of the queues file: its public
+// client, and for a durable queue its durable tier too.
+func taskClient(cfg config.Config, name string, stderr io.Writer) (taskTarget, func(), error) {
 	f, err := loadQueues(cfg)
 	if err != nil {
-		return nil, nil, err
+		return taskTarget{}, nil, err
 	}
 	for _, q := range f.Queues {
 		if q.Name != name {
@@ -106,14 +107,24 @@ func taskClient(cfg config.Config, name string) (*client.Client, func(), error) 
 		}
 		rdb, err := newRedis(cfg)
 		if err != nil {
-			return nil, nil, usageError{redactErr(err, cfg)}
+			return taskTarget{}, nil, usageError{redactErr(err, cfg)}
 		}
 		cl, err := client.New(rdb, q.Key)
 		if err != nil {
 			rdb.Close()
-			return nil, nil, usageError{err}
+			return taskTarget{}, nil, usageError{err}
 		}
-		return cl, func() { rdb.Close() }, nil
+		t := taskTarget{cl: cl}
+		if !q.Durable {
+			return t, func() { rdb.Close() }, nil
+		}
+		d, closeDB, err := durableTier(cfg, q, rdb, stderr)
+		if err != nil {
+			rdb.Close()
+			return taskTarget{}, nil, err
+		}
+		t.durable = d
+		return t, func() { closeDB(); rdb.Close() }, nil
 	}
-	return nil, nil, usagef("no queue %q in ORDERDELAY_QUEUES_FILE (%q)", name, cfg.QueuesFile)
+	return taskTarget{}, nil, usagef("no queue %q in ORDERDELAY_QUEUES_FILE (%q)", name, cfg.QueuesFile)
 }

@@ -140,6 +140,9 @@ func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtim
 }
 
 func (s *Server) taskFail(w http.ResponseWriter, err error, q *tasks.Runtime) {
+	if writeQueueFull(w, err, q) {
+		return
+	}
 	switch {
 	case errors.Is(err, client.ErrInvalidSerial), errors.Is(err, client.ErrInvalidDeadline), errors.Is(err, client.ErrInvalidPayload):
 		writeError(w, http.StatusBadRequest, err.Error())

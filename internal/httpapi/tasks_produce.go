@@ -301,7 +301,7 @@ func jsonEqual(a, b []byte) bool {
 type batchItemResult struct {
 	Index      int       `json:"index"`
 	ID         string    `json:"id"`
-	Result     string    `json:"result"` // "created" or "exists"
+	Result     string    `json:"result"` // "created", "exists" or "refused" (the queue is full: tasks_cap.go)
 	Deadline   time.Time `json:"deadline"`
 	DeadlineMS int64     `json:"deadline_ms"`
 }
@@ -387,11 +387,16 @@ func (s *Server) createTasks(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 		}
 	} else {
 		res, err := q.Client.PutTasks(r.Context(), items, client.Create)
-		if err != nil {
+		refused := refusedItems(err) // the queue filled up part way: tasks_cap.go
+		if err != nil && refused == nil {
 			s.batchFail(w, err, q, nil, len(items))
 			return
 		}
 		for i, rs := range res {
+			if refused[i] {
+				out = append(out, batchItemResult{Index: i, ID: items[i].ID, Result: "refused"})
+				continue
+			}
 			at := items[i].Deadline
 			if rs == client.Unchanged {
 				at = time.Time{} // filled in below
@@ -406,6 +411,9 @@ func (s *Server) createTasks(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 					out[i].Deadline, out[i].DeadlineMS = t.Deadline.UTC(), t.Deadline.UnixMilli()
 				}
 			}
+		}
+		if writeBatchFull(w, err, q, out) {
+			return
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tasks": out})

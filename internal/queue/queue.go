@@ -25,6 +25,8 @@
 //	{Q}:processing     list: tasks a reliable list consumer has taken
 //	{Q}:unacked        sorted set: task id -> when a taken task returns to ready
 //	{Q}:taken          hash: task id -> the list item a consumer took
+//	{Q}:meta           hash: what the daemon's queues file says of the queue,
+//	                   for producers' scripts: durable (1 or 0), max_pending
 //
 // Redis Cluster hashes only the part in braces, so every companion lands in
 // the same slot as Q itself and one script may touch them all.
@@ -74,7 +76,22 @@ type Keys struct {
 	Taken      string // taken task id -> list item
 	Deliveries string // reliable list: task id -> times taken so far
 	Name       string // the queue's name in the queues file, set by the daemon (client.ForQueue)
+	Meta       string // the daemon's settings producers' scripts obey (MetaDurable, MetaMaxPending)
 }
+
+// Fields of a task queue's Meta hash, written by the daemon at start (and
+// refreshed while it runs) from its queues file, read by the put and delete
+// scripts of package client. An absent hash or field (a daemon older than
+// these fields, or none started yet) means: not durable, no cap.
+const (
+	// MetaDurable is "1" when the queue is durable: its tasks live in
+	// PostgreSQL and only the daemon's durable tier may write its Redis
+	// keys; "0" otherwise.
+	MetaDurable = "durable"
+	// MetaMaxPending is the queue's cap on pending tasks (queued plus
+	// leased or backing off), a decimal integer.
+	MetaMaxPending = "max_pending"
+)
 
 // NewKeys returns the keys of the queue named key. It does not validate key;
 // see ValidateKey.
@@ -99,6 +116,7 @@ func NewKeys(key string) Keys {
 		Taken:      tag + "taken",
 		Deliveries: tag + "deliveries",
 		Name:       tag + "name",
+		Meta:       tag + "meta",
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +66,34 @@ type Queue struct {
 	// and only those due within Window in Redis (sql and webhook actions).
 	Durable bool     `yaml:"durable"`
 	Window  Duration `yaml:"window"` // default 5m
+	// MaxPending caps the queue's pending tasks (queued plus leased or
+	// backing off, in Redis): a new task beyond it is refused. Default
+	// DefaultMaxPending; a written value must be 1 to MaxPendingLimit.
+	MaxPending PendingCap `yaml:"max_pending"`
+}
+
+// DefaultMaxPending is a queue's cap on pending tasks when the file sets
+// none: generous (about 1 GB of Redis at 1 KiB payloads), there to stop a
+// runaway producer, not to shape traffic.
+const DefaultMaxPending = 1_000_000
+
+// MaxPendingLimit is the largest max_pending accepted.
+const MaxPendingLimit = 1_000_000_000
+
+// PendingCap is max_pending as written in the file: a whole number from 1
+// to MaxPendingLimit. The zero value means "not written" (the default
+// applies), so an explicit 0 is refused rather than silently replaced.
+type PendingCap int64
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (c *PendingCap) UnmarshalYAML(n *yaml.Node) error {
+	v, err := strconv.ParseInt(n.Value, 10, 64)
+	if n.Kind != yaml.ScalarNode || err != nil || v < 1 || v > MaxPendingLimit {
+		return fmt.Errorf("line %d: max_pending: want a whole number from 1 to %d (leave the field out for the default %d), got %q",
+			n.Line, MaxPendingLimit, DefaultMaxPending, n.Value)
+	}
+	*c = PendingCap(v)
+	return nil
 }
 
 // Action says what happens to a due task.
@@ -217,6 +246,9 @@ func (f *File) setDefaults() error {
 		}
 		if q.Window == 0 {
 			q.Window = Duration(5 * time.Minute)
+		}
+		if q.MaxPending == 0 {
+			q.MaxPending = DefaultMaxPending
 		}
 		if q.Durable && q.Action.Type != ActionSQL && q.Action.Type != ActionWebhook {
 			return fmt.Errorf("%s: durable queues take the sql or webhook action (their executor records the outcome)", where)

@@ -41,6 +41,8 @@ type Durable struct {
 	Client *client.Client
 	Log    *zap.Logger
 	now    func() time.Time
+	// lockedHook, for tests, runs while Load holds the loader lock.
+	lockedHook func()
 }
 
 func (d *Durable) clock() time.Time {
@@ -114,7 +116,12 @@ func (d *Durable) Put(ctx context.Context, id string, payload json.RawMessage, d
 	} else {
 		_, err = d.Client.DeleteTasks(ctx, id)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, client.ErrQueueFull):
+		// The cap bounds Redis; the row is the task. The loader adds it
+		// once the queue has room.
+		d.Log.Info("durable task saved; Redis holds max_pending tasks, so it waits in PostgreSQL for the loader", zap.String("id", id))
+	case err != nil:
 		d.Log.Warn("durable task saved; Redis not updated, the loader will catch up", zap.String("id", id), zap.Error(err))
 	}
 	return res, due, nil
@@ -191,6 +198,9 @@ func (d *Durable) Load(ctx context.Context) (int, error) {
 	if err := tx.GetContext(ctx, &got, "SELECT pg_try_advisory_xact_lock($1)", int64(h.Sum64())); err != nil || !got {
 		return 0, err
 	}
+	if d.lockedHook != nil {
+		d.lockedHook()
+	}
 	// Walk the whole window in keyset order, so tasks loaded earlier (and
 	// not yet executed) do not hide the ones behind them.
 	added := 0
@@ -221,6 +231,15 @@ func (d *Durable) Load(ctx context.Context) (int, error) {
 		var res []client.Result
 		if len(items) > 0 {
 			res, err = d.Client.PutTasks(ctx, items, client.Create)
+			var full *client.QueueFullError
+			if errors.As(err, &full) {
+				// Redis holds max_pending tasks: the refused ones stay
+				// SCHEDULED in PostgreSQL and are loaded on a later
+				// pass, once executed tasks have left room.
+				d.Log.Debug("durable loader: the queue is at max_pending; tasks wait in PostgreSQL",
+					zap.Int("tasks", len(full.Refused)), zap.Int64("max_pending", full.MaxPending))
+				err = nil
+			}
 			if err != nil {
 				return added, err
 			}
@@ -274,11 +293,14 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 			ids[i] = t.ID
 		}
 		var rows []struct {
-			ID      string `db:"id"`
-			State   string `db:"state"`
-			Version int64  `db:"version"`
+			ID      string    `db:"id"`
+			State   string    `db:"state"`
+			Version int64     `db:"version"`
+			Due     time.Time `db:"due_at"`
+			NotDue  bool      `db:"not_due"`
 		}
-		if err := d.DB.SelectContext(ctx, &rows, `SELECT id, state, version FROM orderdelay_tasks WHERE queue = $1 AND id = ANY($2)`,
+		if err := d.DB.SelectContext(ctx, &rows, `SELECT id, state, version, due_at, due_at > now() AS not_due
+			FROM orderdelay_tasks WHERE queue = $1 AND id = ANY($2)`,
 			d.Queue, pq.Array(ids)); err != nil {
 			if orders.Transient(err) {
 				err = consumer.Unavailable(err) // the database's, not the tasks': no attempt
@@ -289,18 +311,43 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 			return errs
 		}
 		version := map[string]int64{}
+		later := map[string]int64{} // rows not due yet: due time, Unix ms rounded up as in Redis
+		known := make(map[string]bool, len(rows))
 		for _, r := range rows {
+			known[r.ID] = true
 			if r.State == StateScheduled {
 				version[r.ID] = r.Version
+				if r.NotDue {
+					later[r.ID] = queue.DeadlineMillis(r.Due)
+				}
 			}
 		}
 		var live []consumer.Task
 		var at []int
 		for i, t := range tasks {
-			if _, ok := version[t.ID]; ok {
+			_, ok := version[t.ID]
+			if due, notDue := later[t.ID]; ok && notDue && !t.Deadline.IsZero() && due > t.Deadline.UnixMilli() {
+				// The row is not due yet, and due later than this entry: a
+				// stale copy (a
+				// loader that read the row before a reschedule moved it
+				// out of the window re-added it after the reschedule
+				// removed it from Redis). Dropped without a side effect;
+				// the loader adds the task again when its window opens.
+				// (A task without a deadline, which the consumer never
+				// hands over, is not compared.)
+				d.Log.Info("durable task not run: its row is due later than its Redis entry", zap.String("id", t.ID))
+				continue
+			}
+			if ok {
 				live = append(live, t)
 				at = append(at, i)
 			} // else: executed, cancelled, failed or unknown: done, no side effect
+			if !known[t.ID] {
+				// Only a write past the durable tier makes this: a raw
+				// ZADD, an older client that does not read the queue's
+				// meta, or a queue made durable with tasks already in Redis.
+				d.Log.Warn("durable task dropped: it has no row (written to Redis past the durable tier)", zap.String("id", t.ID))
+			}
 		}
 		if len(live) == 0 {
 			return errs
@@ -361,7 +408,28 @@ func (d *Durable) settle(ctx context.Context, state string, ids []string, versio
 			return err
 		}
 		if moved < len(ids) {
-			d.Log.Info("durable tasks changed while they ran; their new versions stand", zap.Int("tasks", len(ids)-moved))
+			// Rows whose version moved on while the action ran (a cancel,
+			// a reschedule) keep what that change made of them; the log
+			// says the action ran and its outcome was not applied. A row
+			// already settled to this very outcome from this version (a
+			// twin run whose lease expired under it, a replayed settle)
+			// is left alone: the settle is idempotent.
+			stale, err := tx.ExecContext(ctx, `INSERT INTO orderdelay_task_log (queue, task_id, state, version, detail)
+				SELECT $1, v.id, $4, v.version, 'not applied: the task changed while the action ran (now ' || t.state ||
+					' at version ' || t.version || ')' || coalesce('; ' || nullif(v.detail, ''), '')
+				FROM unnest($2::text[], $3::bigint[], $5::text[]) AS v(id, version, detail)
+				JOIN orderdelay_tasks t ON t.queue = $1 AND t.id = v.id
+				WHERE t.version <> v.version AND NOT (t.state = $4 AND t.version = v.version + 1)`,
+				d.Queue, pq.Array(ids), pq.Array(versions), state, pq.Array(details))
+			if err != nil {
+				return err
+			}
+			n, err := stale.RowsAffected()
+			if err != nil {
+				return err
+			}
+			d.Log.Info("durable tasks changed while they ran; their new versions stand",
+				zap.Int("tasks", len(ids)-moved), zap.Int64("changed", n), zap.Int64("settled_already", int64(len(ids)-moved)-n))
 		}
 		return tx.Commit()
 	}()

@@ -20,8 +20,11 @@ import (
 
 // Runtime is one configured queue, ready to use.
 type Runtime struct {
-	Config  Queue
-	Keys    queue.Keys
+	Config Queue
+	Keys   queue.Keys
+	// Client is the public client of the queue: on a durable queue its
+	// puts and deletes are refused (use Durable, which writes PostgreSQL
+	// first and then Redis through its own client).
 	Client  *client.Client
 	Metrics *metrics.Metrics
 	Redis   redis.UniversalClient
@@ -51,7 +54,9 @@ func NewManager(f File, rdb redis.UniversalClient, db *sqlx.DB, fam *metrics.Tas
 			if db == nil {
 				return nil, fmt.Errorf("queue %q: a durable queue needs the database", q.Name)
 			}
-			r.Durable = &Durable{DB: db, Queue: q.Name, Window: time.Duration(q.Window), Client: cl, Log: log.Named(q.Name)}
+			if r.Durable, err = NewDurable(db, q, rdb, log.Named(q.Name)); err != nil {
+				return nil, err
+			}
 		}
 		m.queues[q.Name] = r
 		m.order = append(m.order, q.Name)
