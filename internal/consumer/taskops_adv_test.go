@@ -81,3 +81,38 @@ func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A requeue must not touch a live task of the same id. A reliable list's
+// delivery count ({KEY}:deliveries) is kept per id and cleared when an
+// item is dead-lettered, so the only count a requeue can find is that of
+// a newer item of the id waiting in the ready list after unacknowledged
+// deliveries: the requeue cleared it, and that item was delivered
+// max_attempts times more than its queue allows.
+func TestRequeueLeavesAWaitingItemsDeliveryCount(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	cfg := reliableList(time.Minute, 3)
+
+	e.buryTask("RL-C", `{"v":"dead"}`)
+	e.putDue("RL-C", `{"v":"live"}`)
+	e.forwardOnce(cfg)
+	for range 2 { // delivered twice, never acknowledged
+		if _, err := e.cl.Take(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.takenAgo("RL-C", 2*time.Minute)
+		e.forwardOnce(cfg)
+	}
+	if outs, err := RequeueTasks(ctx, e.rdb, e.keys, []string{"RL-C"}); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("requeue: %v", outs)
+	}
+	it, err := e.cl.Take(ctx)
+	if err != nil || it.ID != "RL-C" {
+		t.Fatalf("Take: %+v %v", it, err)
+	}
+	if it.Attempts != 2 {
+		t.Errorf("the waiting item's third delivery shows %d earlier attempts, want 2: the requeue reset its delivery count", it.Attempts)
+	}
+}
