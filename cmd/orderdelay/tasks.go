@@ -42,7 +42,7 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	if len(pos) < 2 {
 		return usagef("task %s needs a queue name and a task id", verb)
 	}
-	cl, closeFn, err := taskClient(cfg, pos[0])
+	cl, closeFn, err := taskTarget(cfg, pos[0]) // tasks_durable.go
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		}
 		fmt.Fprintf(stdout, "%s %s due %s\n", req.Serial, res, when.UTC().Format(time.RFC3339Nano))
 	case "get":
-		t, err := cl.GetTask(ctx, pos[1])
+		t, err := cl.Get(ctx, pos[1])
 		if err != nil {
 			return redactErr(err, cfg)
 		}
