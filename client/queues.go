@@ -27,9 +27,11 @@ var ErrUnknownQueue = errors.New("unknown task queue")
 // file marks each queue that uses the default key (the string
 // "{delaytask:<name>}:name" holding the name, set at start and every
 // minute) and removes that mark for a queue declared with a key of its
-// own. Without the mark ForQueue returns ErrUnknownQueue: the queue is
-// not in the file, is declared with another key (use New with that key),
-// or no daemon with it has started yet. A queue later removed from the
+// own or durable. Without the mark ForQueue returns ErrUnknownQueue: the
+// queue is not in the file, is declared with another key (use New with
+// that key), is durable (its tasks are rows in PostgreSQL, which this
+// client does not write: use the HTTP API or the CLI), or no daemon with
+// it has started yet. A queue later removed from the
 // file keeps its mark until someone deletes it.
 func ForQueue(ctx context.Context, rdb redis.UniversalClient, name string, opts ...Option) (*Client, error) {
 	if !validQueueName(name) {
@@ -46,7 +48,8 @@ func ForQueue(ctx context.Context, rdb redis.UniversalClient, name string, opts 
 	}
 	if got != name {
 		return nil, fmt.Errorf("%w: %q: no daemon serves it at %s (not in the queues file, declared with a key of its own "+
-			"— then use client.New with that key — or no daemon with it has started)", ErrUnknownQueue, name, key)
+			"— then use client.New with that key —, durable — then produce through the HTTP API or the CLI — "+
+			"or no daemon with it has started)", ErrUnknownQueue, name, key)
 	}
 	return c, nil
 }

@@ -308,21 +308,38 @@ func (c *Client) DeleteTasks(ctx context.Context, ids ...string) (int, error) {
 //	KEYS[3] -> {queue}:unacked  KEYS[4] -> {queue}:taken
 //	KEYS[5] -> {queue}:deliveries
 //
+// One delivery of an id at a time: a taken item is tracked by its id
+// (KEYS[3], KEYS[4]), so an item whose id is taken already (a producer or
+// a requeue wrote the id again while it waited or was held) is not taken
+// beside it: it goes to the back of the ready list and waits until the
+// first is acknowledged or returned. Taking it as well would make the
+// first consumer's Ack remove the second delivery's records, losing it.
+// At most takeSkips such items are passed over per call.
+//
 // Returns {item, deliveries including this one}, or nil when the list is
-// empty. The id is read without decoding the payload (see
-// queue.LuaSplitListItem); an item of another shape is keyed by its whole
-// body.
+// empty or holds only items whose ids are taken. The id is read without
+// decoding the payload (see queue.LuaSplitListItem); an item of another
+// shape is keyed by its whole body.
 var takeScript = redis.NewScript(queue.LuaSplitListItem + `
-local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-if not item then return nil end
-local id = split_item(item) or item
-local now = redis.call('TIME')
-local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('ZADD', KEYS[3], at, id)
-redis.call('HSET', KEYS[4], id, item)
-local n = redis.call('HINCRBY', KEYS[5], id, 1)
-return {item, n}
+for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
+  local item = redis.call('LINDEX', KEYS[1], -1)
+  local id = split_item(item) or item
+  if redis.call('HEXISTS', KEYS[4], id) == 0 then
+    redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+    local now = redis.call('TIME')
+    local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    redis.call('ZADD', KEYS[3], at, id)
+    redis.call('HSET', KEYS[4], id, item)
+    local n = redis.call('HINCRBY', KEYS[5], id, 1)
+    return {item, n}
+  end
+  redis.call('LMOVE', KEYS[1], KEYS[1], 'RIGHT', 'LEFT')
+end
+return nil
 `)
+
+// takeSkips bounds the items of taken ids one Take passes over.
+const takeSkips = 100
 
 // ListItem is an item of a list action's ready list.
 type ListItem struct {
@@ -340,10 +357,13 @@ type ListItem struct {
 // acknowledged within the queue's ack_timeout (set in the queues file and
 // enforced by the daemon) goes back to the ready list and is delivered
 // again; after retry.max_attempts deliveries it is dead-lettered as
-// "failed" instead. It returns ErrNotFound when the list is empty.
+// "failed" instead. An id is delivered to one consumer at a time: an item
+// whose id is taken already waits until that one is acknowledged or
+// returned. It returns ErrNotFound when the list is empty or holds only
+// such items.
 func (c *Client) Take(ctx context.Context) (ListItem, error) {
 	k := c.keys
-	v, err := takeScript.Run(ctx, c.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries}).Slice()
+	v, err := takeScript.Run(ctx, c.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries}, takeSkips).Slice()
 	if errors.Is(err, redis.Nil) {
 		return ListItem{}, ErrNotFound
 	}

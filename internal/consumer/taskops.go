@@ -145,7 +145,7 @@ const (
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:dead
 //	KEYS[4] -> {queue}:deadinfo  KEYS[5] -> {queue}:taken
-//	KEYS[6] -> {queue}:deliveries  KEYS[7] -> {queue}:wake
+//	KEYS[6] -> {queue}:wake
 //	ARGV[1..] -> task ids
 //
 // An id that is live as well (queued, leased or backing off, or taken
@@ -153,7 +153,10 @@ const (
 // one: its deadline, lease and payload (the payload hash holds one per id,
 // so the live task's) are left alone, and so is the dead letter. A task
 // forwarded to a stream or a plain list is out of reach and not seen as
-// live. Returns per id 1 (requeued), 2 (live) or 0 (no dead letter).
+// live. A reliable list's delivery count ({queue}:deliveries) is left
+// alone: dead-lettering cleared the dead item's, so a count there belongs
+// to a newer item of the id waiting in the ready list. Returns per id 1
+// (requeued), 2 (live) or 0 (no dead letter).
 var requeueTasksScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local out, n = {}, 0
@@ -167,13 +170,12 @@ for i = 1, #ARGV do
   else
     redis.call('ZREM', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[6], id)
     redis.call('ZADD', KEYS[1], now, id)
     out[i] = 1
     n = n + 1
   end
 end
-if n > 0 then redis.call('PUBLISH', KEYS[7], now) end
+if n > 0 then redis.call('PUBLISH', KEYS[6], now) end
 return out
 `)
 
@@ -185,7 +187,7 @@ func RequeueTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, ids []s
 		return nil, nil
 	}
 	v, err := requeueTasksScript.Run(ctx, rdb,
-		[]string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Deliveries, k.Wake}, anys(ids)...).Int64Slice()
+		[]string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Wake}, anys(ids)...).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("requeue: %w", err)
 	}

@@ -17,12 +17,14 @@ const announceEvery = time.Minute
 // announce marks each queue at its default key with its name, so
 // client.ForQueue finds it there, and removes the mark at the default key
 // of a queue declared with a key of its own, so ForQueue refuses it
-// rather than write where no daemon serves.
+// rather than write where no daemon serves. A durable queue is not marked
+// either (and loses a mark an earlier configuration left): the Go client
+// writes Redis only, and the executor drops a task without a row unrun.
 func (m *Manager) announce(ctx context.Context) error {
 	for _, name := range m.order {
 		q := m.queues[name]
 		def := queue.NewKeys(client.TaskQueueKey(name)).Name
-		if q.Config.Key == client.TaskQueueKey(name) {
+		if q.Config.Key == client.TaskQueueKey(name) && !q.Config.Durable {
 			if err := m.rdb.Set(ctx, def, name, 0).Err(); err != nil {
 				return err
 			}

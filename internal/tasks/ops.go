@@ -250,7 +250,8 @@ const (
 // due now, with the payloads they died with. An id that is also a live
 // task is left alone, and so is its dead letter. On a durable queue the
 // row goes back to SCHEDULED first (attempts 0, due now, a new version,
-// logged); an id whose row is not FAILED is refused.
+// logged) and decides: a reset row is requeued whatever Redis holds; an
+// id whose row is not FAILED is refused.
 func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, error) {
 	res := RequeueResult{Skipped: []Skipped{}}
 	if r.Durable != nil {
@@ -276,8 +277,14 @@ func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, err
 		switch {
 		case o == consumer.RequeueDone:
 			res.Requeued++
-		case r.Durable != nil && o == consumer.RequeueNotDead:
-			// The row is SCHEDULED and due now: the loader brings it in.
+		case r.Durable != nil:
+			// The row decides: it is SCHEDULED again, due now, under a new
+			// version, whatever Redis holds. No dead letter (purged): the
+			// loader brings the row in. A live entry of the id (the task
+			// was still leased between the executor's FAILED and the
+			// consumer's dead letter): it runs the row if it is still to
+			// run, else the loader brings it in once it is gone. Either
+			// way the task runs again, so it is not "left alone".
 			res.Requeued++
 		case o == consumer.RequeueLive:
 			res.Skipped = append(res.Skipped, Skipped{ID: ids[i], Why: WhyLive})
