@@ -119,9 +119,12 @@ func (c *Consumer) loadTasks(items []item) ([]Task, error) {
 
 // Forward configures a stream or list action.
 type Forward struct {
-	Kind   string // "stream" or "list"
-	Queue  string // queue name, written into each stream entry
-	MaxLen int64  // stream: approximate cap (XADD MAXLEN ~)
+	Kind  string // "stream" or "list"
+	Queue string // queue name, written into each stream entry
+	// MaxLen, stream: approximate cap (XADD MAXLEN ~). List: most items
+	// the ready list may hold; while it holds that many, due tasks stay in
+	// the queue (0: no cap).
+	MaxLen int64
 	// Reliable list: taken items not acknowledged within AckTimeout return
 	// to the ready list (recovered in the same script), or are
 	// dead-lettered once taken Config.MaxAttempts times.
@@ -152,7 +155,8 @@ func (c *Consumer) ackTimeout() time.Duration {
 //	KEYS[5] -> {queue}:dead  KEYS[6] -> {queue}:deadinfo
 //	KEYS[7] -> {queue}:unacked  KEYS[8] -> {queue}:taken  KEYS[9] -> {queue}:processing
 //	KEYS[10] -> {queue}:deliveries
-//	ARGV[1] -> "stream" | "list"; ARGV[2] -> limit; ARGV[3] -> stream MAXLEN
+//	ARGV[1] -> "stream" | "list"; ARGV[2] -> limit
+//	ARGV[3] -> stream: MAXLEN ~; list: most items in the ready list (0: no cap)
 //	ARGV[4] -> queue name; ARGV[5] -> "1" to recover unacked list items
 //	ARGV[6] -> ack timeout, ms; ARGV[7] -> max attempts (deliveries)
 //
@@ -166,10 +170,17 @@ func (c *Consumer) ackTimeout() time.Duration {
 // back in {queue}:payload (HSETNX: a newer task of the same id keeps its
 // own) so that GET shows it and a requeue runs it again.
 //
+// A capped ready list (list, ARGV[3] > 0) takes due tasks only while it
+// holds fewer than ARGV[3] items: the rest stay in the queue, due, exactly
+// as they were (no attempt spent, not dead-lettered), and move once
+// consumers have drained the list. Recovered items go back regardless, so
+// the list can hold up to the cap plus the items consumers had taken.
+//
 // Returns the claim script's shape {now, next deadline or -1, next
 // recovery or -1, {}, dead (serial, reason), paused} plus the number
-// forwarded and recovered (redelivered or dead-lettered) and, per task
-// forwarded, how late (ms, now minus its deadline).
+// forwarded and recovered (redelivered or dead-lettered), per task
+// forwarded how late (ms, now minus its deadline), and 1 if the ready list
+// was full while tasks were due (else 0).
 var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + queue.LuaSplitListItem + `
 local now = now_ms()
 local function head()
@@ -185,9 +196,10 @@ local function nextRecovery()
   return -1
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {now, head(), nextRecovery(), {}, {}, 1, 0, 0, {}}
+  return {now, head(), nextRecovery(), {}, {}, 1, 0, 0, {}, 0}
 end
 local limit = tonumber(ARGV[2])
+local full = 0
 local recovered, late = 0, {}
 local dead, n = {}, 0
 if ARGV[5] == '1' then
@@ -214,7 +226,20 @@ if ARGV[5] == '1' then
     recovered = recovered + 1
   end
 end
-local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local take = limit
+local cap = tonumber(ARGV[3])
+if ARGV[1] == 'list' and cap > 0 then
+  take = math.min(limit, cap - redis.call('LLEN', KEYS[4]))
+  if take <= 0 then
+    take = 0
+    local h = head()
+    if h >= 0 and h <= now then full = 1 end
+  end
+end
+local due = {}
+if take > 0 then
+  due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, take, 'WITHSCORES')
+end
 for i = 1, #due, 2 do
   local id, d = due[i], tonumber(due[i+1])
   redis.call('ZREM', KEYS[1], id)
@@ -237,7 +262,7 @@ for i = 1, #due, 2 do
     late[n] = now - d
   end
 end
-return {now, head(), nextRecovery(), {}, dead, 0, n, recovered, late}
+return {now, head(), nextRecovery(), {}, dead, 0, n, recovered, late, full}
 `)
 
 func boolArg(b bool) string {
@@ -260,13 +285,14 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 	if err != nil {
 		return claimResult{}, fmt.Errorf("forward: %w", err)
 	}
-	if len(raw) != 9 {
-		return claimResult{}, fmt.Errorf("forward: %w: %d fields, want 9", errReply, len(raw))
+	if len(raw) != 10 {
+		return claimResult{}, fmt.Errorf("forward: %w: %d fields, want 10", errReply, len(raw))
 	}
 	n, ok1 := raw[6].(int64)
 	recovered, ok2 := raw[7].(int64)
 	late, ok3 := raw[8].([]any)
-	if !ok1 || !ok2 || !ok3 {
+	full, ok4 := raw[9].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return claimResult{}, fmt.Errorf("forward: %w: counts", errReply)
 	}
 	// Forwarding is a stream or list task's last step the daemon sees:
@@ -281,6 +307,7 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 		return claimResult{}, fmt.Errorf("forward: %w", err)
 	}
 	res.forwarded = int(n)
+	c.readyFull(&res, full == 1)
 	c.m.Claimed.Add(float64(n))
 	c.m.Forwarded.Add(float64(n))
 	for reason, k := range res.dead {
