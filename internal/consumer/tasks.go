@@ -162,7 +162,9 @@ func (c *Consumer) ackTimeout() time.Duration {
 //
 // Stream entries carry id, deadline (ms), queue and payload (a delivery
 // count lives in each consumer group's pending entries list); list items
-// are JSON {"id","deadline_ms","payload"}.
+// are JSON {"id","deadline_ms","payload"}. A forwarded task's payload
+// leaves {queue}:payload with it, unless a dead letter of the same id
+// exists (the producer reused the id): it keeps the payload for a requeue.
 //
 // Recovery (reliable lists): an item taken at least ack timeout ago and
 // not acknowledged goes back to the ready list, unless it has been taken
@@ -257,7 +259,7 @@ for i = 1, #due, 2 do
     else
       redis.call('LPUSH', KEYS[4], '{"id":' .. cjson.encode(id) .. ',"deadline_ms":' .. d .. ',"payload":' .. payload .. '}')
     end
-    redis.call('HDEL', KEYS[2], id)
+    if not redis.call('ZSCORE', KEYS[5], id) then redis.call('HDEL', KEYS[2], id) end
     n = n + 1
     late[n] = now - d
   end
@@ -412,7 +414,7 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 // ackScript completes polled tasks leased under a token.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:inflight  KEYS[3] -> {queue}:deadlines
-//	KEYS[4] -> {queue}:lease  KEYS[5] -> {queue}:payload
+//	KEYS[4] -> {queue}:lease  KEYS[5] -> {queue}:payload  KEYS[6] -> {queue}:dead
 //	ARGV[1] -> lease token; ARGV[2..] -> task ids
 //
 // Compare-and-set: only a task whose lease record carries the token is
@@ -420,8 +422,10 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 // new poll's token, a task moved by a producer through the API has no
 // record: both are left alone. A task a producer re-added with a raw ZADD
 // during the lease is in the queue key again: its lease ends, its queue
-// entry and payload stay. Returns Redis's clock (Unix ms) and then, per
-// id, the completed task's deadline (Unix ms, so above zero), else 0.
+// entry and payload stay; so does the payload of an id that also has a
+// dead letter (the producer reused the id: the dead letter keeps it for a
+// requeue). Returns Redis's clock (Unix ms) and then, per id, the
+// completed task's deadline (Unix ms, so above zero), else 0.
 var ackScript = redis.NewScript(luaHelpers + `
 local out = {now_ms()}
 for i = 2, #ARGV, 500 do
@@ -435,7 +439,7 @@ for i = 2, #ARGV, 500 do
       redis.call('HDEL', KEYS[4], id)
       redis.call('ZREM', KEYS[2], id)
       redis.call('ZREM', KEYS[3], id)
-      if not qs[j] then redis.call('HDEL', KEYS[5], id) end
+      if not qs[j] and not redis.call('ZSCORE', KEYS[6], id) then redis.call('HDEL', KEYS[5], id) end
       out[#out+1] = math.max(tonumber(d) or 1, 1)
     else
       out[#out+1] = 0
@@ -463,7 +467,7 @@ func AckTasksLateness(ctx context.Context, rdb redis.Scripter, k queue.Keys, tok
 		return nil, nil, ErrInvalidPollToken
 	}
 	args := append([]any{token}, anys(ids)...)
-	done, err := ackScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload}, args...).Int64Slice()
+	done, err := ackScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload, k.Dead}, args...).Int64Slice()
 	if err != nil {
 		return nil, nil, fmt.Errorf("ack: %w", err)
 	}
