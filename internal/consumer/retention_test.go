@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/orderdelay/orderdelay/client"
 )
@@ -350,5 +351,120 @@ func TestRetentionWorkloadLeavesNoOrphanPayloads(t *testing.T) {
 			}
 		}
 		e.assertNoOrphans(fmt.Sprintf("step %d (%s)", step, what))
+	}
+}
+
+// The same invariant on the paths of a polled queue (claims, acks, leases
+// that expire, tasks over their attempts dead-lettered by a poll) and of a
+// reliable list (forwards, takes, acks, unacknowledged items returned or
+// dead-lettered with their payload), mixed with re-puts, requeues, deletes
+// and purges.
+func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d (rerun with ORPHAN_SEED)", seed)
+	if s := os.Getenv("ORPHAN_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, kind := range []string{"poll", "reliable list"} {
+		t.Run(kind, func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(uint64(seed), 1))
+			e := newRedisEnv(t)
+			ctx := context.Background()
+			ids := []string{"a", "b", "c", "d", "e"}
+			pick := func() string { return ids[rnd.IntN(len(ids))] }
+			var tokens []string
+			list := reliableList(time.Minute, 2)
+			for step := range 400 {
+				var what string
+				switch op := rnd.IntN(9); op {
+				case 0, 1:
+					id := pick()
+					what = "put " + id
+					mode := []client.Mode{client.Create, client.Reschedule}[rnd.IntN(2)]
+					if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(`{"step":`+strconv.Itoa(step)+`}`), time.Now().Add(-time.Second), mode); err != nil {
+						t.Fatal(err)
+					}
+				case 2:
+					if kind == "poll" {
+						what = "poll"
+						_, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 1+rnd.IntN(3), 0, time.Minute, 2, e.m, zaptest.NewLogger(t))
+						if err != nil {
+							t.Fatal(err)
+						}
+						if tok != "" {
+							tokens = append(tokens, tok)
+						}
+					} else {
+						what = "forward"
+						e.forwardOnce(list)
+					}
+				case 3:
+					if kind == "poll" {
+						if len(tokens) == 0 {
+							continue
+						}
+						what = "ack"
+						tok := tokens[rnd.IntN(len(tokens))]
+						if _, err := AckTasks(ctx, e.rdb, e.keys, tok, []string{pick(), pick()}[:1+rnd.IntN(2)]); err != nil {
+							t.Fatal(err)
+						}
+					} else {
+						what = "take"
+						if it, err := e.cl.Take(ctx); err == nil && rnd.IntN(2) == 0 {
+							what = "take and ack " + it.ID
+							if err := e.cl.Ack(ctx, it.ID); err != nil && !errors.Is(err, client.ErrNotFound) {
+								t.Fatal(err)
+							}
+						}
+					}
+				case 4:
+					what = "leases expire"
+					if kind == "poll" {
+						held, err := e.rdb.ZRange(ctx, e.keys.Inflight, 0, -1).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						for _, id := range held {
+							e.makeDue(id)
+						}
+					} else {
+						taken, err := e.rdb.ZRange(ctx, e.keys.Unacked, 0, -1).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						for _, id := range taken {
+							e.takenAgo(id, 2*time.Minute)
+						}
+					}
+				case 5:
+					id := pick()
+					what = "requeue " + id
+					if _, err := Requeue(ctx, e.rdb, e.keys, id); err != nil && !errors.Is(err, ErrNotDead) {
+						t.Fatal(err)
+					}
+				case 6:
+					id := pick()
+					what = "delete " + id
+					if _, err := e.cl.DeleteTasks(ctx, id); err != nil {
+						t.Fatal(err)
+					}
+				case 7, 8:
+					if rnd.IntN(2) == 0 {
+						keep := rnd.IntN(3)
+						what = "purge beyond " + strconv.Itoa(keep)
+						e.purge(0, keep)
+					} else {
+						id := pick()
+						what = "purge by age " + id
+						e.deadAgo(id, 2*time.Hour)
+						e.purge(time.Hour, 0)
+					}
+				}
+				e.assertNoOrphans(fmt.Sprintf("step %d (%s)", step, what))
+			}
+		})
 	}
 }
