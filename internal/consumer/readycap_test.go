@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/orderdelay/orderdelay/client"
 )
 
@@ -69,8 +71,8 @@ func TestPlainListStopsAtMaxLenAndResumesWhenDrained(t *testing.T) {
 	if res.nextQueue <= res.now {
 		t.Fatalf("next look at %d, now %d: the scanner would loop without pause on a full list", res.nextQueue, res.now)
 	}
-	if !c.listFull {
-		t.Error("the full list was not noted")
+	if !c.listFull || testutil.ToFloat64(e.m.ReadyFull) != 1 {
+		t.Errorf("the full list was not noted: %v, gauge %v", c.listFull, testutil.ToFloat64(e.m.ReadyFull))
 	}
 	if n := e.card(e.keys.Dead); n != 0 {
 		t.Fatalf("%d dead letters: waiting for room is not a failure", n)
@@ -87,7 +89,7 @@ func TestPlainListStopsAtMaxLenAndResumesWhenDrained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.forwarded != 2 || e.card(e.keys.Queue) != 0 || c.listFull {
+	if res.forwarded != 2 || e.card(e.keys.Queue) != 0 || c.listFull || testutil.ToFloat64(e.m.ReadyFull) != 0 {
 		t.Fatalf("after draining two: forwarded %d, %d queued, full %v; want 2, 0, false", res.forwarded, e.card(e.keys.Queue), c.listFull)
 	}
 	got = append(got, e.popIDs(10)...)
