@@ -27,7 +27,8 @@ func (c *Consumer) readyFull(res *claimResult, full bool) {
 		res.nextQueue = res.now + readyFullRetry.Milliseconds()
 		return
 	}
-	if c.listFull && res.forwarded > 0 {
+	if c.listFull {
+		// Room again, or nothing due any more (another replica moved it).
 		c.log.Info("ready list drained below max_len: due tasks move again", zap.Int("forwarded", res.forwarded))
 		c.listFull = false
 		c.m.ReadyFull.Set(0)
