@@ -468,3 +468,35 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 		})
 	}
 }
+
+// A stream entry dead-lettered by the sweep gets its payload back from the
+// entry (for a requeue); its purge takes that payload too.
+func TestPurgeOfAStreamDeadLetter(t *testing.T) {
+	e, cfg := streamEnv(t)
+	ctx := context.Background()
+	e.putDue("s-1", `{"n":1}`)
+	e.forwardOnce(cfg)
+	res, err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{e.keys.Stream, ">"}, Count: 10, Block: -1}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 {
+		t.Fatalf("XREADGROUP: %v, %v", res, err)
+	}
+	entry := res[0].Messages[0].ID
+	e.idleFor("g", "c1", entry, 2*time.Minute)
+	e.forwardOnce(cfg) // one delivery of two
+	if err := e.rdb.Do(ctx, "XCLAIM", e.keys.Stream, "g", "c2", 0, entry).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.idleFor("g", "c2", entry, 2*time.Minute)
+	e.forwardOnce(cfg)
+	if p := e.payloadOf("s-1"); p != `{"n":1}` {
+		t.Fatalf("stream dead letter's payload %q, want it back for a requeue", p)
+	}
+	e.deadAgo("s-1", 2*time.Hour)
+	if n := e.purge(time.Hour, 0); n != 1 {
+		t.Fatalf("purged %d, want 1", n)
+	}
+	e.assertNoOrphans("after purging a stream dead letter")
+	if p := e.payloadOf("s-1"); p != "" {
+		t.Fatalf("payload %q left after its dead letter was purged", p)
+	}
+}
