@@ -407,13 +407,13 @@ func (d *daemon) schemaWarnings(ctx context.Context) {
 // _MAX, and each task queue's dead_retention and dead_max) once a minute,
 // task payloads with them, so Redis memory cannot grow without bound.
 func (d *daemon) janitor(ctx context.Context) {
-	orders := d.cfg.DeadRetention != 0 || d.cfg.DeadMax != 0
-	tasks := d.tasks != nil && d.tasks.PurgesDead(d.cfg.DeadRetention, d.cfg.DeadMax)
-	if !orders && !tasks {
+	orderQueue := d.cfg.DeadRetention != 0 || d.cfg.DeadMax != 0
+	taskQueues := d.tasks != nil && d.tasks.PurgesDead(d.cfg.DeadRetention, d.cfg.DeadMax)
+	if !orderQueue && !taskQueues {
 		return
 	}
 	for {
-		if orders {
+		if orderQueue {
 			n, err := purgeDead(ctx, d.rdb, d.cfg)
 			if err != nil && ctx.Err() == nil {
 				d.log.Debug("dead-letter purge failed; retrying later", zap.Error(err))
@@ -422,7 +422,7 @@ func (d *daemon) janitor(ctx context.Context) {
 				d.log.Info("purged old dead letters", zap.Int("count", n))
 			}
 		}
-		if tasks {
+		if taskQueues {
 			per, err := d.tasks.PurgeDead(ctx, d.cfg.DeadRetention, d.cfg.DeadMax)
 			if err != nil && ctx.Err() == nil {
 				d.log.Debug("task dead-letter purge failed; retrying later", zap.Error(err))
