@@ -75,3 +75,39 @@ func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
 		})
 	}
 }
+
+// The operators' purge (PurgeTasks, PurgeTasksBefore) of a dead letter
+// whose id a reliable-list consumer has taken again: the taken item
+// carries its own payload (and a recovery dead-letters it with that), so
+// the payload field is the dead letter's alone and goes with it; after the
+// ack nothing is left.
+func TestOperatorPurgeWhileTheIDIsTakenLeavesNoOrphan(t *testing.T) {
+	for _, how := range []string{"ids", "before"} {
+		t.Run(how, func(t *testing.T) {
+			e := newRedisEnv(t)
+			ctx := context.Background()
+			e.buryTask("x", `{"v":1}`)
+			e.putDue("x", `{"v":2}`)
+			if res := e.forwardOnce(reliableList(time.Minute, 3)); res.forwarded != 1 {
+				t.Fatalf("forwarded %d, want 1", res.forwarded)
+			}
+			it, err := e.cl.Take(ctx)
+			if err != nil || it.ID != "x" || string(it.Payload) != `{"v":2}` {
+				t.Fatalf("Take: %+v, %v", it, err)
+			}
+			var n int
+			if how == "ids" {
+				n, err = PurgeTasks(ctx, e.rdb, e.keys, []string{"x"})
+			} else {
+				n, err = PurgeTasksBefore(ctx, e.rdb, e.keys, time.Time{})
+			}
+			if err != nil || n != 1 {
+				t.Fatalf("purge: %d, %v", n, err)
+			}
+			if err := e.cl.Ack(ctx, "x"); err != nil {
+				t.Fatal(err)
+			}
+			e.assertNoOrphans("after the purge and the ack")
+		})
+	}
+}
