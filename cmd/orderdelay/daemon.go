@@ -414,18 +414,32 @@ func (d *daemon) schemaWarnings(ctx context.Context) {
 }
 
 // janitor purges old dead letters (ORDERDELAY_DEAD_LETTER_RETENTION and
-// _MAX) once a minute, so Redis memory cannot grow without bound.
+// _MAX, and each task queue's dead_retention and dead_max) once a minute,
+// task payloads with them, so Redis memory cannot grow without bound.
 func (d *daemon) janitor(ctx context.Context) {
-	if d.cfg.DeadRetention == 0 && d.cfg.DeadMax == 0 {
+	orderQueue := d.cfg.DeadRetention != 0 || d.cfg.DeadMax != 0
+	taskQueues := d.tasks != nil && d.tasks.PurgesDead(d.cfg.DeadRetention, d.cfg.DeadMax)
+	if !orderQueue && !taskQueues {
 		return
 	}
 	for {
-		n, err := purgeDead(ctx, d.rdb, d.cfg)
-		if err != nil && ctx.Err() == nil {
-			d.log.Debug("dead-letter purge failed; retrying later", zap.Error(err))
+		if orderQueue {
+			n, err := purgeDead(ctx, d.rdb, d.cfg)
+			if err != nil && ctx.Err() == nil {
+				d.log.Debug("dead-letter purge failed; retrying later", zap.Error(err))
+			}
+			if n > 0 {
+				d.log.Info("purged old dead letters", zap.Int("count", n))
+			}
 		}
-		if n > 0 {
-			d.log.Info("purged old dead letters", zap.Int("count", n))
+		if taskQueues {
+			per, err := d.tasks.PurgeDead(ctx, d.cfg.DeadRetention, d.cfg.DeadMax)
+			if err != nil && ctx.Err() == nil {
+				d.log.Debug("task dead-letter purge failed; retrying later", zap.Error(err))
+			}
+			for q, n := range per {
+				d.log.Info("purged old task dead letters and their payloads", zap.String("queue", q), zap.Int("count", n))
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -145,7 +145,7 @@ func init() {
 		"orderdelay_task_enqueued_total", "orderdelay_task_claimed_total", "orderdelay_task_reclaimed_total",
 		"orderdelay_task_done_total", "orderdelay_task_forwarded_total", "orderdelay_task_dead_lettered_total",
 		"orderdelay_task_errors_total", "orderdelay_task_lateness_seconds", "orderdelay_task_inflight",
-		"orderdelay_task_last_scan_timestamp_seconds", "orderdelay_task_paused",
+		"orderdelay_task_last_scan_timestamp_seconds", "orderdelay_task_paused", "orderdelay_task_ready_full",
 		"orderdelay_task_queue_depth", "orderdelay_task_queue_overdue", "orderdelay_task_queue_oldest_overdue_seconds",
 		"orderdelay_task_queue_leased", "orderdelay_task_queue_dead_letters",
 	} {

@@ -166,9 +166,9 @@ var Settings = []Setting{
 			c.DryRun = b
 			return nil
 		}},
-	{Env: "ORDERDELAY_DEAD_LETTER_RETENTION", Default: "168h", Help: "dead letters older than this are purged (`0`: kept until purged by hand)",
+	{Env: "ORDERDELAY_DEAD_LETTER_RETENTION", Default: "168h", Help: "dead letters older than this are purged, task payloads with them, on the order queue and every task queue without its own `dead_retention` (`0`: kept until purged by hand)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.DeadRetention }, 0, 10*365*24*time.Hour)},
-	{Env: "ORDERDELAY_DEAD_LETTER_MAX", Default: "100000", Help: "most dead letters kept; the oldest beyond it are purged (`0`: no cap)",
+	{Env: "ORDERDELAY_DEAD_LETTER_MAX", Default: "100000", Help: "most dead letters kept per queue; the oldest beyond it are purged, on the order queue and every task queue without its own `dead_max` (`0`: no cap)",
 		set: intIn(func(c *Config) *int { return &c.DeadMax }, 0, 100_000_000)},
 	{Env: "ORDERDELAY_QUEUES_FILE", Default: "", Help: "YAML file declaring named task queues (see `configs/orderdelay.yaml`); empty: the order queue only",
 		set: func(c *Config, v string) error { c.QueuesFile = v; return nil }},

@@ -172,6 +172,9 @@ type Consumer struct {
 	// members read at exactly that deadline.
 	peekFrom int64
 	peekSeen map[string]struct{}
+	// List queues (scan loop only): the ready list was full (Forward.MaxLen)
+	// on the last pass while tasks were due.
+	listFull bool
 	// Stream queues (scan loop only): when the consumer groups were last
 	// swept (Redis ms) and, per group, where the next sweep continues.
 	streamSwept int64

@@ -117,9 +117,17 @@ func RequeueAll(ctx context.Context, rdb redis.UniversalClient, k queue.Keys) (i
 
 // purgeScript removes up to ARGV[3] dead letters that are older than
 // ARGV[1] (Unix ms; -1: none by age) or beyond the newest ARGV[2] (0: no
-// cap), with their records.
+// cap), with their records and, on a task queue, their payloads.
 //
 //	KEYS[1] -> {queue}:dead KEYS[2] -> {queue}:deadinfo
+//	KEYS[3] -> {queue}:payload KEYS[4] -> queue KEYS[5] -> {queue}:lease
+//
+// A dead letter and a live task of the same id share the one payload
+// field (a producer re-put the id, or a requeue raced a put): the payload
+// is removed only when no live task owns it, i.e. the id is neither in the
+// queue key nor leased or backing off (a lease record). A forwarded task's
+// payload travels in its stream entry or list item, never in KEYS[3]. The
+// order queue has no payloads: KEYS[3] does not exist and HDEL is a no-op.
 //
 // Returns the number removed.
 var purgeScript = redis.NewScript(`
@@ -139,13 +147,17 @@ end
 for _, s in ipairs(victims) do
   redis.call('ZREM', KEYS[1], s)
   redis.call('HDEL', KEYS[2], s)
+  if not redis.call('ZSCORE', KEYS[4], s) and redis.call('HEXISTS', KEYS[5], s) == 0 then
+    redis.call('HDEL', KEYS[3], s)
+  end
 end
 return #victims
 `)
 
 // PurgeDead removes dead letters dead-lettered before olderThan ago
 // (0: none by age) and the oldest beyond keepMax (0: no cap), in steps of
-// 1,000, and returns how many it removed.
+// 1,000, and returns how many it removed. On a task queue each one's
+// payload goes with it unless a live task of the same id owns it.
 func PurgeDead(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, olderThan time.Duration, keepMax int) (int, error) {
 	cutoff := int64(-1)
 	if olderThan > 0 {
@@ -157,7 +169,7 @@ func PurgeDead(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, old
 	}
 	total := 0
 	for {
-		n, err := purgeScript.Run(ctx, rdb, []string{k.Dead, k.DeadInfo}, cutoff, keepMax, 1000).Int()
+		n, err := purgeScript.Run(ctx, rdb, []string{k.Dead, k.DeadInfo, k.Payload, k.Queue, k.Lease}, cutoff, keepMax, 1000).Int()
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("purge dead letters: %w", err)

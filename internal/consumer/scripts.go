@@ -299,10 +299,14 @@ return {now, head(KEYS[1]), head(KEYS[2]), claimed, dead, 0}
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
 //	KEYS[4] -> {queue}:payload (task queues only: payloads go with the entry)
+//	KEYS[5] -> {queue}:dead (task queues only)
 //	ARGV[1] -> lease token; ARGV[2..] -> serials
 //
 // Compare-and-set: only entries whose lease record still carries the token
-// are removed; an entry a producer rescheduled meanwhile is left alone.
+// are removed; an entry a producer rescheduled meanwhile is left alone. A
+// payload stays when a dead letter of the same id exists (the producer
+// reused the id): it is that dead letter's now, for a requeue, and goes
+// when the dead letter is purged.
 // Returns the number removed.
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]
@@ -327,7 +331,13 @@ if #rem > 0 then
   bulk('HDEL', KEYS[3], rem)
   bulk('ZREM', KEYS[1], rem)
   bulk('ZREM', KEYS[2], rem)
-  if KEYS[4] then bulk('HDEL', KEYS[4], rem) end
+  if KEYS[4] then
+    local drop = {}
+    for _, s in ipairs(rem) do
+      if not redis.call('ZSCORE', KEYS[5], s) then drop[#drop+1] = s end
+    end
+    if #drop > 0 then bulk('HDEL', KEYS[4], drop) end
+  end
 end
 return #rem
 `)

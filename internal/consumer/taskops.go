@@ -202,7 +202,12 @@ func RequeueTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, ids []s
 }
 
 // purgeTasksScript removes dead letters with their records, and their
-// payloads unless a live task has the same id.
+// payloads unless a live task of the same id owns the payload field: one
+// queued, leased or backing off. A task taken from a reliable list (or
+// forwarded into a stream or list) carries its payload in its item, and a
+// recovery that dead-letters it writes that back, so the field is the dead
+// letter's alone: keeping it would leave it behind once the item is acked.
+// KEYS[5] is unused by the purge (the requeue's keys, shared).
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:dead
 //	KEYS[4] -> {queue}:deadinfo  KEYS[5] -> {queue}:taken  KEYS[6] -> {queue}:payload
@@ -221,8 +226,7 @@ local n = 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', KEYS[3], id) == 1 then
     redis.call('HDEL', KEYS[4], id)
-    if not redis.call('ZSCORE', KEYS[1], id) and redis.call('HEXISTS', KEYS[2], id) == 0
-        and redis.call('HEXISTS', KEYS[5], id) == 0 then
+    if not redis.call('ZSCORE', KEYS[1], id) and redis.call('HEXISTS', KEYS[2], id) == 0 then
       redis.call('HDEL', KEYS[6], id)
     end
     n = n + 1

@@ -119,9 +119,12 @@ func (c *Consumer) loadTasks(items []item) ([]Task, error) {
 
 // Forward configures a stream or list action.
 type Forward struct {
-	Kind   string // "stream" or "list"
-	Queue  string // queue name, written into each stream entry
-	MaxLen int64  // stream: approximate cap (XADD MAXLEN ~)
+	Kind  string // "stream" or "list"
+	Queue string // queue name, written into each stream entry
+	// MaxLen, stream: approximate cap (XADD MAXLEN ~). List: most items
+	// the ready list may hold; while it holds that many, due tasks stay in
+	// the queue (0: no cap).
+	MaxLen int64
 	// Reliable list: taken items not acknowledged within AckTimeout return
 	// to the ready list (recovered in the same script), or are
 	// dead-lettered once taken Config.MaxAttempts times.
@@ -152,13 +155,16 @@ func (c *Consumer) ackTimeout() time.Duration {
 //	KEYS[5] -> {queue}:dead  KEYS[6] -> {queue}:deadinfo
 //	KEYS[7] -> {queue}:unacked  KEYS[8] -> {queue}:taken  KEYS[9] -> {queue}:processing
 //	KEYS[10] -> {queue}:deliveries
-//	ARGV[1] -> "stream" | "list"; ARGV[2] -> limit; ARGV[3] -> stream MAXLEN
+//	ARGV[1] -> "stream" | "list"; ARGV[2] -> limit
+//	ARGV[3] -> stream: MAXLEN ~; list: most items in the ready list (0: no cap)
 //	ARGV[4] -> queue name; ARGV[5] -> "1" to recover unacked list items
 //	ARGV[6] -> ack timeout, ms; ARGV[7] -> max attempts (deliveries)
 //
 // Stream entries carry id, deadline (ms), queue and payload (a delivery
 // count lives in each consumer group's pending entries list); list items
-// are JSON {"id","deadline_ms","payload"}.
+// are JSON {"id","deadline_ms","payload"}. A forwarded task's payload
+// leaves {queue}:payload with it, unless a dead letter of the same id
+// exists (the producer reused the id): it keeps the payload for a requeue.
 //
 // Recovery (reliable lists): an item taken at least ack timeout ago and
 // not acknowledged goes back to the ready list, unless it has been taken
@@ -166,10 +172,17 @@ func (c *Consumer) ackTimeout() time.Duration {
 // back in {queue}:payload (HSETNX: a newer task of the same id keeps its
 // own) so that GET shows it and a requeue runs it again.
 //
+// A capped ready list (list, ARGV[3] > 0) takes due tasks only while it
+// holds fewer than ARGV[3] items: the rest stay in the queue, due, exactly
+// as they were (no attempt spent, not dead-lettered), and move once
+// consumers have drained the list. Recovered items go back regardless, so
+// the list can hold up to the cap plus the items consumers had taken.
+//
 // Returns the claim script's shape {now, next deadline or -1, next
 // recovery or -1, {}, dead (serial, reason), paused} plus the number
-// forwarded and recovered (redelivered or dead-lettered) and, per task
-// forwarded, how late (ms, now minus its deadline).
+// forwarded and recovered (redelivered or dead-lettered), per task
+// forwarded how late (ms, now minus its deadline), and 1 if the ready list
+// was full while tasks were due (else 0).
 var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + queue.LuaSplitListItem + `
 local now = now_ms()
 local function head()
@@ -185,9 +198,10 @@ local function nextRecovery()
   return -1
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {now, head(), nextRecovery(), {}, {}, 1, 0, 0, {}}
+  return {now, head(), nextRecovery(), {}, {}, 1, 0, 0, {}, 0}
 end
 local limit = tonumber(ARGV[2])
+local full = 0
 local recovered, late = 0, {}
 local dead, n = {}, 0
 if ARGV[5] == '1' then
@@ -214,7 +228,20 @@ if ARGV[5] == '1' then
     recovered = recovered + 1
   end
 end
-local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local take = limit
+local cap = tonumber(ARGV[3])
+if ARGV[1] == 'list' and cap > 0 then
+  take = math.min(limit, cap - redis.call('LLEN', KEYS[4]))
+  if take <= 0 then
+    take = 0
+    local h = head()
+    if h >= 0 and h <= now then full = 1 end
+  end
+end
+local due = {}
+if take > 0 then
+  due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, take, 'WITHSCORES')
+end
 for i = 1, #due, 2 do
   local id, d = due[i], tonumber(due[i+1])
   redis.call('ZREM', KEYS[1], id)
@@ -232,12 +259,12 @@ for i = 1, #due, 2 do
     else
       redis.call('LPUSH', KEYS[4], '{"id":' .. cjson.encode(id) .. ',"deadline_ms":' .. d .. ',"payload":' .. payload .. '}')
     end
-    redis.call('HDEL', KEYS[2], id)
+    if not redis.call('ZSCORE', KEYS[5], id) then redis.call('HDEL', KEYS[2], id) end
     n = n + 1
     late[n] = now - d
   end
 end
-return {now, head(), nextRecovery(), {}, dead, 0, n, recovered, late}
+return {now, head(), nextRecovery(), {}, dead, 0, n, recovered, late, full}
 `)
 
 func boolArg(b bool) string {
@@ -260,13 +287,14 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 	if err != nil {
 		return claimResult{}, fmt.Errorf("forward: %w", err)
 	}
-	if len(raw) != 9 {
-		return claimResult{}, fmt.Errorf("forward: %w: %d fields, want 9", errReply, len(raw))
+	if len(raw) != 10 {
+		return claimResult{}, fmt.Errorf("forward: %w: %d fields, want 10", errReply, len(raw))
 	}
 	n, ok1 := raw[6].(int64)
 	recovered, ok2 := raw[7].(int64)
 	late, ok3 := raw[8].([]any)
-	if !ok1 || !ok2 || !ok3 {
+	full, ok4 := raw[9].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return claimResult{}, fmt.Errorf("forward: %w: counts", errReply)
 	}
 	// Forwarding is a stream or list task's last step the daemon sees:
@@ -281,6 +309,7 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 		return claimResult{}, fmt.Errorf("forward: %w", err)
 	}
 	res.forwarded = int(n)
+	c.readyFull(&res, full == 1)
 	c.m.Claimed.Add(float64(n))
 	c.m.Forwarded.Add(float64(n))
 	for reason, k := range res.dead {
@@ -385,7 +414,7 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 // ackScript completes polled tasks leased under a token.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:inflight  KEYS[3] -> {queue}:deadlines
-//	KEYS[4] -> {queue}:lease  KEYS[5] -> {queue}:payload
+//	KEYS[4] -> {queue}:lease  KEYS[5] -> {queue}:payload  KEYS[6] -> {queue}:dead
 //	ARGV[1] -> lease token; ARGV[2..] -> task ids
 //
 // Compare-and-set: only a task whose lease record carries the token is
@@ -393,8 +422,10 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 // new poll's token, a task moved by a producer through the API has no
 // record: both are left alone. A task a producer re-added with a raw ZADD
 // during the lease is in the queue key again: its lease ends, its queue
-// entry and payload stay. Returns Redis's clock (Unix ms) and then, per
-// id, the completed task's deadline (Unix ms, so above zero), else 0.
+// entry and payload stay; so does the payload of an id that also has a
+// dead letter (the producer reused the id: the dead letter keeps it for a
+// requeue). Returns Redis's clock (Unix ms) and then, per id, the
+// completed task's deadline (Unix ms, so above zero), else 0.
 var ackScript = redis.NewScript(luaHelpers + `
 local out = {now_ms()}
 for i = 2, #ARGV, 500 do
@@ -408,7 +439,7 @@ for i = 2, #ARGV, 500 do
       redis.call('HDEL', KEYS[4], id)
       redis.call('ZREM', KEYS[2], id)
       redis.call('ZREM', KEYS[3], id)
-      if not qs[j] then redis.call('HDEL', KEYS[5], id) end
+      if not qs[j] and not redis.call('ZSCORE', KEYS[6], id) then redis.call('HDEL', KEYS[5], id) end
       out[#out+1] = math.max(tonumber(d) or 1, 1)
     else
       out[#out+1] = 0
@@ -436,7 +467,7 @@ func AckTasksLateness(ctx context.Context, rdb redis.Scripter, k queue.Keys, tok
 		return nil, nil, ErrInvalidPollToken
 	}
 	args := append([]any{token}, anys(ids)...)
-	done, err := ackScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload}, args...).Int64Slice()
+	done, err := ackScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload, k.Dead}, args...).Int64Slice()
 	if err != nil {
 		return nil, nil, fmt.Errorf("ack: %w", err)
 	}

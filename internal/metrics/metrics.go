@@ -58,6 +58,9 @@ type Metrics struct {
 	ConfigWarning    *prometheus.GaugeVec
 	// Forwarded counts tasks moved to a stream or list (task queues only).
 	Forwarded prometheus.Counter
+	// ReadyFull is 1 while a list queue's ready list is full (max_len)
+	// and due tasks wait in the queue (task queues only).
+	ReadyFull prometheus.Gauge
 	// EventsRelayed counts close events published on the events stream.
 	EventsRelayed prometheus.Counter
 }
@@ -149,6 +152,7 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 		m.ConfigWarning.WithLabelValues(c)
 	}
 	m.Forwarded = prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"}) // order queue: nothing forwarded
+	m.ReadyFull = prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"})
 	m.EventsRelayed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "orderdelay_close_events_relayed_total",
 		Help: "Close events this replica published on the events stream (ORDERDELAY_CLOSE_EVENTS).",

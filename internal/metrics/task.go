@@ -11,7 +11,7 @@ type TaskFamilies struct {
 	enqueued, claimed, reclaimed, done, forwarded *prometheus.CounterVec
 	deadLettered, errors                          *prometheus.CounterVec
 	lateness                                      *prometheus.HistogramVec
-	inflight, lastScan, paused                    *prometheus.GaugeVec
+	inflight, lastScan, paused, readyFull         *prometheus.GaugeVec
 	shared                                        *Metrics
 }
 
@@ -43,10 +43,12 @@ func NewTaskFamilies(reg prometheus.Registerer, shared *Metrics) *TaskFamilies {
 		inflight: g("orderdelay_task_inflight", "Tasks this replica holds under a lease, by queue."),
 		lastScan: g("orderdelay_task_last_scan_timestamp_seconds", "When this replica last scanned the queue, by queue."),
 		paused:   g("orderdelay_task_paused", "1 while the queue is paused, by queue."),
-		shared:   shared,
+		readyFull: g("orderdelay_task_ready_full",
+			"1 while a list queue's ready list holds action.max_len items and due tasks wait in the queue, by queue."),
+		shared: shared,
 	}
 	reg.MustRegister(f.enqueued, f.claimed, f.reclaimed, f.done, f.forwarded, f.deadLettered, f.errors,
-		f.lateness, f.inflight, f.lastScan, f.paused)
+		f.lateness, f.inflight, f.lastScan, f.paused, f.readyFull)
 	return f
 }
 
@@ -69,6 +71,7 @@ func (f *TaskFamilies) For(queue string) *Metrics {
 		LastScan:     f.lastScan.WithLabelValues(queue),
 		DependencyUp: f.shared.DependencyUp,
 		Paused:       f.paused.WithLabelValues(queue),
+		ReadyFull:    f.readyFull.WithLabelValues(queue),
 		// Order-only tools.
 		CloseRateLimited: prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"}),
 		DryRunWouldClose: prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"}),

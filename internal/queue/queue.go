@@ -19,7 +19,8 @@
 //
 // Task queues (named queues with payloads) add:
 //
-//	{Q}:payload        hash: task id -> payload (JSON), written and removed with the entry
+//	{Q}:payload        hash: task id -> payload (JSON), written and removed with the entry;
+//	                   a dead letter keeps it until purged (unless a live task of its id owns it)
 //	{Q}:stream         stream: due tasks forwarded by the "stream" action
 //	{Q}:ready          list: due tasks forwarded by the "list" action
 //	{Q}:processing     list: tasks a reliable list consumer has taken

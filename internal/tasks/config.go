@@ -70,6 +70,13 @@ type Queue struct {
 	// backing off, in Redis): a new task beyond it is refused. Default
 	// DefaultMaxPending; a written value must be 1 to MaxPendingLimit.
 	MaxPending PendingCap `yaml:"max_pending"`
+	// DeadRetention and DeadMax override, for this queue,
+	// ORDERDELAY_DEAD_LETTER_RETENTION and ORDERDELAY_DEAD_LETTER_MAX:
+	// dead letters older than DeadRetention, and the oldest beyond the
+	// newest DeadMax, are purged with their payloads. Zero (left out):
+	// the global setting applies. See Queue.Retention.
+	DeadRetention Duration `yaml:"dead_retention"`
+	DeadMax       int      `yaml:"dead_max"`
 }
 
 // DefaultMaxPending is a queue's cap on pending tasks when the file sets
@@ -96,13 +103,33 @@ func (c *PendingCap) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// MaxDeadMax bounds dead_max, as ORDERDELAY_DEAD_LETTER_MAX is bounded.
+const MaxDeadMax = 100_000_000
+
+// Retention is the queue's dead-letter retention: its own dead_retention
+// and dead_max where the file sets them, else the global age and cap (0:
+// none, as for the order queue).
+func (q Queue) Retention(globalAge time.Duration, globalMax int) (time.Duration, int) {
+	age, keep := globalAge, globalMax
+	if q.DeadRetention > 0 {
+		age = time.Duration(q.DeadRetention)
+	}
+	if q.DeadMax > 0 {
+		keep = q.DeadMax
+	}
+	return age, keep
+}
+
 // Action says what happens to a due task.
 type Action struct {
 	Type string `yaml:"type"`
 	// sql
 	Statement string `yaml:"statement"`
-	// stream
-	MaxLen int64 `yaml:"max_len"` // approximate cap of the stream (default 100000)
+	// stream: approximate cap of the stream (XADD MAXLEN ~; entries past it
+	// are trimmed). list: most items the ready list holds; while it holds
+	// that many, due tasks wait in the queue (nothing trimmed). Default
+	// 100000 for both.
+	MaxLen int64 `yaml:"max_len"`
 	// list
 	Reliable bool `yaml:"reliable"` // consumers take with LMOVE and ack; unacked items return
 	// AckTimeout (stream and reliable list, default 5m) is how long a
@@ -124,6 +151,10 @@ type Action struct {
 	secret            []byte // SecretEnv's value, read once by check
 	previousSecret    []byte // PreviousSecretEnv's value; nil when unset
 }
+
+// DefaultListMaxLen is a list action's max_len when the file leaves it
+// out: the ready list holds at most this many items.
+const DefaultListMaxLen = 100_000
 
 // MinSecretBytes is the shortest webhook secret accepted: 256 bits, the
 // size of the HMAC-SHA256 key that signs each request.
@@ -256,6 +287,12 @@ func (f *File) setDefaults() error {
 		if q.Window < Duration(time.Second) {
 			return fmt.Errorf("%s: window must be at least 1s", where)
 		}
+		if q.DeadMax < 0 || q.DeadMax > MaxDeadMax {
+			return fmt.Errorf("%s: dead_max must be 1-%d (leave it out for ORDERDELAY_DEAD_LETTER_MAX)", where, MaxDeadMax)
+		}
+		if q.DeadRetention > Duration(queue.MaxAhead) {
+			return fmt.Errorf("%s: dead_retention must be at most 10 years (87600h)", where)
+		}
 	}
 	return nil
 }
@@ -278,6 +315,12 @@ func (a *Action) check(where string, lease Duration) error {
 			return fmt.Errorf("%s: action.max_len must be positive", where)
 		}
 	case ActionList:
+		if a.MaxLen == 0 {
+			a.MaxLen = DefaultListMaxLen
+		}
+		if a.MaxLen < 0 {
+			return fmt.Errorf("%s: action.max_len must be positive", where)
+		}
 		if !a.Reliable && a.AckTimeout != 0 {
 			return fmt.Errorf("%s: ack_timeout needs reliable: true (a plain list is delivered once, never acknowledged)", where)
 		}
@@ -309,6 +352,9 @@ func (a *Action) check(where string, lease Duration) error {
 				return fmt.Errorf("%s: action.previous_secret_env: %s holds the same secret as %s; a rotation needs the new secret in secret_env", where, a.PreviousSecretEnv, a.SecretEnv)
 			}
 		}
+	}
+	if a.MaxLen != 0 && a.Type != ActionStream && a.Type != ActionList {
+		return fmt.Errorf("%s: max_len applies to stream and list actions only", where)
 	}
 	switch {
 	case a.Type == ActionStream || a.Type == ActionList && a.Reliable:

@@ -95,30 +95,11 @@ func (m *Manager) Run(ctx context.Context) {
 	go func() { defer wg.Done(); m.announceLoop(ctx) }() // for client.ForQueue
 	for _, name := range m.order {
 		r := m.queues[name]
-		q := r.Config
-		if q.Action.Type == ActionPoll {
+		if r.Config.Action.Type == ActionPoll {
 			continue
 		}
-		lease := time.Duration(q.Lease)
-		retry := q.Retry
-		cfg := consumer.Config{
-			Keys: r.Keys, Workers: q.Workers, BatchSize: q.BatchSize, Lease: lease,
-			StatementTimeout: lease * 3 / 4, DrainTimeout: lease / 2, MaxAttempts: retry.MaxAttempts,
-			Retry: func(a int) time.Duration { return retry.Delay(a, rand.Float64) },
-			Owner: m.owner + "/" + name,
-		}
-		switch q.Action.Type {
-		case ActionStream, ActionList:
-			cfg.Workers = 1
-			cfg.Forward = &consumer.Forward{Kind: q.Action.Type, Queue: name, MaxLen: q.Action.MaxLen,
-				Reliable: q.Action.Reliable, AckTimeout: time.Duration(q.Action.AckTimeout)}
-		case ActionSQL:
-			cfg.Process = sqlAction(m.db, q.Action.Statement)
-		case ActionWebhook:
-			cfg.Process = webhookAction(name, q.Action.URL, time.Duration(q.Action.Timeout), q.Action.secret, q.Action.previousSecret, nil)
-		}
+		cfg := m.consumerConfig(r)
 		if r.Durable != nil {
-			cfg.Process = r.Durable.Executor(cfg.Process, retry.MaxAttempts)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -133,4 +114,33 @@ func (m *Manager) Run(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+}
+
+// consumerConfig is the consumer of a queue the daemon serves: its keys,
+// batch, lease, retry policy and action. A shutdown lets in-flight batches
+// finish for half the lease (DrainTimeout), then hands back what is left.
+func (m *Manager) consumerConfig(r *Runtime) consumer.Config {
+	q := r.Config
+	lease := time.Duration(q.Lease)
+	retry := q.Retry
+	cfg := consumer.Config{
+		Keys: r.Keys, Workers: q.Workers, BatchSize: q.BatchSize, Lease: lease,
+		StatementTimeout: lease * 3 / 4, DrainTimeout: lease / 2, MaxAttempts: retry.MaxAttempts,
+		Retry: func(a int) time.Duration { return retry.Delay(a, rand.Float64) },
+		Owner: m.owner + "/" + q.Name,
+	}
+	switch q.Action.Type {
+	case ActionStream, ActionList:
+		cfg.Workers = 1
+		cfg.Forward = &consumer.Forward{Kind: q.Action.Type, Queue: q.Name, MaxLen: q.Action.MaxLen,
+			Reliable: q.Action.Reliable, AckTimeout: time.Duration(q.Action.AckTimeout)}
+	case ActionSQL:
+		cfg.Process = sqlAction(m.db, q.Action.Statement)
+	case ActionWebhook:
+		cfg.Process = webhookAction(q.Name, q.Action.URL, time.Duration(q.Action.Timeout), q.Action.secret, q.Action.previousSecret, nil)
+	}
+	if r.Durable != nil {
+		cfg.Process = r.Durable.Executor(cfg.Process, retry.MaxAttempts)
+	}
+	return cfg
 }
