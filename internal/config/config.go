@@ -190,7 +190,7 @@ var Settings = []Setting{
 			c.CloseEventsMaxLen = n
 			return nil
 		}},
-	{Env: "ORDERDELAY_REMINDER_QUEUE", Default: "", Help: "name of a task queue (in `ORDERDELAY_QUEUES_FILE`) that gets a reminder task per order enqueued through the API or CLI, due `ORDERDELAY_REMINDER_BEFORE` before its deadline (empty: no reminders)",
+	{Env: "ORDERDELAY_REMINDER_QUEUE", Default: "", Help: "name of a task queue (in `ORDERDELAY_QUEUES_FILE`) that gets a reminder task per order enqueued through the API or CLI, due `ORDERDELAY_REMINDER_BEFORE` before its deadline (empty: no reminders); not a durable queue",
 		set: func(c *Config, v string) error { c.ReminderQueue = v; return nil }},
 	{Env: "ORDERDELAY_REMINDER_BEFORE", Default: "10m", Help: "how long before an order's deadline its reminder is due",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReminderBefore }, time.Second, 30*24*time.Hour)},
