@@ -318,7 +318,7 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 			}
 			if out[j] != nil {
 				if t.Attempts+1 < maxAttempts {
-					d.bumpAttempts(ctx, t.ID)
+					d.bumpAttempts(ctx, t.ID, version[t.ID])
 					continue
 				}
 				state, detail = StateFailed, out[j].Error()
@@ -334,9 +334,12 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 	}
 }
 
-func (d *Durable) bumpAttempts(ctx context.Context, id string) {
+// bumpAttempts records a spent attempt on the row of the version that ran:
+// a producer's reschedule meanwhile (a new version, attempts back to 0) is a
+// new schedule that the old run's failure does not count against.
+func (d *Durable) bumpAttempts(ctx context.Context, id string, version int64) {
 	if _, err := d.DB.ExecContext(ctx, `UPDATE orderdelay_tasks SET attempts = attempts + 1, updated_at = now()
-		WHERE queue = $1 AND id = $2 AND state = 'SCHEDULED'`, d.Queue, id); err != nil {
+		WHERE queue = $1 AND id = $2 AND state = 'SCHEDULED' AND version = $3`, d.Queue, id, version); err != nil {
 		d.Log.Warn("durable: recording an attempt failed", zap.String("id", id), zap.Error(err))
 	}
 }
