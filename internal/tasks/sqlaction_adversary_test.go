@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap/zaptest"
@@ -57,3 +58,52 @@ func TestDurableOldRunsFailureDoesNotBumpTheNewSchedule(t *testing.T) {
 	}
 }
 
+// A durable sql task done by an earlier statement of its batch (bisection
+// committed its half) is recorded EXECUTED even when the batch's context
+// ends while another task of the batch is being isolated (shutdown, or the
+// batch's time). Left SCHEDULED, the loader would put it back into Redis
+// and run it again, and a statement with a WHERE guard would then not
+// return it: a done task spending attempts, in the end FAILED.
+func TestDurableTaskDoneBeforeTheBatchIsCutIsSettled(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	sqlFixture(t, db, "a", "poison", "slow")
+	if _, err := db.Exec(`CREATE OR REPLACE FUNCTION check_item(id text) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN
+			IF id LIKE 'poison%' THEN RAISE EXCEPTION 'poison task %', id; END IF;
+			IF id LIKE 'slow%' THEN PERFORM pg_sleep(30); END IF;
+			RETURN true;
+		END $$`); err != nil {
+		t.Fatal(err)
+	}
+	durableRows(t, db, "a", "poison", "slow")
+	d := &Durable{DB: db, Queue: "q", Log: zaptest.NewLogger(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // shutdown once the isolation reaches the slow task
+		for ctx.Err() == nil {
+			var n int
+			if err := db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`); err != nil || n > 0 {
+				cancel()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	// No deadline: the statement timeout is the session's (none), so the
+	// slow task sleeps until the cancel.
+	errs := d.Executor(sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) AND check_item(id) RETURNING id`), 5)(
+		ctx, tasksOf("a", "poison", "slow"))
+	if got := []string{outcome(errs[0]), outcome(errs[1]), outcome(errs[2])}; got[0] != "done" || got[2] != "unavailable" {
+		t.Fatalf("outcomes %v, want a done and slow unavailable", got)
+	}
+	if r := durableRow(t, db, "a"); r.State != StateExecuted {
+		t.Errorf("task a (its statement committed) after the batch was cut: row %s, want EXECUTED", r.State)
+	}
+	// The consumer hands the failed and untried tasks back on a shutdown,
+	// spending no attempt: their rows agree.
+	for _, id := range []string{"poison", "slow"} {
+		if r := durableRow(t, db, id); r.State != StateScheduled || r.Attempts != 0 {
+			t.Errorf("%s task after the shutdown: row %s, attempts %d; want SCHEDULED, 0", id, r.State, r.Attempts)
+		}
+	}
+}
