@@ -107,3 +107,22 @@ func TestDurableTaskDoneBeforeTheBatchIsCutIsSettled(t *testing.T) {
 		}
 	}
 }
+
+// A statement may return NULL for one task's row (RETURNING a nullable
+// column): a clear error, and only that task spends an attempt; its
+// batch-mates are done.
+func TestSQLActionNullResultIsolatesItsTask(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	sqlFixture(t, db, "a", "nul", "b")
+	errs := sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1)
+		RETURNING CASE WHEN id = 'nul' THEN NULL ELSE id END`)(context.Background(), tasksOf("a", "nul", "b"))
+	if outcome(errs[0]) != "done" || outcome(errs[2]) != "done" {
+		t.Errorf("batch-mates of the NULL: %v, %v; want done", errs[0], errs[2])
+	}
+	if outcome(errs[1]) != "attempt" || errs[1].Error() != "statement result: NULL serial" {
+		t.Errorf("the task whose row returns NULL: %v, want an attempt with a clear error", errs[1])
+	}
+	if got := doneRows(t, db); len(got) != 2 {
+		t.Errorf("rows done %v, want a and b (nul's statement rolled back)", got)
+	}
+}
