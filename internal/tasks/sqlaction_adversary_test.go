@@ -3,6 +3,9 @@ package tasks
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,4 +128,58 @@ func TestSQLActionNullResultIsolatesItsTask(t *testing.T) {
 	if got := doneRows(t, db); len(got) != 2 {
 		t.Errorf("rows done %v, want a and b (nul's statement rolled back)", got)
 	}
+}
+
+// docsStatement is docs/tasks.md's example sql statement, word for word
+// (and configs/orderdelay.yaml's).
+const docsStatement = `WITH confirmed AS (
+  UPDATE shipments SET received_at = now(), auto_confirmed = true
+  WHERE shipment_no = ANY($1) AND received_at IS NULL
+  RETURNING shipment_no)
+SELECT shipment_no FROM confirmed
+UNION ALL -- confirmed before (a rerun): handled too
+SELECT shipment_no FROM shipments WHERE shipment_no = ANY($1) AND received_at IS NOT NULL`
+
+// A batch runs again after its statement committed (its COMMIT's answer
+// was lost, its lease expired, the durable settle did not happen): the
+// documented statement must then report the tasks it had handled as done.
+// Not returning them would spend an attempt per rerun and dead-letter a
+// task whose work is done.
+func TestSQLTaskDocumentedStatementRerunIsDone(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	if _, err := db.Exec(`CREATE TABLE shipments (shipment_no text PRIMARY KEY, received_at timestamptz,
+		auto_confirmed boolean NOT NULL DEFAULT false);
+		INSERT INTO shipments (shipment_no) VALUES ('s1'), ('s2')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"docs/tasks.md", "configs/orderdelay.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(dedent(string(b)), dedent(docsStatement)) {
+			t.Errorf("%s does not show the statement this test runs", f)
+		}
+	}
+	action := sqlAction(db, docsStatement)
+	for run := 1; run <= 2; run++ {
+		for i, err := range action(context.Background(), tasksOf("s1", "s2", "missing")) {
+			want := "done"
+			if i == 2 {
+				want = "attempt" // no such shipment: not handled
+			}
+			if outcome(err) != want {
+				t.Errorf("run %d, task %d: %s (%v), want %s", run, i, outcome(err), err, want)
+			}
+		}
+	}
+}
+
+// dedent strips each line's leading spaces.
+func dedent(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimLeft(l, " ")
+	}
+	return strings.Join(lines, "\n")
 }
