@@ -308,7 +308,7 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 		if len(live) == 0 {
 			return errs
 		}
-		out := action(ctx, live)
+		out := action(withLive(ctx, d.scheduled(version)), live)
 		// The outcomes are recorded even if the batch's context ended
 		// meanwhile (its time, or a shutdown cutting an isolation): a task
 		// the action did is EXECUTED, or the loader would put it back and

@@ -51,6 +51,8 @@ const maxCostly = 2
 // server's timeout (a quarter of the batch's time, plus a tenth), so at
 // most three statements of a batch hit statement_timeout and the batch
 // ends before its lease. Whatever is not tried goes back without spending an attempt.
+// Under a durable queue's executor, each statement after the first runs
+// only the tasks still SCHEDULED at the version it read (withLive).
 func sqlAction(db *sqlx.DB, statement string) consumer.ProcessFunc {
 	return func(ctx context.Context, tasks []consumer.Task) []error {
 		r := &sqlRun{db: db, statement: statement, errs: make([]error, len(tasks))}
@@ -85,6 +87,13 @@ type sqlRun struct {
 // batch runs the statement on the tasks at idx, and on failure isolates
 // the cause.
 func (r *sqlRun) batch(ctx context.Context, idx []int) {
+	if r.ran > 0 {
+		// Isolating: a task cancelled or rescheduled since the batch
+		// began is not run.
+		if idx = r.stillLive(ctx, idx); len(idx) == 0 {
+			return
+		}
+	}
 	ids := make([]string, len(idx))
 	for j, i := range idx {
 		ids[j] = r.ids[i]

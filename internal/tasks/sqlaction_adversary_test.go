@@ -183,3 +183,63 @@ func dedent(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// A durable task cancelled (DELETE) while its batch isolates a poison
+// batch-mate is not run by the isolation's later statements: the executor
+// checked its state before the first statement only, and bisection can
+// run statements for most of the lease after that.
+func TestDurableTaskCancelledDuringIsolationIsNotRun(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	sqlFixture(t, db, "poison", "b")
+	// The poison task's check waits for a lock the test holds, so the
+	// cancel lands after the first statement began and before the split.
+	if _, err := db.Exec(`CREATE OR REPLACE FUNCTION check_item(id text) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN
+			IF id LIKE 'poison%' THEN
+				PERFORM pg_advisory_xact_lock(4242);
+				RAISE EXCEPTION 'poison task %', id;
+			END IF;
+			RETURN true;
+		END $$`); err != nil {
+		t.Fatal(err)
+	}
+	durableRows(t, db, "poison", "b")
+	holder, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(context.Background(), `SELECT pg_advisory_lock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	d := &Durable{DB: db, Queue: "q", Log: zaptest.NewLogger(t)}
+	result := make(chan []error, 1)
+	go func() {
+		result <- d.Executor(sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) AND check_item(id) RETURNING id`), 5)(
+			context.Background(), tasksOf("poison", "b"))
+	}()
+	waitUntil(t, "the first statement waiting on the poison task's lock", 30*time.Second, func() bool {
+		var n int
+		if err := db.Get(&n, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = 4242`); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	// What Durable.Cancel does in PostgreSQL.
+	if _, err := db.Exec(`UPDATE orderdelay_tasks SET state = 'CANCELLED', version = version + 1 WHERE queue = 'q' AND id = 'b'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.ExecContext(context.Background(), `SELECT pg_advisory_unlock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	errs := <-result
+	if outcome(errs[0]) != "attempt" {
+		t.Errorf("poison task: %s (%v), want an attempt", outcome(errs[0]), errs[0])
+	}
+	if got := doneRows(t, db); len(got) != 0 {
+		t.Errorf("rows done %v after b was cancelled during its batch; want none", got)
+	}
+	if r := durableRow(t, db, "b"); r.State != StateCancelled {
+		t.Errorf("b's row %s, want CANCELLED", r.State)
+	}
+}

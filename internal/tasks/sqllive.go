@@ -1,0 +1,76 @@
+package tasks
+
+import (
+	"context"
+
+	"github.com/lib/pq"
+
+	"github.com/orderdelay/orderdelay/internal/consumer"
+)
+
+// liveFunc reports which of ids may still run: a task cancelled or
+// rescheduled since its batch began must not be run by a later statement
+// of the batch.
+type liveFunc func(ctx context.Context, ids []string) (map[string]bool, error)
+
+type liveKey struct{}
+
+// withLive gives an action's later statements (a sql action isolating a
+// failing task) a check of which tasks may still run.
+func withLive(ctx context.Context, f liveFunc) context.Context {
+	return context.WithValue(ctx, liveKey{}, f)
+}
+
+// stillLive keeps, of the tasks at idx, those that may still run (all of
+// them when no check was given). Those that may not are done: they were
+// cancelled or rescheduled meanwhile, so they have no side effect, as the
+// durable executor drops tasks no longer SCHEDULED. A failing check gives
+// the tasks back without an attempt.
+func (r *sqlRun) stillLive(ctx context.Context, idx []int) []int {
+	f, _ := ctx.Value(liveKey{}).(liveFunc)
+	if f == nil {
+		return idx
+	}
+	ids := make([]string, len(idx))
+	for j, i := range idx {
+		ids[j] = r.ids[i]
+	}
+	live, err := f(ctx, ids)
+	if err != nil {
+		r.down = err
+		r.set(idx, consumer.Unavailable(err))
+		return nil
+	}
+	var keep []int
+	for _, i := range idx {
+		if live[r.ids[i]] {
+			keep = append(keep, i)
+		} else {
+			r.errs[i] = nil
+		}
+	}
+	return keep
+}
+
+// scheduled is a durable queue's liveFunc: tasks whose rows are still
+// SCHEDULED at the version the executor read.
+func (d *Durable) scheduled(version map[string]int64) liveFunc {
+	return func(ctx context.Context, ids []string) (map[string]bool, error) {
+		vers := make([]int64, len(ids))
+		for i, id := range ids {
+			vers[i] = version[id]
+		}
+		var got []string
+		err := d.DB.SelectContext(ctx, &got, `SELECT t.id FROM orderdelay_tasks t
+			JOIN unnest($2::text[], $3::bigint[]) AS v(id, version) ON t.id = v.id AND t.version = v.version
+			WHERE t.queue = $1 AND t.state = 'SCHEDULED'`, d.Queue, pq.Array(ids), pq.Array(vers))
+		if err != nil {
+			return nil, err
+		}
+		live := make(map[string]bool, len(got))
+		for _, id := range got {
+			live[id] = true
+		}
+		return live, nil
+	}
+}
