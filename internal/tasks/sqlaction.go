@@ -51,8 +51,9 @@ const maxCostly = 2
 // server's timeout (a quarter of the batch's time, plus a tenth), so at
 // most three statements of a batch hit statement_timeout and the batch
 // ends before its lease. Whatever is not tried goes back without spending an attempt.
-// Under a durable queue's executor, each statement after the first runs
-// only the tasks still SCHEDULED at the version it read (withLive).
+// Each statement after the first runs only the tasks the batch still holds
+// (consumer.Held) and, under a durable queue's executor, whose rows are
+// still SCHEDULED at the version it read (withLive): see stillLive.
 func sqlAction(db *sqlx.DB, statement string) consumer.ProcessFunc {
 	return func(ctx context.Context, tasks []consumer.Task) []error {
 		r := &sqlRun{db: db, statement: statement, errs: make([]error, len(tasks))}

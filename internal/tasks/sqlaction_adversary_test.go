@@ -10,9 +10,12 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -241,5 +244,80 @@ func TestDurableTaskCancelledDuringIsolationIsNotRun(t *testing.T) {
 	}
 	if r := durableRow(t, db, "b"); r.State != StateCancelled {
 		t.Errorf("b's row %s, want CANCELLED", r.State)
+	}
+}
+
+// A task deleted (DELETE /v1/queues/…/tasks/{id}: its queue entry and
+// lease record go) while its batch isolates a poison batch-mate is not run
+// by the isolation's later statements, on a queue that is not durable
+// either: the batch no longer holds it.
+func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	sqlFixture(t, db, "poison", "b")
+	// The poison task's check waits for a lock the test holds (no
+	// lock_timeout; the statement_timeout, 7/32 of the 40 s lease, is the
+	// bound), so the delete lands after the first statement began and
+	// before the split runs b alone.
+	if _, err := db.Exec(`CREATE OR REPLACE FUNCTION check_item(id text) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN
+			IF id LIKE 'poison%' THEN
+				PERFORM set_config('lock_timeout', '0', true);
+				PERFORM pg_advisory_xact_lock(4243);
+				RAISE EXCEPTION 'poison task %', id;
+			END IF;
+			RETURN true;
+		END $$`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(context.Background(), `SELECT pg_advisory_lock(4243)`); err != nil {
+		t.Fatal(err)
+	}
+	rdb, keys := testenv.Redis(t)
+	cl, err := client.New(rdb, keys.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"poison", "b"} {
+		if _, _, err := cl.PutTask(context.Background(), id, []byte(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := consumer.New(consumer.Config{
+		Keys: keys, Workers: 1, BatchSize: 20, Lease: 40 * time.Second, StatementTimeout: 30 * time.Second,
+		DrainTimeout: time.Second, MaxAttempts: 5, ScanInterval: 100 * time.Millisecond, Owner: "t",
+		Retry:   func(int) time.Duration { return time.Hour },
+		Process: sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) AND check_item(id) RETURNING id`),
+	}, rdb, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zaptest.NewLogger(t))
+	runCtx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); c.Run(runCtx) }() //nolint:errcheck // nil once runCtx ends
+	defer func() { cancel(); <-stopped }()
+	waitUntil(t, "the first statement waiting on the poison task's lock", 30*time.Second, func() bool {
+		var n int
+		if err := db.Get(&n, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = 4243`); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if n, err := cl.DeleteTasks(context.Background(), "b"); err != nil || n != 1 {
+		t.Fatalf("delete b: %d, %v", n, err)
+	}
+	if _, err := holder.ExecContext(context.Background(), `SELECT pg_advisory_unlock(4243)`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the poison task's attempt", 30*time.Second, func() bool {
+		tk, err := cl.GetTask(context.Background(), "poison")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk.Attempts >= 1
+	})
+	if got := doneRows(t, db); len(got) != 0 {
+		t.Errorf("rows done %v after b was deleted during its batch; want none", got)
 	}
 }

@@ -26,16 +26,24 @@ func withLive(ctx context.Context, f liveFunc) context.Context {
 // cancelled or rescheduled meanwhile, so they have no side effect, as the
 // durable executor drops tasks no longer SCHEDULED. A failing check gives
 // the tasks back without an attempt.
+//
+// Two checks: the consumer's (consumer.Held: the batch's lease records
+// still carry its token, so a task deleted or moved by a producer, or
+// taken by another claim after an expired lease, is not run), and a
+// durable queue's executor's (withLive).
 func (r *sqlRun) stillLive(ctx context.Context, idx []int) []int {
-	f, _ := ctx.Value(liveKey{}).(liveFunc)
-	if f == nil {
-		return idx
-	}
 	ids := make([]string, len(idx))
 	for j, i := range idx {
 		ids[j] = r.ids[i]
 	}
-	live, err := f(ctx, ids)
+	held, ok, err := consumer.Held(ctx, ids)
+	if err == nil && !ok {
+		held = nil // no batch to check: all held
+	}
+	var live map[string]bool
+	if f, _ := ctx.Value(liveKey{}).(liveFunc); f != nil && err == nil {
+		live, err = f(ctx, ids)
+	}
 	if err != nil {
 		r.down = err
 		r.set(idx, consumer.Unavailable(err))
@@ -43,7 +51,8 @@ func (r *sqlRun) stillLive(ctx context.Context, idx []int) []int {
 	}
 	var keep []int
 	for _, i := range idx {
-		if live[r.ids[i]] {
+		id := r.ids[i]
+		if (held == nil || held[id]) && (live == nil || live[id]) {
 			keep = append(keep, i)
 		} else {
 			r.errs[i] = nil
