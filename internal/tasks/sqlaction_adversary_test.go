@@ -321,3 +321,17 @@ func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
 		t.Errorf("rows done %v after b was deleted during its batch; want none", got)
 	}
 }
+
+// A statement that returns ids not in its batch, or one id twice: the
+// batch's tasks are done, nothing else is, and nothing fails.
+func TestSQLActionStrangerAndDuplicateIds(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	sqlFixture(t, db)
+	errs := sqlAction(db, `SELECT x FROM unnest($1::text[] || ARRAY['stranger', $1[1]]) AS x`)(
+		context.Background(), tasksOf("a", "b"))
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("task %d: %v, want done", i, err)
+		}
+	}
+}
