@@ -146,7 +146,9 @@ func (r *sqlRun) failed(ctx context.Context, idx []int, err error) {
 		// Alone (or out of time): someone else's lock or transaction, or
 		// this task's slow row; retried without spending an attempt.
 		r.set(idx, consumer.Later(err))
-	case orders.Transient(err):
+	case orders.Transient(err) || errors.Is(err, orders.ErrBadShape):
+		// ErrBadShape: the result's shape is the statement's, the same for
+		// every task, like a class 42 error the statement itself raises.
 		r.down = err
 		r.set(idx, consumer.Unavailable(err))
 	case len(idx) > 1:

@@ -335,3 +335,24 @@ func TestSQLActionStrangerAndDuplicateIds(t *testing.T) {
 		}
 	}
 }
+
+// The statement's result has the wrong shape for every task (the schema
+// changed under the daemon after start-up's check: `RETURNING *` on a
+// table that gained a column): like a class 42 error raised by the
+// statement itself, it says nothing about any task, so none spends an
+// attempt (each would, alone, and be dead-lettered), and the error says
+// what is wrong.
+func TestSQLActionResultOfTheWrongShapeSpendsNoAttempt(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	sqlFixture(t, db, "a", "b", "c")
+	errs := sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) RETURNING *`)(
+		context.Background(), tasksOf("a", "b", "c"))
+	for i, err := range errs {
+		if outcome(err) != "unavailable" || !strings.Contains(err.Error(), "2 columns") {
+			t.Errorf("task %d: %s (%v), want unavailable, the column count named", i, outcome(err), err)
+		}
+	}
+	if got := doneRows(t, db); len(got) != 0 {
+		t.Errorf("rows done %v, want none (rolled back)", got)
+	}
+}
