@@ -252,6 +252,19 @@ func TestDurableTaskCancelledDuringIsolationIsNotRun(t *testing.T) {
 // by the isolation's later statements, on a queue that is not durable
 // either: the batch no longer holds it.
 func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
+	testDeletedDuringIsolation(t, false)
+}
+
+// As above on a durable queue whose Redis entry alone goes (as when
+// another replica takes the task after an expired lease, its row still
+// SCHEDULED at the same version): the old batch neither runs it nor
+// records it EXECUTED, which would have the other replica drop a task no
+// one ran.
+func TestDurableSQLTaskNoLongerHeldIsNeitherRunNorSettled(t *testing.T) {
+	testDeletedDuringIsolation(t, true)
+}
+
+func testDeletedDuringIsolation(t *testing.T, durable bool) {
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "poison", "b")
 	// The poison task's check waits for a lock the test holds (no
@@ -287,11 +300,17 @@ func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	process := sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) AND check_item(id) RETURNING id`)
+	if durable {
+		durableRows(t, db, "poison", "b")
+		d := &Durable{DB: db, Queue: "q", Log: zaptest.NewLogger(t)}
+		process = d.Executor(process, 5)
+	}
 	c := consumer.New(consumer.Config{
 		Keys: keys, Workers: 1, BatchSize: 20, Lease: 40 * time.Second, StatementTimeout: 30 * time.Second,
 		DrainTimeout: time.Second, MaxAttempts: 5, ScanInterval: 100 * time.Millisecond, Owner: "t",
 		Retry:   func(int) time.Duration { return time.Hour },
-		Process: sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) AND check_item(id) RETURNING id`),
+		Process: process,
 	}, rdb, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zaptest.NewLogger(t))
 	runCtx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
@@ -319,6 +338,11 @@ func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
 	})
 	if got := doneRows(t, db); len(got) != 0 {
 		t.Errorf("rows done %v after b was deleted during its batch; want none", got)
+	}
+	if durable {
+		if r := durableRow(t, db, "b"); r.State != StateScheduled || r.Version != 1 {
+			t.Errorf("b's row %s version %d after the old batch let it go; want SCHEDULED, 1", r.State, r.Version)
+		}
 	}
 }
 

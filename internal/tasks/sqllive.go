@@ -2,6 +2,7 @@ package tasks
 
 import (
 	"context"
+	"errors"
 
 	"github.com/lib/pq"
 
@@ -21,10 +22,17 @@ func withLive(ctx context.Context, f liveFunc) context.Context {
 	return context.WithValue(ctx, liveKey{}, f)
 }
 
+// errNotHeld is the outcome of a task that an isolation statement did not
+// run because the batch no longer held it.
+var errNotHeld = errors.New("not run: deleted, cancelled or moved during its batch, or taken by another claim")
+
 // stillLive keeps, of the tasks at idx, those that may still run (all of
-// them when no check was given). Those that may not are done: they were
-// cancelled or rescheduled meanwhile, so they have no side effect, as the
-// durable executor drops tasks no longer SCHEDULED. A failing check gives
+// them when no check was given). Those that may not are not run, and not
+// done either: someone else now owns them (a producer's change, another
+// claim), so they spend no attempt and leave everything as it is
+// (consumer.Later: the consumer's compare-and-set retry finds no lease of
+// this batch's; the durable executor leaves the row alone, where "done"
+// would mark a row another replica holds EXECUTED). A failing check gives
 // the tasks back without an attempt.
 //
 // Two checks: the consumer's (consumer.Held: the batch's lease records
@@ -55,7 +63,7 @@ func (r *sqlRun) stillLive(ctx context.Context, idx []int) []int {
 		if (held == nil || held[id]) && (live == nil || live[id]) {
 			keep = append(keep, i)
 		} else {
-			r.errs[i] = nil
+			r.errs[i] = consumer.Later(errNotHeld)
 		}
 	}
 	return keep
