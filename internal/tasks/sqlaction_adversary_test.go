@@ -252,7 +252,14 @@ func TestDurableTaskCancelledDuringIsolationIsNotRun(t *testing.T) {
 // by the isolation's later statements, on a queue that is not durable
 // either: the batch no longer holds it.
 func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
-	testDeletedDuringIsolation(t, false)
+	testDeletedDuringIsolation(t, false, false)
+}
+
+// As above, but the task's lease record now carries another claim's token
+// (its lease expired and another replica took it, as after a pause of
+// this one): the old batch leaves it to that claim, unrun.
+func TestSQLTaskReclaimedDuringIsolationIsNotRunByTheOldBatch(t *testing.T) {
+	testDeletedDuringIsolation(t, false, true)
 }
 
 // As above on a durable queue whose Redis entry alone goes (as when
@@ -261,10 +268,10 @@ func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
 // records it EXECUTED, which would have the other replica drop a task no
 // one ran.
 func TestDurableSQLTaskNoLongerHeldIsNeitherRunNorSettled(t *testing.T) {
-	testDeletedDuringIsolation(t, true)
+	testDeletedDuringIsolation(t, true, false)
 }
 
-func testDeletedDuringIsolation(t *testing.T, durable bool) {
+func testDeletedDuringIsolation(t *testing.T, durable, reclaim bool) {
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "poison", "b")
 	// The poison task's check waits for a lock the test holds (no
@@ -323,7 +330,18 @@ func testDeletedDuringIsolation(t *testing.T, durable bool) {
 		}
 		return n > 0
 	})
-	if n, err := cl.DeleteTasks(context.Background(), "b"); err != nil || n != 1 {
+	if reclaim {
+		// What a claim by another replica leaves: deadline|attempts|token.
+		rec, err := rdb.HGet(context.Background(), keys.Lease, "b").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.SplitN(rec, "|", 4)
+		f[2] = "other:replica.1"
+		if err := rdb.HSet(context.Background(), keys.Lease, "b", strings.Join(f, "|")).Err(); err != nil {
+			t.Fatal(err)
+		}
+	} else if n, err := cl.DeleteTasks(context.Background(), "b"); err != nil || n != 1 {
 		t.Fatalf("delete b: %d, %v", n, err)
 	}
 	if _, err := holder.ExecContext(context.Background(), `SELECT pg_advisory_unlock(4243)`); err != nil {
@@ -337,7 +355,7 @@ func testDeletedDuringIsolation(t *testing.T, durable bool) {
 		return tk.Attempts >= 1
 	})
 	if got := doneRows(t, db); len(got) != 0 {
-		t.Errorf("rows done %v after b was deleted during its batch; want none", got)
+		t.Errorf("rows done %v after b was deleted or reclaimed during its batch; want none", got)
 	}
 	if durable {
 		if r := durableRow(t, db, "b"); r.State != StateScheduled || r.Version != 1 {
