@@ -3,6 +3,7 @@ package tasks
 import (
 	"context"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -396,5 +397,53 @@ func TestSQLActionResultOfTheWrongShapeSpendsNoAttempt(t *testing.T) {
 	}
 	if got := doneRows(t, db); len(got) != 0 {
 		t.Errorf("rows done %v, want none (rolled back)", got)
+	}
+}
+
+// PostgreSQL is cut off (a restart, a network cut) in the middle of an
+// isolation: what was settled stays settled (the batch-mate done, the
+// poison task's attempt), and the statement cut and the tasks not yet
+// tried spend no attempt.
+func TestSQLActionDatabaseCutMidIsolation(t *testing.T) {
+	direct, dsn := testenv.Postgres(t)
+	sqlFixture(t, direct, "poison", "a", "slow", "b")
+	if _, err := direct.Exec(`CREATE OR REPLACE FUNCTION check_item(id text) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN
+			IF id LIKE 'poison%' THEN RAISE EXCEPTION 'poison task %', id; END IF;
+			IF id LIKE 'slow%' THEN PERFORM pg_sleep(60); END IF;
+			RETURN true;
+		END $$`); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	db, err := sqlx.Open("postgres", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	go func() { // cut once the isolation reaches the slow task
+		for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			var n int
+			if direct.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == nil && n > 0 {
+				proxy.Down()
+				return
+			}
+		}
+	}()
+	errs := sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) AND check_item(id) RETURNING id`)(
+		context.Background(), tasksOf("poison", "a", "slow", "b"))
+	want := []string{"attempt", "done", "unavailable", "unavailable"}
+	for i, err := range errs {
+		if outcome(err) != want[i] {
+			t.Errorf("task %d: %s (%v), want %s", i, outcome(err), err, want[i])
+		}
+	}
+	if got := doneRows(t, direct); len(got) != 1 || got[0] != "a" {
+		t.Errorf("rows done %v, want [a]", got)
 	}
 }
