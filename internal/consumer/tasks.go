@@ -45,7 +45,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		c.log.Warn("reading task payloads failed; the tasks return when their lease expires", zap.Error(err))
 		return
 	}
-	errs := c.cfg.Process(ctx, tasks)
+	errs := c.cfg.Process(c.withHeld(ctx, items), tasks)
 	if len(errs) != len(tasks) {
 		errs = make([]error, len(tasks))
 		for i := range errs {

@@ -395,6 +395,12 @@ func blankPadded(rows *sql.Rows) func(string) string {
 // non-NULL columns it must.
 var ErrBadResult = errors.New("statement result")
 
+// ErrBadShape is wrapped (with ErrBadResult) when a `$1 text[]` statement
+// returns rows of other than one column: the same for every input (the
+// schema changed under the daemon since start-up's Verify), never one
+// row's fault.
+var ErrBadShape = errors.New("wrong number of columns")
+
 func querySerials(ctx context.Context, q Querier, query string, sizeHint int, args ...any) ([]string, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -406,6 +412,9 @@ func querySerials(ctx context.Context, q Querier, query string, sizeHint int, ar
 	for rows.Next() {
 		var s sql.NullString
 		if err := rows.Scan(&s); err != nil {
+			if cols, cerr := rows.Columns(); cerr == nil && len(cols) != 1 {
+				return nil, fmt.Errorf("%w: %w: %d columns, want 1", ErrBadResult, ErrBadShape, len(cols))
+			}
 			return nil, fmt.Errorf("%w: %w", ErrBadResult, err)
 		}
 		if !s.Valid {

@@ -284,7 +284,10 @@ func (d *Durable) RunLoader(ctx context.Context) {
 // lock on its version. A failure that spends no attempt (the action's
 // consumer.Unavailable or consumer.Later, or the state check itself failing
 // for a reason orders.Transient gives) leaves the row as it is: its
-// attempts are not bumped.
+// attempts are not bumped. Outcomes are recorded even when the batch's
+// context ended during the action, so a task the action did is EXECUTED
+// and not loaded again; on a shutdown (ctx cancelled) failed tasks' rows
+// stay as they are, as the consumer hands those tasks back.
 func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consumer.ProcessFunc {
 	return func(ctx context.Context, tasks []consumer.Task) []error {
 		errs := make([]error, len(tasks))
@@ -352,7 +355,16 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 		if len(live) == 0 {
 			return errs
 		}
-		out := action(ctx, live)
+		out := action(withLive(ctx, d.scheduled(version)), live)
+		// The outcomes are recorded even if the batch's context ended
+		// meanwhile (its time, or a shutdown cutting an isolation): a task
+		// the action did is EXECUTED, or the loader would put it back and
+		// run it again. On a shutdown (ctx cancelled) the consumer hands
+		// failed tasks back without spending an attempt, so their rows
+		// stay as they are too.
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		shutdown := errors.Is(ctx.Err(), context.Canceled)
 		final := map[string][]string{} // state -> ids
 		vers := map[string][]int64{}
 		details := map[string][]string{}
@@ -365,7 +377,9 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 			}
 			if out[j] != nil {
 				if t.Attempts+1 < maxAttempts {
-					d.bumpAttempts(ctx, t.ID)
+					if !shutdown {
+						d.bumpAttempts(bctx, t.ID, version[t.ID])
+					}
 					continue
 				}
 				state, detail = StateFailed, out[j].Error()
@@ -375,15 +389,25 @@ func (d *Durable) Executor(action consumer.ProcessFunc, maxAttempts int) consume
 			details[state] = append(details[state], detail)
 		}
 		for state, ids := range final {
-			d.settle(ctx, state, ids, vers[state], details[state])
+			if state != StateExecuted && shutdown {
+				continue
+			}
+			d.settle(bctx, state, ids, vers[state], details[state])
 		}
 		return errs
 	}
 }
 
-func (d *Durable) bumpAttempts(ctx context.Context, id string) {
+// bumpAttempts records a spent attempt on the row of the version that ran:
+// a producer's reschedule meanwhile (a new version, attempts back to 0) is a
+// new schedule that the old run's failure does not count against.
+// settleTimeout bounds the executor's recording of outcomes once the
+// batch's own context has ended.
+const settleTimeout = 5 * time.Second
+
+func (d *Durable) bumpAttempts(ctx context.Context, id string, version int64) {
 	if _, err := d.DB.ExecContext(ctx, `UPDATE orderdelay_tasks SET attempts = attempts + 1, updated_at = now()
-		WHERE queue = $1 AND id = $2 AND state = 'SCHEDULED'`, d.Queue, id); err != nil {
+		WHERE queue = $1 AND id = $2 AND state = 'SCHEDULED' AND version = $3`, d.Queue, id, version); err != nil {
 		d.Log.Warn("durable: recording an attempt failed", zap.String("id", id), zap.Error(err))
 	}
 }

@@ -51,6 +51,9 @@ const maxCostly = 2
 // server's timeout (a quarter of the batch's time, plus a tenth), so at
 // most three statements of a batch hit statement_timeout and the batch
 // ends before its lease. Whatever is not tried goes back without spending an attempt.
+// Each statement after the first runs only the tasks the batch still holds
+// (consumer.Held) and, under a durable queue's executor, whose rows are
+// still SCHEDULED at the version it read (withLive): see stillLive.
 func sqlAction(db *sqlx.DB, statement string) consumer.ProcessFunc {
 	return func(ctx context.Context, tasks []consumer.Task) []error {
 		r := &sqlRun{db: db, statement: statement, errs: make([]error, len(tasks))}
@@ -85,6 +88,13 @@ type sqlRun struct {
 // batch runs the statement on the tasks at idx, and on failure isolates
 // the cause.
 func (r *sqlRun) batch(ctx context.Context, idx []int) {
+	if r.ran > 0 {
+		// Isolating: a task cancelled or rescheduled since the batch
+		// began is not run.
+		if idx = r.stillLive(ctx, idx); len(idx) == 0 {
+			return
+		}
+	}
 	ids := make([]string, len(idx))
 	for j, i := range idx {
 		ids[j] = r.ids[i]
@@ -136,7 +146,9 @@ func (r *sqlRun) failed(ctx context.Context, idx []int, err error) {
 		// Alone (or out of time): someone else's lock or transaction, or
 		// this task's slow row; retried without spending an attempt.
 		r.set(idx, consumer.Later(err))
-	case orders.Transient(err):
+	case orders.Transient(err) || errors.Is(err, orders.ErrBadShape):
+		// ErrBadShape: the result's shape is the statement's, the same for
+		// every task, like a class 42 error the statement itself raises.
 		r.down = err
 		r.set(idx, consumer.Unavailable(err))
 	case len(idx) > 1:

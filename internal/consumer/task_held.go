@@ -1,0 +1,55 @@
+package consumer
+
+import (
+	"context"
+	"strings"
+)
+
+type heldKey struct{}
+
+// heldBatch is what processTasks tells its action about the batch: the
+// items it claimed, to check later that it still holds them.
+type heldBatch struct {
+	c     *Consumer
+	items map[string]item
+}
+
+// Held reports which of ids the batch running under ctx still holds: a
+// task whose lease record no longer carries the batch's token was deleted
+// or moved by a producer (its record goes), or its lease expired and
+// another claim took it. An action that runs a task long after its claim
+// (a sql action isolating a failing task) checks this first and runs only
+// what it holds. ok is false when ctx is no task batch's (nothing to
+// check).
+func Held(ctx context.Context, ids []string) (held map[string]bool, ok bool, err error) {
+	b, _ := ctx.Value(heldKey{}).(*heldBatch)
+	if b == nil {
+		return nil, false, nil
+	}
+	if len(ids) == 0 {
+		return map[string]bool{}, true, nil
+	}
+	recs, err := b.c.rdb.HMGet(ctx, b.c.cfg.Keys.Lease, ids...).Result()
+	if err != nil {
+		return nil, true, err
+	}
+	held = make(map[string]bool, len(ids))
+	for i, id := range ids {
+		it, claimed := b.items[id]
+		rec, _ := recs[i].(string)
+		// A record is "deadline|attempts|token[|...]".
+		if f := strings.SplitN(rec, "|", 4); claimed && len(f) >= 3 && f[2] == it.token {
+			held[id] = true
+		}
+	}
+	return held, true, nil
+}
+
+// withHeld lets the action of items check that it still holds them (Held).
+func (c *Consumer) withHeld(ctx context.Context, items []item) context.Context {
+	m := make(map[string]item, len(items))
+	for _, it := range items {
+		m[it.serial] = it
+	}
+	return context.WithValue(ctx, heldKey{}, &heldBatch{c: c, items: m})
+}
