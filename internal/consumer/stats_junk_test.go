@@ -16,7 +16,9 @@ func TestStatsSurviveMalformedMembers(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cl, k := taskQueue(t, e.rdb, "junk")
-	now := e.redisNow()
+	// Whole milliseconds, as deadlines are stored: a deadline rounded up
+	// to the next millisecond would read as 9m59.999s overdue.
+	now := e.redisNow().Truncate(time.Millisecond)
 	e.putTask(cl, "real-1", now.Add(-10*time.Minute))
 	if err := e.rdb.ZAdd(ctx, k.Queue,
 		redis.Z{Score: math.Inf(-1), Member: "minus-inf"},
