@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // TaskKeyPrefix starts the key of every task queue whose entry in the
@@ -34,7 +36,7 @@ var ErrUnknownQueue = errors.New("unknown task queue")
 // it has started yet. A queue later removed from the
 // file keeps its mark until someone deletes it.
 func ForQueue(ctx context.Context, rdb redis.UniversalClient, name string, opts ...Option) (*Client, error) {
-	if !validQueueName(name) {
+	if !queue.ValidQueueName(name) {
 		return nil, fmt.Errorf("%w: name %q: want 1-64 of a-z, 0-9, _ and -", ErrUnknownQueue, name)
 	}
 	key := TaskQueueKey(name)
@@ -52,17 +54,4 @@ func ForQueue(ctx context.Context, rdb redis.UniversalClient, name string, opts 
 			"or no daemon with it has started)", ErrUnknownQueue, name, key)
 	}
 	return c, nil
-}
-
-// validQueueName is the queues file's rule for names.
-func validQueueName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-			return false
-		}
-	}
-	return true
 }

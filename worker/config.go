@@ -69,7 +69,7 @@ func (q Queue) withDefaults() (Queue, error) {
 	bad := func(format string, a ...any) (Queue, error) {
 		return Queue{}, fmt.Errorf("%w: queue %q: %s", ErrConfig, q.Name, fmt.Sprintf(format, a...))
 	}
-	if !validName(q.Name) {
+	if !queue.ValidQueueName(q.Name) {
 		return bad("Name must be 1-64 of a-z, 0-9, _ and -")
 	}
 	if q.Key == "" {
@@ -133,18 +133,6 @@ func (r Retry) delay(attempts int, rnd func() float64) time.Duration {
 	jitter := !r.NoJitter
 	t.Jitter = &jitter
 	return t.Delay(attempts, rnd)
-}
-
-func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // FromQueuesFile reads the daemon's queues file (ORDERDELAY_QUEUES_FILE)

@@ -198,3 +198,18 @@ func ValidateDeadline(ms int64, now time.Time) error {
 	}
 	return nil
 }
+
+// ValidQueueName reports whether s is a task queue's name as the queues
+// file allows it: 1 to 64 bytes of a-z, 0-9, '_' and '-'. Names appear in
+// API paths and in the `queue` metric label.
+func ValidQueueName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -217,24 +217,12 @@ func Parse(b []byte) (File, error) {
 	return f, nil
 }
 
-func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 func (f *File) setDefaults() error {
 	names, keys := map[string]bool{}, map[string]bool{}
 	for i := range f.Queues {
 		q := &f.Queues[i]
 		where := fmt.Sprintf("queue %d (%q)", i+1, q.Name)
-		if !validName(q.Name) {
+		if !queue.ValidQueueName(q.Name) {
 			return fmt.Errorf("%s: name must be 1-64 of a-z, 0-9, _ and -", where)
 		}
 		if names[q.Name] {
