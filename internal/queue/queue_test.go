@@ -278,3 +278,16 @@ func TestNewKeys(t *testing.T) {
 		t.Errorf("NewKeys(DefaultKey).Dead = %q, want %q (DESIGN.md's example)", got, want)
 	}
 }
+
+func TestValidQueueName(t *testing.T) {
+	for _, ok := range []string{"a", "callrecord", "confirm-receipt", "jobs_2", strings.Repeat("q", 64)} {
+		if !queue.ValidQueueName(ok) {
+			t.Errorf("ValidQueueName(%q) = false, want true", ok)
+		}
+	}
+	for _, bad := range []string{"", "Jobs", "jobs.v2", "jobs/x", "jobs x", "jobs\n", "é", "{jobs}", strings.Repeat("q", 65)} {
+		if queue.ValidQueueName(bad) {
+			t.Errorf("ValidQueueName(%q) = true, want false", bad)
+		}
+	}
+}
