@@ -130,12 +130,18 @@ func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtim
 		s.taskFail(w, err, q)
 		return
 	}
+	writePut(w, q, req.Serial, res, at)
+}
+
+// writePut answers a PUT or POST of one task: 201 when it was created
+// (counted as enqueued), else 200, with the task's id and due time.
+func writePut(w http.ResponseWriter, q *tasks.Runtime, id string, res client.Result, at time.Time) {
 	code := http.StatusOK
 	if res == client.Created {
 		code = http.StatusCreated
 		q.Metrics.Enqueued.Inc()
 	}
-	writeJSON(w, code, map[string]any{"id": req.Serial, "queue": q.Config.Name, "deadline": at.UTC(),
+	writeJSON(w, code, map[string]any{"id": id, "queue": q.Config.Name, "deadline": at.UTC(),
 		"deadline_ms": at.UnixMilli(), "result": res.String()})
 }
 

@@ -242,14 +242,8 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request, q *tasks.Run
 		s.taskFail(w, err, q)
 		return
 	}
-	code := http.StatusOK
-	if res == client.Created {
-		code = http.StatusCreated
-		q.Metrics.Enqueued.Inc()
-	}
 	w.Header().Set("Location", taskLocation(q, id))
-	writeJSON(w, code, map[string]any{"id": id, "queue": q.Config.Name, "deadline": at.UTC(),
-		"deadline_ms": at.UnixMilli(), "result": res.String()})
+	writePut(w, q, id, res, at)
 }
 
 // samePayload reports whether existing task id's payload differs from p,
