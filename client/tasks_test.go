@@ -649,3 +649,95 @@ func TestValidatePayloadLimits(t *testing.T) {
 		})
 	}
 }
+
+// PutTask and PutTasks publish a due time earlier than the queue's head on
+// the wake channel, so a sleeping daemon wakes for it, and publish nothing
+// for a later one: pub/sub keeps order, so after a silent write the next
+// message must be the following write's.
+func TestPutTaskWakesForAnEarlierHead(t *testing.T) {
+	c, rdb, k := newClient(t)
+	ch := subscribe(t, rdb, k)
+	ctx := ctxT(t)
+	d := base()
+	ms := func(t time.Time) string { return fmt.Sprint(t.UnixMilli()) }
+	if _, _, err := c.PutTask(ctx, "a", nil, d, client.Create); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextWake(t, ch); got != ms(d) {
+		t.Fatalf("first task published %s, want %s", got, ms(d))
+	}
+	if _, _, err := c.PutTask(ctx, "later", nil, d.Add(time.Hour), client.Create); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.PutTask(ctx, "a", json.RawMessage(`1`), d.Add(-time.Hour), client.Create); err != nil { // unchanged
+		t.Fatal(err)
+	}
+	items := []client.TaskItem{
+		{ID: "b", Deadline: d.Add(time.Minute)},  // after the head: silent
+		{ID: "c", Deadline: d.Add(-time.Minute)}, // before it: published
+		{ID: "e", Deadline: d.Add(-2 * time.Minute)},
+	}
+	if _, err := c.PutTasks(ctx, items, client.Create); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []time.Time{d.Add(-time.Minute), d.Add(-2 * time.Minute)} {
+		if got := nextWake(t, ch); got != ms(want) {
+			t.Fatalf("published %s, want %s (the later and unchanged puts publish nothing)", got, ms(want))
+		}
+	}
+	if _, _, err := c.PutTask(ctx, "a", nil, d.Add(-time.Hour), client.Reschedule); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextWake(t, ch); got != ms(d.Add(-time.Hour)) {
+		t.Fatalf("a reschedule to before the head published %s, want %s", got, ms(d.Add(-time.Hour)))
+	}
+}
+
+// A due time is rounded up to the millisecond, never down: a task is never
+// run before the time it was given.
+func TestPutTaskRoundsTheDueTimeUp(t *testing.T) {
+	c, rdb, k := newClient(t)
+	whole := base()
+	_, at, err := c.PutTask(ctxT(t), "t", nil, whole.Add(time.Nanosecond), client.Create)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := whole.UnixMilli() + 1
+	if at.UnixMilli() != want || zscore(t, rdb, k.Queue, "t") != want {
+		t.Errorf("stored %d, returned %d; want %d", zscore(t, rdb, k.Queue, "t"), at.UnixMilli(), want)
+	}
+}
+
+// With Redis unreachable every call fails with an error, never
+// ErrNotFound: a consumer must not read an outage as an empty list, nor a
+// producer as a missing task.
+func TestTaskCallsWithRedisDown(t *testing.T) {
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := client.New(rdb, "down:tasks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	check := func(what string, err error) {
+		t.Helper()
+		if err == nil || errors.Is(err, client.ErrNotFound) {
+			t.Errorf("%s with Redis down: %v; want a connection error (not ErrNotFound)", what, err)
+		}
+	}
+	_, _, err = c.PutTask(ctx, "t", nil, base(), client.Create)
+	check("PutTask", err)
+	_, err = c.PutTasks(ctx, []client.TaskItem{{ID: "t", Deadline: base()}}, client.Create)
+	check("PutTasks", err)
+	_, err = c.GetTask(ctx, "t")
+	check("GetTask", err)
+	_, err = c.DeleteTasks(ctx, "t")
+	check("DeleteTasks", err)
+	_, err = c.Take(ctx)
+	check("Take", err)
+	check("Ack", c.Ack(ctx, "t"))
+}
