@@ -19,7 +19,8 @@ func snapshot(t *testing.T, rdb *redis.Client, k queue.Keys) map[string]string {
 	t.Helper()
 	ctx := ctxT(t)
 	out := map[string]string{}
-	for _, key := range []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Payload, k.Meta} {
+	for _, key := range []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Payload, k.Meta,
+		k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries} {
 		v, err := rdb.Dump(ctx, key).Result()
 		if errors.Is(err, redis.Nil) {
 			continue
