@@ -1,0 +1,392 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// A seeded random workload over the scripts merged from several branches
+// at once (producer put/batch put/delete with max_pending, poll claim/ack,
+// the worker's extend/retry/bury/hand-back, the task requeue and purge,
+// the retention purge), with the invariants of docs/tasks.md checked
+// after every step: no payload orphaned or missing, the lease companions
+// agree, a new task never exceeds the cap, an existing one is never
+// refused, nothing is claimed early or by two holders at once.
+func TestAdvComboRandomWorkload(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	for round := range 10 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			comboRun(t, seed+uint64(round), 400)
+		})
+	}
+}
+
+func comboRun(t *testing.T, seed uint64, steps int) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	k := e.keys
+	const cap = 6
+	if err := e.rdb.HSet(ctx, k.Meta, queue.MetaMaxPending, cap).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	type hold struct{ tok string }
+	held := map[string]hold{}    // id -> the token our model believes holds it
+	stale := map[string]string{} // id -> a token whose lease ran out
+	requeued := false            // a requeue may push the queue past the cap (documented)
+	pending := func() int64 {
+		return e.rdb.ZCard(ctx, k.Queue).Val() + e.rdb.ZCard(ctx, k.Inflight).Val()
+	}
+	live := func(id string) bool {
+		_, err := e.rdb.ZScore(ctx, k.Queue, id).Result()
+		return err == nil || e.rdb.HExists(ctx, k.Lease, id).Val()
+	}
+	check := func(step int, what string) {
+		t.Helper()
+		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
+		lease := e.rdb.HKeys(ctx, k.Lease).Val()
+		infl := e.rdb.ZRange(ctx, k.Inflight, 0, -1).Val()
+		dls := e.rdb.ZRange(ctx, k.Deadlines, 0, -1).Val()
+		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
+		info := e.rdb.HKeys(ctx, k.DeadInfo).Val()
+		pay := e.rdb.HKeys(ctx, k.Payload).Val()
+		slices.Sort(lease)
+		slices.Sort(infl)
+		slices.Sort(dls)
+		slices.Sort(dead)
+		slices.Sort(info)
+		fail := func(f string, a ...any) {
+			t.Fatalf("seed %d step %d (%s): %s\nqueue %v lease %v inflight %v dead %v payload %v",
+				seed, step, what, fmt.Sprintf(f, a...), q, lease, infl, dead, pay)
+		}
+		if !slices.Equal(lease, infl) || !slices.Equal(lease, dls) {
+			fail("lease companions disagree: lease %v inflight %v deadlines %v", lease, infl, dls)
+		}
+		if !slices.Equal(dead, info) {
+			fail("dead letters %v vs records %v", dead, info)
+		}
+		has := map[string]bool{}
+		for _, p := range pay {
+			has[p] = true
+		}
+		owner := map[string]bool{}
+		for _, l := range [][]string{q, lease, dead} {
+			for _, s := range l {
+				owner[s] = true
+				if !has[s] {
+					fail("%s has no payload", s)
+				}
+			}
+		}
+		for _, p := range pay {
+			if !owner[p] {
+				fail("payload of %s orphaned", p)
+			}
+		}
+		if !requeued && pending() > cap {
+			fail("pending %d over the cap %d without a requeue", pending(), cap)
+		}
+	}
+	now := func() time.Time { return e.redisNow() }
+	for step := range steps {
+		id := ids[rng.IntN(len(ids))]
+		var what string
+		switch op := rng.IntN(14); op {
+		case 0, 1, 2: // put, one of three modes
+			mode := []client.Mode{client.Create, client.Reschedule, client.OnlyLater}[rng.IntN(3)]
+			due := now().Add(time.Duration(rng.IntN(3)-2) * time.Second)
+			existed := live(id)
+			before := pending()
+			what = fmt.Sprintf("put %s mode %d existed %v pending %d", id, mode, existed, before)
+			res, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), due, mode)
+			var full *client.QueueFullError
+			switch {
+			case errors.As(err, &full):
+				if existed {
+					t.Fatalf("seed %d step %d: %s: existing task refused: %v", seed, step, what, err)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case res == client.Created && before >= cap:
+				t.Fatalf("seed %d step %d: %s: new task created at the cap", seed, step, what)
+			}
+			if res == client.Moved {
+				delete(held, id) // a reschedule drops the lease
+			}
+		case 3: // batch put
+			n := 1 + rng.IntN(4)
+			items := make([]client.TaskItem, n)
+			for i := range items {
+				items[i] = client.TaskItem{ID: ids[rng.IntN(len(ids))], Payload: json.RawMessage(`{"b":1}`), Deadline: now().Add(-time.Second)}
+			}
+			what = fmt.Sprintf("batch %v", items)
+			if _, err := e.cl.PutTasks(ctx, items, client.Create); err != nil && !errors.Is(err, client.ErrQueueFull) {
+				t.Fatal(err)
+			}
+		case 4: // poll claim
+			what = "claim"
+			ts, tok, err := ClaimTasks(ctx, e.rdb, k, 1+rng.IntN(3), 0, time.Minute, 3, e.m, zap.NewNop())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rn := now()
+			for _, tk := range ts {
+				if h, ok := held[tk.ID]; ok {
+					t.Fatalf("seed %d step %d: %s claimed while %s holds its lease", seed, step, tk.ID, h.tok)
+				}
+				if tk.Deadline.After(rn) {
+					t.Fatalf("seed %d step %d: %s claimed early (due %v, now %v)", seed, step, tk.ID, tk.Deadline, rn)
+				}
+				held[tk.ID] = hold{tok}
+				if old, ok := stale[tk.ID]; ok {
+					delete(stale, tk.ID)
+					if n, err := RetryTasks(ctx, e.rdb, k, old, 0, "late", []string{tk.ID}); err != nil || n != 0 {
+						t.Fatalf("seed %d step %d: the expired holder of %s still settles: %d, %v", seed, step, tk.ID, n, err)
+					}
+					if m, _ := AckTasks(ctx, e.rdb, k, old, []string{tk.ID}); len(m) != 1 {
+						t.Fatalf("seed %d step %d: the expired holder of %s acked it", seed, step, tk.ID)
+					}
+				}
+			}
+		case 5, 6, 7, 8, 9: // settle a held task
+			var hid string
+			for h := range held {
+				hid = h
+				break
+			}
+			if hid == "" {
+				continue
+			}
+			tok := held[hid].tok
+			var n int
+			var err error
+			switch op {
+			case 5:
+				what = "ack " + hid
+				var missed []string
+				missed, err = AckTasks(ctx, e.rdb, k, tok, []string{hid})
+				n = 1 - len(missed)
+			case 6:
+				what = "retry " + hid
+				n, err = RetryTasks(ctx, e.rdb, k, tok, 0, "boom", []string{hid})
+			case 7:
+				what = "bury " + hid
+				n, err = BuryTasks(ctx, e.rdb, k, tok, ReasonFailed, "boom", []string{hid})
+			case 8:
+				what = "hand back " + hid
+				n, err = ReleaseTasks(ctx, e.rdb, k, tok, []string{hid})
+			case 9:
+				what = "extend " + hid
+				var lost []string
+				lost, err = ExtendTasks(ctx, e.rdb, k, tok, time.Minute, []string{hid})
+				n = 1 - len(lost)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != 1 {
+				t.Fatalf("seed %d step %d: %s: lease not found though the model holds it", seed, step, what)
+			}
+			if op != 9 {
+				delete(held, hid)
+			}
+		case 10: // requeue a dead letter
+			what = "requeue " + id
+			outs, err := RequeueTasks(ctx, e.rdb, k, []string{id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if outs[0] == RequeueDone {
+				requeued = true
+			}
+		case 11: // purge: by id, or everything by retention
+			if rng.IntN(2) == 0 {
+				what = "purge " + id
+				if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				what = "retention purge"
+				if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case 13: // a held lease runs out: its holder's settles must fail
+			for h, v := range held {
+				what = "expire " + h
+				if err := e.rdb.ZAddXX(ctx, k.Inflight, redis.Z{Score: 1, Member: h}).Err(); err != nil {
+					t.Fatal(err)
+				}
+				stale[h] = v.tok
+				delete(held, h)
+				break
+			}
+		case 12:
+			what = "delete " + id
+			if _, err := e.cl.DeleteTasks(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			delete(held, id)
+		}
+		check(step, what)
+	}
+}
+
+// The same for a reliable list with a small max_len: put, forward (with
+// recovery of unacknowledged items), Take (skipping ids taken already),
+// Ack, an item's ack_timeout running out, requeue, purge and delete.
+// Invariants: no payload orphaned or missing (a queued task and a dead
+// letter have one; a forwarded item carries its own), the taken records
+// match the processing list, an id is never held by two consumers, and
+// every item of the ready and processing lists is accounted for.
+func TestAdvComboReliableListWorkload(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	for round := range 10 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			comboListRun(t, seed+uint64(round), 400)
+		})
+	}
+}
+
+func comboListRun(t *testing.T, seed uint64, steps int) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 11))
+	k := e.keys
+	cfg := reliableList(time.Hour, 3)
+	cfg.Forward.MaxLen = 3
+	ids := []string{"a", "b", "c", "d", "e"}
+	held := map[string]bool{}
+	check := func(step int, what string) {
+		t.Helper()
+		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
+		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
+		pay := e.rdb.HKeys(ctx, k.Payload).Val()
+		proc := e.rdb.LRange(ctx, k.Processing, 0, -1).Val()
+		ready := e.rdb.LRange(ctx, k.Ready, 0, -1).Val()
+		taken := e.rdb.HGetAll(ctx, k.Taken).Val()
+		unacked := e.rdb.ZRange(ctx, k.Unacked, 0, -1).Val()
+		fail := func(f string, a ...any) {
+			t.Fatalf("seed %d step %d (%s): %s\nqueue %v dead %v payload %v ready %v processing %v taken %v",
+				seed, step, what, fmt.Sprintf(f, a...), q, dead, pay, ready, proc, taken)
+		}
+		has := map[string]bool{}
+		for _, p := range pay {
+			has[p] = true
+		}
+		owner := map[string]bool{}
+		for _, l := range [][]string{q, dead} {
+			for _, s := range l {
+				owner[s] = true
+				if !has[s] {
+					fail("%s has no payload", s)
+				}
+			}
+		}
+		for _, p := range pay {
+			if !owner[p] {
+				fail("payload of %s orphaned", p)
+			}
+		}
+		if len(taken) != len(proc) || len(unacked) != len(taken) {
+			fail("%d taken records, %d unacked, %d items processing", len(taken), len(unacked), len(proc))
+		}
+		for _, body := range proc {
+			var it client.ListItem
+			if err := json.Unmarshal([]byte(body), &it); err != nil {
+				fail("processing item %q: %v", body, err)
+			}
+			if taken[it.ID] != body {
+				fail("processing item %q is not the one taken for %s (%q)", body, it.ID, taken[it.ID])
+			}
+		}
+		for id := range held {
+			if _, ok := taken[id]; !ok {
+				fail("model holds %s but it is not taken", id)
+			}
+		}
+	}
+	for step := range steps {
+		id := ids[rng.IntN(len(ids))]
+		var what string
+		switch rng.IntN(9) {
+		case 0, 1:
+			what = "put " + id
+			mode := []client.Mode{client.Create, client.Reschedule}[rng.IntN(2)]
+			if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), e.redisNow().Add(-time.Second), mode); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			what = "forward"
+			e.forwardOnce(cfg)
+		case 3:
+			what = "take"
+			it, err := e.cl.Take(ctx)
+			if errors.Is(err, client.ErrNotFound) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if held[it.ID] {
+				t.Fatalf("seed %d step %d: %s taken while a consumer holds it", seed, step, it.ID)
+			}
+			held[it.ID] = true
+		case 4:
+			for h := range held {
+				what = "ack " + h
+				if err := e.cl.Ack(ctx, h); err != nil {
+					t.Fatalf("seed %d step %d: ack %s: %v", seed, step, h, err)
+				}
+				delete(held, h)
+				break
+			}
+		case 5:
+			for h := range held {
+				what = "time out " + h
+				e.takenAgo(h, 2*time.Hour)
+				e.forwardOnce(cfg) // recovery: back to the ready list, or dead
+				delete(held, h)
+				break
+			}
+		case 6:
+			what = "requeue " + id
+			if _, err := RequeueTasks(ctx, e.rdb, k, []string{id}); err != nil {
+				t.Fatal(err)
+			}
+		case 7:
+			if rng.IntN(2) == 0 {
+				what = "purge " + id
+				if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				what = "retention purge"
+				if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case 8:
+			what = "delete " + id
+			if _, err := e.cl.DeleteTasks(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check(step, what)
+	}
+}
