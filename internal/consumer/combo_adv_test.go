@@ -390,3 +390,30 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 		check(step, what)
 	}
 }
+
+// A task a producer re-added with a raw ZADD while a daemon's action ran
+// it is live again (queued): when the action succeeds, the finish must
+// leave it its payload, as a poll's ack does. Before the fix the sql and
+// webhook actions' finish removed it, and the re-added task ran with a
+// null payload.
+func TestAdvFinishKeepsThePayloadOfARawReAdd(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	e.putDue("x", `{"v":1}`)
+	later := e.redisNow().Add(time.Hour).UnixMilli()
+	ids := e.runPass(Config{MaxAttempts: 3, Process: func(_ context.Context, ts []Task) []error {
+		if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(later), Member: "x"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return make([]error, len(ts))
+	}})
+	if len(ids) != 1 {
+		t.Fatalf("ran %q, want x", ids)
+	}
+	if _, err := e.rdb.ZScore(ctx, e.keys.Queue, "x").Result(); err != nil {
+		t.Fatalf("the re-added x is gone: %v", err)
+	}
+	if p := e.payloadOf("x"); p != `{"v":1}` {
+		t.Fatalf("the re-added, queued x has payload %q after the first run finished, want {\"v\":1}", p)
+	}
+}
