@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/durabletier"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -39,7 +40,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	k := e.keys
-	const cap = 6
+	cap := int64(6)
 	if err := e.rdb.HSet(ctx, k.Meta, queue.MetaMaxPending, cap).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +48,12 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 	type hold struct{ tok string }
 	held := map[string]hold{}    // id -> the token our model believes holds it
 	stale := map[string]string{} // id -> a token whose lease ran out
-	requeued := false            // a requeue may push the queue past the cap (documented)
+	requeued := false            // a requeue or a lowered cap may leave the queue past the cap (documented)
+	durable := false
+	snapshot := func() string {
+		return fmt.Sprint(e.rdb.ZRangeWithScores(ctx, k.Queue, 0, -1).Val(), e.rdb.HGetAll(ctx, k.Payload).Val(),
+			e.rdb.HGetAll(ctx, k.Lease).Val(), e.rdb.ZRange(ctx, k.Dead, 0, -1).Val())
+	}
 	pending := func() int64 {
 		return e.rdb.ZCard(ctx, k.Queue).Val() + e.rdb.ZCard(ctx, k.Inflight).Val()
 	}
@@ -102,17 +108,53 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 		}
 	}
 	now := func() time.Time { return e.redisNow() }
+	dcl := durabletier.Writer(e.cl).(*client.Client) // the daemon's durable tier
 	for step := range steps {
 		id := ids[rng.IntN(len(ids))]
+		pc := e.cl
+		if durable {
+			pc = dcl
+		}
 		var what string
-		switch op := rng.IntN(14); op {
+		if durable && rng.IntN(3) > 0 { // writes of the Go client on a durable queue: refused, nothing written
+			before := snapshot()
+			var err error
+			if rng.IntN(2) == 0 {
+				_, _, err = e.cl.PutTask(ctx, id, json.RawMessage(`{}`), now(), client.Reschedule)
+			} else {
+				_, err = e.cl.DeleteTasks(ctx, id)
+			}
+			if !errors.Is(err, client.ErrDurableQueue) {
+				t.Fatalf("seed %d step %d: a client write on a durable queue: %v, want ErrDurableQueue", seed, step, err)
+			}
+			if after := snapshot(); after != before {
+				t.Fatalf("seed %d step %d: a refused write changed the queue:\n%s\n%s", seed, step, before, after)
+			}
+			continue
+		}
+		switch op := rng.IntN(16); op {
+		case 14: // the daemon's file flips durable
+			durable = !durable
+			what = fmt.Sprint("durable ", durable)
+			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaDurable, boolArg(durable)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		case 15: // the cap changes (a lower one may leave the queue above it)
+			cap = int64(2 + rng.IntN(6))
+			what = fmt.Sprint("cap ", cap)
+			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaMaxPending, cap).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if pending() > cap {
+				requeued = true
+			}
 		case 0, 1, 2: // put, one of three modes
 			mode := []client.Mode{client.Create, client.Reschedule, client.OnlyLater}[rng.IntN(3)]
 			due := now().Add(time.Duration(rng.IntN(3)-2) * time.Second)
 			existed := live(id)
 			before := pending()
 			what = fmt.Sprintf("put %s mode %d existed %v pending %d", id, mode, existed, before)
-			res, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), due, mode)
+			res, _, err := pc.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), due, mode)
 			var full *client.QueueFullError
 			switch {
 			case errors.As(err, &full):
@@ -134,8 +176,31 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 				items[i] = client.TaskItem{ID: ids[rng.IntN(len(ids))], Payload: json.RawMessage(`{"b":1}`), Deadline: now().Add(-time.Second)}
 			}
 			what = fmt.Sprintf("batch %v", items)
-			if _, err := e.cl.PutTasks(ctx, items, client.Create); err != nil && !errors.Is(err, client.ErrQueueFull) {
+			was := map[string]bool{}
+			for _, it := range items {
+				was[it.ID] = live(it.ID)
+			}
+			before := pending()
+			res, err := pc.PutTasks(ctx, items, client.Create)
+			var full *client.QueueFullError
+			switch {
+			case errors.As(err, &full):
+				for _, i := range full.Refused {
+					if was[items[i].ID] {
+						t.Fatalf("seed %d step %d: %s: item %d (%s) existed and was refused", seed, step, what, i, items[i].ID)
+					}
+				}
+			case err != nil:
 				t.Fatal(err)
+			}
+			created := int64(0)
+			for _, r := range res {
+				if r == client.Created {
+					created++
+				}
+			}
+			if created > 0 && before+created > cap {
+				t.Fatalf("seed %d step %d: %s: %d created from %d pending, over the cap %d", seed, step, what, created, before, cap)
 			}
 		case 4: // poll claim
 			what = "claim"
@@ -237,7 +302,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			}
 		case 12:
 			what = "delete " + id
-			if _, err := e.cl.DeleteTasks(ctx, id); err != nil {
+			if _, err := pc.DeleteTasks(ctx, id); err != nil {
 				t.Fatal(err)
 			}
 			delete(held, id)
