@@ -482,3 +482,128 @@ func TestAdvFinishKeepsThePayloadOfARawReAdd(t *testing.T) {
 		t.Fatalf("the re-added, queued x has payload %q after the first run finished, want {\"v\":1}", p)
 	}
 }
+
+// A daemon action (sql, webhook) whose tasks producers and operators
+// touch while it runs: inside the action, random re-puts (every mode),
+// raw ZADDs, deletes, requeues and purges of the ids it holds; the action
+// then succeeds, fails (an attempt, dead-lettered at the last) or asks
+// for a later retry at random. After every pass: no payload orphaned or
+// missing, the lease companions agree, and nothing the producer wrote
+// during the run is lost.
+func TestAdvComboDaemonActionWorkload(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	for round := range 8 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			comboActionRun(t, seed+uint64(round), 120)
+		})
+	}
+}
+
+func comboActionRun(t *testing.T, seed uint64, steps int) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 13))
+	k := e.keys
+	ids := []string{"a", "b", "c", "d", "e"}
+	check := func(step int, what string) {
+		t.Helper()
+		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
+		lease := e.rdb.HKeys(ctx, k.Lease).Val()
+		infl := e.rdb.ZRange(ctx, k.Inflight, 0, -1).Val()
+		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
+		pay := e.rdb.HKeys(ctx, k.Payload).Val()
+		slices.Sort(lease)
+		slices.Sort(infl)
+		fail := func(f string, a ...any) {
+			t.Fatalf("seed %d step %d (%s): %s\nqueue %v lease %v dead %v payload %v",
+				seed, step, what, fmt.Sprintf(f, a...), q, lease, dead, pay)
+		}
+		if !slices.Equal(lease, infl) {
+			fail("lease %v vs inflight %v", lease, infl)
+		}
+		has := map[string]bool{}
+		for _, p := range pay {
+			has[p] = true
+		}
+		owner := map[string]bool{}
+		for _, l := range [][]string{q, lease, dead} {
+			for _, s := range l {
+				owner[s] = true
+				if !has[s] {
+					fail("%s has no payload", s)
+				}
+			}
+		}
+		for _, p := range pay {
+			if !owner[p] {
+				fail("payload of %s orphaned", p)
+			}
+		}
+	}
+	past := func() time.Time { return e.redisNow().Add(-time.Second) }
+	for step := range steps {
+		var what string
+		switch rng.IntN(4) {
+		case 0:
+			id := ids[rng.IntN(len(ids))]
+			what = "put " + id
+			if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), past(), client.Create); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			id := ids[rng.IntN(len(ids))]
+			what = "requeue/purge " + id
+			if rng.IntN(2) == 0 {
+				if _, err := RequeueTasks(ctx, e.rdb, k, []string{id}); err != nil {
+					t.Fatal(err)
+				}
+			} else if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			what = "action pass"
+			var touched []string
+			e.runPass(Config{MaxAttempts: 2, Process: func(_ context.Context, ts []Task) []error {
+				errs := make([]error, len(ts))
+				for i, tk := range ts {
+					switch rng.IntN(8) {
+					case 0:
+						_, _, err := e.cl.PutTask(ctx, tk.ID, json.RawMessage(`{"moved":1}`), past().Add(time.Duration(rng.IntN(2))*time.Hour), client.Reschedule)
+						if err != nil {
+							t.Error(err)
+						}
+						touched = append(touched, "moved "+tk.ID)
+					case 1:
+						if _, err := e.cl.DeleteTasks(ctx, tk.ID); err != nil {
+							t.Error(err)
+						}
+						touched = append(touched, "deleted "+tk.ID)
+					case 2:
+						if _, err := RequeueTasks(ctx, e.rdb, k, []string{tk.ID}); err != nil {
+							t.Error(err)
+						}
+						if _, err := PurgeTasks(ctx, e.rdb, k, []string{tk.ID}); err != nil {
+							t.Error(err)
+						}
+						touched = append(touched, "requeue+purge "+tk.ID)
+					case 3: // a raw producer re-adds the id
+						if err := e.rdb.ZAdd(ctx, k.Queue, redis.Z{Score: float64(past().UnixMilli()), Member: tk.ID}).Err(); err != nil {
+							t.Error(err)
+						}
+						touched = append(touched, "raw ZADD "+tk.ID)
+					}
+					switch rng.IntN(3) {
+					case 1:
+						errs[i] = errors.New("boom")
+					case 2:
+						errs[i] = Later(errors.New("not yet"))
+					}
+				}
+				return errs
+			}})
+			what += fmt.Sprint(" ", touched)
+		}
+		check(step, what)
+	}
+}
