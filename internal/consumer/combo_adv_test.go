@@ -607,3 +607,114 @@ func comboActionRun(t *testing.T, seed uint64, steps int) {
 		check(step, what)
 	}
 }
+
+// A stream queue: put, forward, a group reads, acknowledges or leaves
+// entries idle past ack_timeout with their deliveries used up, the sweep
+// dead-letters them, and requeue, purge and delete run in between. No
+// payload is orphaned or missing after any step.
+func TestAdvComboStreamWorkload(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	for round := range 8 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			comboStreamRun(t, seed+uint64(round), 250)
+		})
+	}
+}
+
+func comboStreamRun(t *testing.T, seed uint64, steps int) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 17))
+	k := e.keys
+	cfg := Config{MaxAttempts: 2, BatchSize: 100, Forward: &Forward{Kind: "stream", Queue: "s", MaxLen: 1000, AckTimeout: time.Minute}}
+	sweeper := e.consumer(cfg)
+	if err := e.rdb.XGroupCreateMkStream(ctx, k.Stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"a", "b", "c", "d"}
+	buried := 0
+	defer func() { t.Logf("%d entries dead-lettered by the sweep", buried) }()
+	check := func(step int, what string) {
+		t.Helper()
+		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
+		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
+		pay := e.rdb.HKeys(ctx, k.Payload).Val()
+		has := map[string]bool{}
+		for _, p := range pay {
+			has[p] = true
+		}
+		owner := map[string]bool{}
+		for _, l := range [][]string{q, dead} {
+			for _, s := range l {
+				owner[s] = true
+				if !has[s] {
+					t.Fatalf("seed %d step %d (%s): %s has no payload; queue %v dead %v payload %v", seed, step, what, s, q, dead, pay)
+				}
+			}
+		}
+		for _, p := range pay {
+			if !owner[p] {
+				t.Fatalf("seed %d step %d (%s): payload of %s orphaned; queue %v dead %v", seed, step, what, p, q, dead)
+			}
+		}
+	}
+	for step := range steps {
+		id := ids[rng.IntN(len(ids))]
+		var what string
+		switch rng.IntN(8) {
+		case 0, 1:
+			what = "put " + id
+			if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), e.redisNow().Add(-time.Second), client.Create); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			what = "forward"
+			e.forwardOnce(cfg)
+		case 3:
+			what = "read"
+			if err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{k.Stream, ">"}, Count: 1, Block: -1}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatal(err)
+			}
+		case 4: // ack one pending entry, or let one use up its deliveries
+			p, err := e.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: k.Stream, Group: "g", Start: "-", End: "+", Count: 1}).Result()
+			if err != nil || len(p) == 0 {
+				break
+			}
+			if rng.IntN(2) == 0 {
+				what = "ack " + p[0].ID
+				e.rdb.XAck(ctx, k.Stream, "g", p[0].ID)
+			} else {
+				what = "exhaust " + p[0].ID
+				if err := e.rdb.Do(ctx, "XCLAIM", k.Stream, "g", "c", 0, p[0].ID, "IDLE", 2*time.Minute.Milliseconds(), "RETRYCOUNT", 5).Err(); err != nil {
+					t.Fatal(err)
+				}
+				sw, err := sweeper.sweepStreamOnce(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				buried += sw.deadLettered
+			}
+		case 5:
+			what = "requeue " + id
+			if _, err := RequeueTasks(ctx, e.rdb, k, []string{id}); err != nil {
+				t.Fatal(err)
+			}
+		case 6:
+			what = "purge"
+			if rng.IntN(2) == 0 {
+				if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+					t.Fatal(err)
+				}
+			} else if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+				t.Fatal(err)
+			}
+		case 7:
+			what = "delete " + id
+			if _, err := e.cl.DeleteTasks(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check(step, what)
+	}
+}
