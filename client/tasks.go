@@ -434,7 +434,9 @@ type TaskItem struct {
 // included, is written, and the error is a *QueueFullError listing the
 // refused indexes. A retry of the whole batch with Create is safe: the
 // written items come back Unchanged. On a durable queue nothing is written
-// and the error is ErrDurableQueue.
+// and the error is ErrDurableQueue; only a batch that meets a change of
+// the queue's durable setting part way (a rolling update of the daemons'
+// file) has items written, the error then naming them.
 func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]Result, error) {
 	now := c.now()
 	for i := range items {
@@ -487,6 +489,19 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 		}
 	}
 	if durable {
+		// Items written beside a refusal met the queue on the other side
+		// of a change of its durable setting (a rolling update of the
+		// daemons' file): say which, as they are in Redis without a row.
+		var written []int
+		for i, r := range out {
+			if r != Unchanged {
+				written = append(written, i)
+			}
+		}
+		if len(written) > 0 {
+			return out, fmt.Errorf("%w; its durable setting changed during this batch, and items %v were written to Redis "+
+				"(a durable queue's executor drops tasks without a row): put the whole batch again through the daemon", c.durableErr(), written)
+		}
 		return out, c.durableErr()
 	}
 	if full != nil {

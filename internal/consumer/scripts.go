@@ -299,14 +299,16 @@ return {now, head(KEYS[1]), head(KEYS[2]), claimed, dead, 0}
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
 //	KEYS[4] -> {queue}:payload (task queues only: payloads go with the entry)
-//	KEYS[5] -> {queue}:dead (task queues only)
+//	KEYS[5] -> {queue}:dead (task queues only)  KEYS[6] -> queue (task queues only)
 //	ARGV[1] -> lease token; ARGV[2..] -> serials
 //
 // Compare-and-set: only entries whose lease record still carries the token
 // are removed; an entry a producer rescheduled meanwhile is left alone. A
 // payload stays when a dead letter of the same id exists (the producer
 // reused the id): it is that dead letter's now, for a requeue, and goes
-// when the dead letter is purged.
+// when the dead letter is purged. It also stays when the id is in the
+// queue key again (a producer re-added it with a raw ZADD during the
+// lease): that live task runs with it, as after a poll's ack (ackScript).
 // Returns the number removed.
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]
@@ -334,7 +336,7 @@ if #rem > 0 then
   if KEYS[4] then
     local drop = {}
     for _, s in ipairs(rem) do
-      if not redis.call('ZSCORE', KEYS[5], s) then drop[#drop+1] = s end
+      if not redis.call('ZSCORE', KEYS[5], s) and not redis.call('ZSCORE', KEYS[6], s) then drop[#drop+1] = s end
     end
     if #drop > 0 then bulk('HDEL', KEYS[4], drop) end
   end

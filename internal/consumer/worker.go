@@ -469,7 +469,7 @@ func (c *Consumer) finish(items []item) {
 	k := c.cfg.Keys
 	keys := []string{k.Inflight, k.Deadlines, k.Lease}
 	if c.cfg.Process != nil {
-		keys = append(keys, k.Payload, k.Dead)
+		keys = append(keys, k.Payload, k.Dead, k.Queue)
 	}
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok}, anys(serials)...)
