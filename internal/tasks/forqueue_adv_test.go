@@ -24,6 +24,7 @@ func TestForQueueRefusesADurableQueue(t *testing.T) {
 	ctx := context.Background()
 	suffix := strings.TrimPrefix(strings.TrimSuffix(keys.Queue, ":order"), "test:")
 	name := "durable-" + suffix
+	testenv.CheckNoKeysLeft(t, rdb, "*"+client.TaskQueueKey(name)+"*")
 	t.Cleanup(func() { testenv.DeleteQueue(rdb, queue.NewKeys(client.TaskQueueKey(name))) })
 	// An earlier configuration served it, not durable, at its default key.
 	if err := rdb.HSet(ctx, queue.NewKeys(client.TaskQueueKey(name)).Meta, queue.MetaName, name, queue.MetaDurable, "0").Err(); err != nil {

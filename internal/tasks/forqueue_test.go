@@ -29,6 +29,9 @@ func TestForQueueWritesOnlyWhereADaemonServes(t *testing.T) {
 	suffix := strings.TrimPrefix(strings.TrimSuffix(keys.Queue, ":order"), "test:")
 	plain, custom := "calls-"+suffix, "moved-"+suffix
 	customKey := "test:" + suffix + ":moved"
+	for _, k := range []string{client.TaskQueueKey(plain), client.TaskQueueKey(custom), client.TaskQueueKey("other-" + suffix)} {
+		testenv.CheckNoKeysLeft(t, rdb, "*"+k+"*")
+	}
 	for _, k := range []string{client.TaskQueueKey(plain), client.TaskQueueKey(custom), customKey} {
 		t.Cleanup(func() { testenv.DeleteQueue(rdb, queue.NewKeys(k)) })
 	}
