@@ -54,6 +54,7 @@ func newTaskWorld(t *testing.T, yaml string) *taskWorld {
 	// Parsing a webhook queue needs its secret: without it the cleanup
 	// below found no queues and left their keys behind.
 	t.Setenv("OD_TEST_SECRET", webhookSecret)
+	testenv.CheckNoKeysLeft(t, w.rdb, "*"+prefix+"*")
 	t.Cleanup(func() {
 		f, err := tasks.Parse([]byte(yaml))
 		if err != nil {

@@ -26,15 +26,17 @@ var ErrUnknownQueue = errors.New("unknown task queue")
 // queues file and the HTTP API), at its default key TaskQueueKey(name).
 //
 // It writes nowhere a daemon does not serve: a daemon running the queues
-// file marks each queue that uses the default key (the string
-// "{delaytask:<name>}:name" holding the name, set at start and every
-// minute) and removes that mark for a queue declared with a key of its
-// own or durable. Without the mark ForQueue returns ErrUnknownQueue: the
-// queue is not in the file, is declared with another key (use New with
-// that key), is durable (its tasks are rows in PostgreSQL, which this
-// client does not write: use the HTTP API or the CLI), or no daemon with
-// it has started yet. A queue later removed from the
-// file keeps its mark until someone deletes it.
+// file writes each queue's name into the queue's meta hash (field "name"
+// of "{<key>}:meta", with "durable" and "max_pending"; at start and every
+// 15-30 s), and removes the name from the meta hash at the default key of
+// a queue declared with a key of its own. ForQueue reads the meta hash at
+// "{delaytask:<name>}:meta" and returns ErrUnknownQueue unless it holds
+// this name: the queue is not in the file, is declared with another key
+// (use New with that key), or no daemon with it has started yet. A
+// durable queue (its tasks are rows in PostgreSQL, which this client does
+// not write: use the HTTP API or the CLI) returns an error that is both
+// ErrUnknownQueue and ErrDurableQueue. A queue later removed from the
+// file keeps its name until someone deletes its meta hash.
 func ForQueue(ctx context.Context, rdb redis.UniversalClient, name string, opts ...Option) (*Client, error) {
 	if !queue.ValidQueueName(name) {
 		return nil, fmt.Errorf("%w: name %q: want 1-64 of a-z, 0-9, _ and -", ErrUnknownQueue, name)
@@ -44,14 +46,24 @@ func ForQueue(ctx context.Context, rdb redis.UniversalClient, name string, opts 
 	if err != nil {
 		return nil, err
 	}
-	got, err := rdb.Get(ctx, c.keys.Name).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
+	meta, err := rdb.HMGet(ctx, c.keys.Meta, queue.MetaName, queue.MetaDurable).Result()
+	if err != nil {
 		return nil, fmt.Errorf("queue %q: %w", name, err)
 	}
-	if got != name {
+	if len(meta) != 2 {
+		return nil, fmt.Errorf("queue %q: meta: %d values for 2 fields", name, len(meta))
+	}
+	if got, _ := meta[0].(string); got != name {
 		return nil, fmt.Errorf("%w: %q: no daemon serves it at %s (not in the queues file, declared with a key of its own "+
-			"— then use client.New with that key —, durable — then produce through the HTTP API or the CLI — "+
-			"or no daemon with it has started)", ErrUnknownQueue, name, key)
+			"— then use client.New with that key — or no daemon with it has started)", ErrUnknownQueue, name, key)
+	}
+	switch durable, _ := meta[1].(string); durable {
+	case "0":
+	case "1":
+		return nil, fmt.Errorf("%w: %q: %w: its tasks are rows in PostgreSQL, which this client does not write; "+
+			"produce through the HTTP API or the CLI", ErrUnknownQueue, name, ErrDurableQueue)
+	default:
+		return nil, fmt.Errorf("%w: %q: %s holds durable %q, want 0 or 1", ErrUnknownQueue, name, c.keys.Meta, durable)
 	}
 	return c, nil
 }

@@ -21,6 +21,9 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		return usagef("task needs put, get, delete, list, dead, requeue, purge, stats, pause or resume")
 	}
 	verb := args[0]
+	if done, err := taskHelpOrBadVerb(verb, stdout); done { // tasks_help.go
+		return err
+	}
 	if taskOpsVerbs[verb] {
 		return cmdTaskOps(ctx, verb, args[1:], stdout, stderr, getenv) // tasks_ops.go
 	}

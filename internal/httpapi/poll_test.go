@@ -279,8 +279,8 @@ func TestAckRefusesForeignTokensAndQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := e.ack(t, "confirm", "-", "c-1")
-	if a.code != http.StatusBadRequest || !strings.Contains(a.Error, "poll") {
-		t.Errorf("ack on a sql queue: %d %s, want 400 saying only poll queues take acks", a.code, a.raw)
+	if a.code != http.StatusConflict || !strings.Contains(a.Error, "poll") {
+		t.Errorf("ack on a sql queue: %d %s, want 409 saying only poll queues take acks", a.code, a.raw)
 	}
 	if got := e.leaseToken(t, e.confirm, "c-1"); got != "-" {
 		t.Errorf("after the refused ack c-1's lease token is %q, want the retry marker", got)

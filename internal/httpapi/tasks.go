@@ -238,7 +238,7 @@ func (s *Server) batchDelete(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 
 func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	if q.Config.Action.Type != tasks.ActionPoll {
-		writeError(w, http.StatusConflict, "queue "+q.Config.Name+" is served by its "+q.Config.Action.Type+" action, not polled")
+		refuseNotPolled(w, q)
 		return
 	}
 	max := 10
@@ -297,8 +297,7 @@ func writePoll(w http.ResponseWriter, token string, lease time.Duration, ts []co
 
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	if q.Config.Action.Type != tasks.ActionPoll {
-		writeError(w, http.StatusBadRequest, "queue "+q.Config.Name+" is served by its "+q.Config.Action.Type+
-			" action; only poll queues take acks")
+		refuseNotPolled(w, q)
 		return
 	}
 	var b struct {

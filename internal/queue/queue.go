@@ -26,8 +26,11 @@
 //	{Q}:processing     list: tasks a reliable list consumer has taken
 //	{Q}:unacked        sorted set: task id -> when a taken task returns to ready
 //	{Q}:taken          hash: task id -> the list item a consumer took
-//	{Q}:meta           hash: what the daemon's queues file says of the queue,
-//	                   for producers' scripts: durable (1 or 0), max_pending
+//	{Q}:meta           hash: what the daemon's queues file says of the queue:
+//	                   durable (1 or 0) and max_pending for producers' scripts,
+//	                   name for client.ForQueue
+//	{Q}:name           string: obsolete (the name before the meta hash held it),
+//	                   deleted by the daemon at start
 //
 // Redis Cluster hashes only the part in braces, so every companion lands in
 // the same slot as Q itself and one script may touch them all.
@@ -76,7 +79,7 @@ type Keys struct {
 	Unacked    string // taken task id -> when it was taken (Unix ms, Redis clock)
 	Taken      string // taken task id -> list item
 	Deliveries string // reliable list: task id -> times taken so far
-	Name       string // the queue's name in the queues file, set by the daemon (client.ForQueue)
+	Name       string // obsolete: the queue's name, written by daemons before MetaName; deleted at start
 	Meta       string // the daemon's settings producers' scripts obey (MetaDurable, MetaMaxPending)
 }
 
@@ -92,6 +95,10 @@ const (
 	// MetaMaxPending is the queue's cap on pending tasks (queued plus
 	// leased or backing off), a decimal integer.
 	MetaMaxPending = "max_pending"
+	// MetaName is the queue's name in the queues file; client.ForQueue
+	// serves a name only where the meta hash at the name's default key
+	// holds that name (and the queue is not durable).
+	MetaName = "name"
 )
 
 // NewKeys returns the keys of the queue named key. It does not validate key;

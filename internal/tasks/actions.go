@@ -146,7 +146,8 @@ func (ep endpoint) statusError(code int) error {
 }
 
 // transportError says why no answer came. Go's *url.Error quotes the whole
-// URL, so it is unwrapped and only its cause is kept.
+// URL, so it is unwrapped and only its cause is kept; credentials of any
+// URL the cause quotes (a proxy's) are redacted.
 func (ep endpoint) transportError(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
@@ -155,7 +156,7 @@ func (ep endpoint) transportError(err error) error {
 		}
 		err = ue.Err
 	}
-	return &webhookError{msg: fmt.Sprintf("webhook %s: %s", ep.origin, ep.scrub.Replace(err.Error())), err: err}
+	return &webhookError{msg: fmt.Sprintf("webhook %s: %s", ep.origin, redactUserinfo(ep.scrub.Replace(err.Error()))), err: err}
 }
 
 func post(ctx context.Context, hc *http.Client, queue string, ep endpoint, timeout time.Duration, secret, previous []byte, t consumer.Task) error {

@@ -327,6 +327,9 @@ func (a *Action) check(where string, lease Duration) error {
 			return fmt.Errorf("%s: a webhook action needs secret_env naming a set environment variable with the HMAC secret", where)
 		}
 		a.secret = []byte(os.Getenv(a.SecretEnv))
+		if err := checkSecretSpace(where, "secret_env", a.SecretEnv, a.secret); err != nil {
+			return err
+		}
 		if len(a.secret) < MinSecretBytes {
 			return fmt.Errorf("%s: action.secret_env: %s holds %d bytes; a webhook secret needs at least %d (e.g. openssl rand -hex 32)",
 				where, a.SecretEnv, len(a.secret), MinSecretBytes)
@@ -335,6 +338,9 @@ func (a *Action) check(where string, lease Duration) error {
 			a.previousSecret = []byte(os.Getenv(a.PreviousSecretEnv))
 			if len(a.previousSecret) == 0 {
 				return fmt.Errorf("%s: action.previous_secret_env: %s is unset or empty; name the variable holding the secret being replaced, or leave the setting out", where, a.PreviousSecretEnv)
+			}
+			if err := checkSecretSpace(where, "previous_secret_env", a.PreviousSecretEnv, a.previousSecret); err != nil {
+				return err
 			}
 			if string(a.previousSecret) == string(a.secret) {
 				return fmt.Errorf("%s: action.previous_secret_env: %s holds the same secret as %s; a rotation needs the new secret in secret_env", where, a.PreviousSecretEnv, a.SecretEnv)

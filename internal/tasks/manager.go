@@ -91,8 +91,6 @@ func (m *Manager) Verify(ctx context.Context) error {
 // poll queues, which consumers poll through the API) until ctx ends.
 func (m *Manager) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); m.announceLoop(ctx) }() // for client.ForQueue
 	for _, name := range m.order {
 		r := m.queues[name]
 		if r.Config.Action.Type == ActionPoll {

@@ -2,6 +2,7 @@ package tasks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -22,11 +23,14 @@ import (
 const metaRefresh = 30 * time.Second
 
 // WriteMeta writes the meta hash of every queue of f: what producers'
-// scripts obey (queue.MetaDurable, queue.MetaMaxPending). Every field is
-// written each time, so a queue switched from durable to not (or given a
-// new cap) is seen as such from the daemon's next start. Replicas with
-// different files (a rolling update) overwrite each other until the
-// update completes.
+// scripts obey (queue.MetaDurable, queue.MetaMaxPending) and the queue's
+// name (queue.MetaName), by which client.ForQueue finds a queue at its
+// default key. Every field is written each time, so a queue switched from
+// durable to not (or given a new cap) is seen as such from the daemon's
+// next start. A queue the file gives a key of its own loses the name an
+// earlier configuration left at its default key, so ForQueue refuses it
+// rather than write where no daemon serves. Replicas with different files
+// (a rolling update) overwrite each other until the update completes.
 func WriteMeta(ctx context.Context, rdb redis.UniversalClient, f File) error {
 	for _, q := range f.Queues {
 		durable := "0"
@@ -34,8 +38,39 @@ func WriteMeta(ctx context.Context, rdb redis.UniversalClient, f File) error {
 			durable = "1"
 		}
 		k := queue.NewKeys(q.Key)
-		if err := rdb.HSet(ctx, k.Meta, queue.MetaDurable, durable, queue.MetaMaxPending, strconv.FormatInt(int64(q.MaxPending), 10)).Err(); err != nil {
+		if err := rdb.HSet(ctx, k.Meta, queue.MetaDurable, durable, queue.MetaMaxPending, strconv.FormatInt(int64(q.MaxPending), 10),
+			queue.MetaName, q.Name).Err(); err != nil {
 			return fmt.Errorf("queue %q: write meta: %w", q.Name, err)
+		}
+		if def := queue.NewKeys(client.TaskQueueKey(q.Name)).Meta; def != k.Meta {
+			got, err := rdb.HGet(ctx, def, queue.MetaName).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("queue %q: read meta at its default key: %w", q.Name, err)
+			}
+			if got == q.Name {
+				if err := rdb.HDel(ctx, def, queue.MetaName).Err(); err != nil {
+					return fmt.Errorf("queue %q: unname its default key: %w", q.Name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// dropLegacyNames deletes the "{delaytask:<name>}:name" marks daemons
+// before the meta hash's name field wrote for client.ForQueue (the name
+// now lives in the meta hash), where they hold the name of a queue of f.
+func dropLegacyNames(ctx context.Context, rdb redis.UniversalClient, f File) error {
+	for _, q := range f.Queues {
+		old := queue.NewKeys(client.TaskQueueKey(q.Name)).Name
+		got, err := rdb.Get(ctx, old).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("queue %q: read %s: %w", q.Name, old, err)
+		}
+		if got == q.Name {
+			if err := rdb.Del(ctx, old).Err(); err != nil {
+				return fmt.Errorf("queue %q: delete %s: %w", q.Name, old, err)
+			}
 		}
 	}
 	return nil
@@ -43,14 +78,22 @@ func WriteMeta(ctx context.Context, rdb redis.UniversalClient, f File) error {
 
 // KeepMeta writes the queues' meta hashes at once, retrying every second
 // until Redis answers, then every metaRefresh (jittered), until ctx ends.
+// Its first pass also deletes the ":name" marks of older daemons.
 func (m *Manager) KeepMeta(ctx context.Context) {
 	f := File{}
 	for _, name := range m.order {
 		f.Queues = append(f.Queues, m.queues[name].Config)
 	}
+	legacy := true // old ":name" marks may remain
 	for {
 		wait := metaRefresh/2 + time.Duration(rand.Int64N(int64(metaRefresh/2)))
-		if err := WriteMeta(ctx, m.rdb, f); err != nil {
+		err := WriteMeta(ctx, m.rdb, f)
+		if err == nil && legacy {
+			if err = dropLegacyNames(ctx, m.rdb, f); err == nil {
+				legacy = false
+			}
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}

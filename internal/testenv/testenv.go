@@ -204,3 +204,26 @@ func template(ctx context.Context, admin *sql.DB) (string, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// CheckNoKeysLeft fails the test if, once every cleanup registered after
+// it has run, Redis still holds a key matching the glob pattern: call it
+// before registering the cleanups that delete the test's keys.
+func CheckNoKeysLeft(t testing.TB, rdb redis.Cmdable, pattern string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var left []string
+		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			left = append(left, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("cleanup check: scan %s: %v", pattern, err)
+			return
+		}
+		if len(left) > 0 {
+			t.Errorf("cleanup left %d key(s) matching %s in the shared Redis: %v", len(left), pattern, left)
+		}
+	})
+}

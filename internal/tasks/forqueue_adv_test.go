@@ -7,11 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-
 	"github.com/orderdelay/orderdelay/client"
-	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
@@ -25,13 +21,13 @@ import (
 // configuration (the queue not yet durable) left.
 func TestForQueueRefusesADurableQueue(t *testing.T) {
 	rdb, keys := testenv.Redis(t)
-	db, _ := testenv.Postgres(t)
 	ctx := context.Background()
 	suffix := strings.TrimPrefix(strings.TrimSuffix(keys.Queue, ":order"), "test:")
 	name := "durable-" + suffix
+	testenv.CheckNoKeysLeft(t, rdb, "*"+client.TaskQueueKey(name)+"*")
 	t.Cleanup(func() { testenv.DeleteQueue(rdb, queue.NewKeys(client.TaskQueueKey(name))) })
 	// An earlier configuration served it, not durable, at its default key.
-	if err := rdb.Set(ctx, queue.NewKeys(client.TaskQueueKey(name)).Name, name, 0).Err(); err != nil {
+	if err := rdb.HSet(ctx, queue.NewKeys(client.TaskQueueKey(name)).Meta, queue.MetaName, name, queue.MetaDurable, "0").Err(); err != nil {
 		t.Fatal(err)
 	}
 	f, err := Parse([]byte(fmt.Sprintf(`queues:
@@ -40,15 +36,12 @@ func TestForQueueRefusesADurableQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	m, err := NewManager(f, rdb, db, metrics.NewTaskFamilies(reg, metrics.New(reg, "t", "t")), zap.NewNop(), "test")
-	if err != nil {
+	if err := WriteMeta(ctx, rdb, f); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.announce(ctx); err != nil {
-		t.Fatal(err)
+	_, err = client.ForQueue(ctx, rdb, name)
+	if !errors.Is(err, client.ErrUnknownQueue) || !errors.Is(err, client.ErrDurableQueue) {
+		t.Errorf("ForQueue of a durable queue: %v, want ErrUnknownQueue and ErrDurableQueue (its tasks written to Redis alone are dropped unrun)", err)
 	}
-	if _, err := client.ForQueue(ctx, rdb, name); !errors.Is(err, client.ErrUnknownQueue) {
-		t.Errorf("ForQueue of a durable queue: %v, want ErrUnknownQueue (its tasks written to Redis alone are dropped unrun)", err)
-	}
+
 }

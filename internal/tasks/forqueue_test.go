@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
@@ -28,6 +29,9 @@ func TestForQueueWritesOnlyWhereADaemonServes(t *testing.T) {
 	suffix := strings.TrimPrefix(strings.TrimSuffix(keys.Queue, ":order"), "test:")
 	plain, custom := "calls-"+suffix, "moved-"+suffix
 	customKey := "test:" + suffix + ":moved"
+	for _, k := range []string{client.TaskQueueKey(plain), client.TaskQueueKey(custom), client.TaskQueueKey("other-" + suffix)} {
+		testenv.CheckNoKeysLeft(t, rdb, "*"+k+"*")
+	}
 	for _, k := range []string{client.TaskQueueKey(plain), client.TaskQueueKey(custom), customKey} {
 		t.Cleanup(func() { testenv.DeleteQueue(rdb, queue.NewKeys(k)) })
 	}
@@ -35,8 +39,12 @@ func TestForQueueWritesOnlyWhereADaemonServes(t *testing.T) {
 	if _, err := client.ForQueue(ctx, rdb, plain); !errors.Is(err, client.ErrUnknownQueue) {
 		t.Fatalf("ForQueue before any daemon: %v, want ErrUnknownQueue", err)
 	}
-	// An earlier configuration served "moved" at its default key.
-	if err := rdb.Set(ctx, queue.NewKeys(client.TaskQueueKey(custom)).Name, custom, 0).Err(); err != nil {
+	// An earlier configuration served "moved" at its default key (and an
+	// older daemon left its ":name" mark for "calls" there).
+	if err := rdb.HSet(ctx, queue.NewKeys(client.TaskQueueKey(custom)).Meta, queue.MetaName, custom, queue.MetaDurable, "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, queue.NewKeys(client.TaskQueueKey(plain)).Name, plain, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -47,13 +55,9 @@ func TestForQueueWritesOnlyWhereADaemonServes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	m, err := NewManager(f, rdb, nil, metrics.NewTaskFamilies(reg, metrics.New(reg, "t", "t")), zap.NewNop(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.announce(ctx); err != nil {
-		t.Fatal(err)
+	startKeepMeta(t, rdb, f)
+	if n, err := rdb.Exists(ctx, queue.NewKeys(client.TaskQueueKey(plain)).Name).Result(); err != nil || n != 0 {
+		t.Errorf("the old %s mark is still there after start: %d, %v", queue.NewKeys(client.TaskQueueKey(plain)).Name, n, err)
 	}
 
 	c, err := client.ForQueue(ctx, rdb, plain)
@@ -76,7 +80,43 @@ func TestForQueueWritesOnlyWhereADaemonServes(t *testing.T) {
 			t.Errorf("ForQueue(%q): %v, want ErrUnknownQueue", bad, err)
 		}
 	}
+	// A queue the file does not name (or no daemon runs) is refused even
+	// where a meta hash without a name exists (a daemon older than the name field).
+	other := "other-" + suffix
+	t.Cleanup(func() { testenv.DeleteQueue(rdb, queue.NewKeys(client.TaskQueueKey(other))) })
+	if err := rdb.HSet(ctx, queue.NewKeys(client.TaskQueueKey(other)).Meta, queue.MetaDurable, "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.ForQueue(ctx, rdb, other); !errors.Is(err, client.ErrUnknownQueue) {
+		t.Errorf("ForQueue(%s) with a meta hash naming no queue: %v, want ErrUnknownQueue", other, err)
+	}
 	if n, err := rdb.Exists(ctx, client.TaskQueueKey(custom)).Result(); err != nil || n != 0 {
 		t.Errorf("something was written at %s: %d, %v", client.TaskQueueKey(custom), n, err)
+	}
+}
+
+// startKeepMeta runs a daemon's KeepMeta for f until the test ends and
+// waits for its first write.
+func startKeepMeta(t *testing.T, rdb redis.UniversalClient, f File) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := NewManager(f, rdb, nil, metrics.NewTaskFamilies(reg, metrics.New(reg, "t", "t")), zap.NewNop(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); m.KeepMeta(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	last := f.Queues[len(f.Queues)-1]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if got, _ := rdb.HGet(ctx, queue.NewKeys(last.Key).Meta, queue.MetaName).Result(); got == last.Name {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("KeepMeta wrote no name for %s in 30s", last.Name)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
