@@ -444,7 +444,7 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 			return nil, fmt.Errorf("task %d: %w", i, err)
 		}
 		if len(items[i].Payload) == 0 {
-			items[i].Payload = json.RawMessage("null")
+			continue // stored as null; the caller's item is left as it is
 		}
 		if err := ValidatePayload(items[i].Payload); err != nil {
 			return nil, fmt.Errorf("task %d: %w", i, err)
@@ -461,7 +461,11 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 	cmds := make([]*redis.Cmd, len(items))
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, it := range items {
-			cmds[i] = putTaskScript.EvalSha(ctx, p, keys, mode.arg(), it.ID, queue.DeadlineMillis(it.Deadline), string(it.Payload), writer)
+			payload := string(it.Payload)
+			if payload == "" {
+				payload = "null"
+			}
+			cmds[i] = putTaskScript.EvalSha(ctx, p, keys, mode.arg(), it.ID, queue.DeadlineMillis(it.Deadline), payload, writer)
 		}
 		return nil
 	})

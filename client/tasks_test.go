@@ -354,6 +354,9 @@ func TestPutTasksResultsInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatalf("PutTasks: %v", err)
 	}
+	if items[3].Payload != nil {
+		t.Errorf("PutTasks changed the caller's item: payload %q, want it left nil", items[3].Payload)
+	}
 	want := []client.Result{client.Created, client.Moved, client.Unchanged, client.Created, client.Moved}
 	if !reflect.DeepEqual(res, want) {
 		t.Errorf("results %v, want %v", res, want)
