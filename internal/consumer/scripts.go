@@ -422,7 +422,9 @@ return out
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
 //	KEYS[4] -> {queue}:dead     KEYS[5] -> {queue}:deadinfo
 //	ARGV[1] -> lease token; ARGV[2] -> reason; ARGV[3] -> last error;
-//	ARGV[4..] -> serials
+//	ARGV[4] -> "1" to count the run that failed, "0" when the record counts
+//	it already (a claim that re-took an expired lease, ClaimTasks);
+//	ARGV[5..] -> serials
 //
 // Compare-and-set as finishScript. The dead-letter record keeps reason,
 // attempts (including the one that failed), deadline and last error.
@@ -430,14 +432,15 @@ return out
 var buryScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local err = string.gsub(ARGV[3], '|', '/')
-local mine = owned(KEYS[3], ARGV[1], 4)
+local run = tonumber(ARGV[4])
+local mine = owned(KEYS[3], ARGV[1], 5)
 for _, e in ipairs(mine) do
   local s = e[1]
   redis.call('HDEL', KEYS[3], s)
   redis.call('ZREM', KEYS[1], s)
   redis.call('ZREM', KEYS[2], s)
   redis.call('ZADD', KEYS[4], now, s)
-  redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. (e[3] + 1) .. '|' .. e[2] .. '|' .. err)
+  redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. (e[3] + run) .. '|' .. e[2] .. '|' .. err)
 end
 return #mine
 `)

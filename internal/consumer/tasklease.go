@@ -6,9 +6,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
-	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -144,7 +142,7 @@ func BuryTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token, rea
 	if !ValidPollToken(token) {
 		return 0, ErrInvalidPollToken
 	}
-	args := append([]any{token, reason, lastErr}, anys(ids)...)
+	args := append([]any{token, reason, lastErr, "1"}, anys(ids)...)
 	n, err := buryScript.Run(ctx, rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("dead-letter: %w", err)
@@ -166,44 +164,4 @@ func ReleaseTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token s
 		return 0, fmt.Errorf("hand back: %w", err)
 	}
 	return n, nil
-}
-
-// buryCountedScript is buryScript for tasks whose failed runs are all
-// counted in their lease record already: a claim that re-takes a task
-// after its lease expired counts that run (ClaimTasks), so the task is
-// dead-lettered with the record's attempts as they are, not one more.
-//
-//	KEYS and ARGV as buryScript.
-var buryCountedScript = redis.NewScript(luaHelpers + `
-local now = now_ms()
-local err = string.gsub(ARGV[3], '|', '/')
-local mine = owned(KEYS[3], ARGV[1], 4)
-for _, e in ipairs(mine) do
-  local s = e[1]
-  redis.call('HDEL', KEYS[3], s)
-  redis.call('ZREM', KEYS[1], s)
-  redis.call('ZREM', KEYS[2], s)
-  redis.call('ZADD', KEYS[4], now, s)
-  redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. e[3] .. '|' .. e[2] .. '|' .. err)
-end
-return #mine
-`)
-
-// buryCounted is bury for items whose attempts already count every failed
-// run.
-func (c *Consumer) buryCounted(items []item, reason, lastErr string) {
-	ctx, cancel := bookkeeping()
-	defer cancel()
-	k := c.cfg.Keys
-	for tok, serials := range byToken(items) {
-		args := append([]any{tok, reason, lastErr}, anys(serials)...)
-		n, err := buryCountedScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
-		if err != nil {
-			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
-			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
-				zap.Int("orders", len(serials)), zap.Error(err))
-			continue
-		}
-		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
-	}
 }

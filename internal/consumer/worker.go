@@ -511,7 +511,17 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	}
 }
 
-func (c *Consumer) bury(items []item, reason, lastErr string) {
+func (c *Consumer) bury(items []item, reason, lastErr string) { c.buryAs(items, reason, lastErr, true) }
+
+// buryCounted is bury for items whose attempts already count every failed
+// run (a claim that re-took an expired lease counted it: ClaimTasks).
+func (c *Consumer) buryCounted(items []item, reason, lastErr string) {
+	c.buryAs(items, reason, lastErr, false)
+}
+
+// buryAs dead-letters items; countRun adds the run that failed to their
+// attempts.
+func (c *Consumer) buryAs(items []item, reason, lastErr string, countRun bool) {
 	if c.cfg.DryRun {
 		return // the queue is left as it is
 	}
@@ -519,7 +529,7 @@ func (c *Consumer) bury(items []item, reason, lastErr string) {
 	defer cancel()
 	k := c.cfg.Keys
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok, reason, lastErr}, anys(serials)...)
+		args := append([]any{tok, reason, lastErr, boolArg(countRun)}, anys(serials)...)
 		n, err := buryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
