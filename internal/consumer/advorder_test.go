@@ -1,0 +1,63 @@
+package consumer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// A contended row sends its batch down the order-by-order path (oneByOne,
+// new with the task-queue work). Every order of that walk is still closed
+// under its own fence: one a raw producer rescheduled an hour ahead during
+// the lease, one the client rescheduled, and one paid meanwhile all stay
+// open, with the producers' entries queued at their deadlines; the others
+// close; the contended row backs off with no attempt spent.
+func TestOrderByOrderWalkKeepsEveryFence(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	past := e.redisNow().Add(-time.Second)
+	serials := e.orders("walk", 10, past)
+	e.enqueue(serials, past)
+	bad, raw, api, paid := serials[0], serials[3], serials[5], serials[8]
+	e.failClose(bad, "40001")
+	c := e.consumer(Config{BatchSize: 10, Lease: 30 * time.Second})
+	c.stopping = make(chan struct{})
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 10 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	later := e.redisNow().Add(time.Hour)
+	e.enqueue([]string{raw}, later)
+	if _, _, err := e.cl.Enqueue(ctx, api, later, client.Reschedule); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1", paid); err != nil {
+		t.Fatal(err)
+	}
+	c.process(ctx, res.items)
+	for _, s := range serials {
+		want := "closed"
+		switch s {
+		case bad, raw, api:
+			want = "pending"
+		case paid:
+			want = "paid"
+		}
+		if got := e.status(s); got != want {
+			t.Errorf("%s: %s, want %s", s, got, want)
+		}
+	}
+	for _, s := range []string{raw, api} {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil || got.State != client.StateQueued || got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
+			t.Errorf("%s: entry %+v (%v), want queued at the producer's deadline", s, got, err)
+		}
+	}
+	got, err := e.cl.Get(ctx, bad)
+	if err != nil || got.State != client.StateBackoff || got.Attempts != 0 {
+		t.Errorf("the contended order: %+v (%v), want backoff with 0 attempts", got, err)
+	}
+}
