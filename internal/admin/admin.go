@@ -21,7 +21,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/orderdelay/orderdelay/client"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -30,8 +29,10 @@ type Tools struct {
 	rdb  redis.UniversalClient
 	keys queue.Keys
 	all  []queue.Keys // keys, then the shards' keys (client.WithShards)
-	cl   *client.Client
-	db   *sqlx.DB // nil: Redis-only tools
+	// stores are the stores of all, in the same order.
+	stores []*queue.Store
+	cl     *client.Client
+	db     *sqlx.DB // nil: Redis-only tools
 }
 
 // New returns the tools for the queue named key. db may be nil for tools
@@ -43,7 +44,11 @@ func New(rdb redis.UniversalClient, key string, db *sqlx.DB, opts ...client.Opti
 	if err != nil {
 		return nil, err
 	}
-	return &Tools{rdb: rdb, keys: cl.Keys(), all: cl.AllKeys(), cl: cl, db: db}, nil
+	t := &Tools{rdb: rdb, keys: cl.Keys(), all: cl.AllKeys(), cl: cl, db: db}
+	for _, k := range t.all {
+		t.stores = append(t.stores, queue.NewStore(rdb, k))
+	}
+	return t, nil
 }
 
 // ErrNoDatabase is returned by tools that need PostgreSQL when none is set.
@@ -342,38 +347,38 @@ func (t *Tools) Order(ctx context.Context, serial string) (OrderReport, error) {
 }
 
 // Dead lists up to limit dead letters, oldest first (over every shard).
-func (t *Tools) Dead(ctx context.Context, limit int64) ([]consumer.DeadEntry, error) {
-	if len(t.all) == 1 {
-		return consumer.ListDead(ctx, t.rdb, t.keys, limit)
+func (t *Tools) Dead(ctx context.Context, limit int64) ([]queue.DeadEntry, error) {
+	if len(t.stores) == 1 {
+		return t.stores[0].Dead(ctx, limit)
 	}
-	var out []consumer.DeadEntry
-	for _, k := range t.all {
-		es, err := consumer.ListDead(ctx, t.rdb, k, limit)
+	var out []queue.DeadEntry
+	for _, st := range t.stores {
+		es, err := st.Dead(ctx, limit)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, es...)
 	}
-	slices.SortStableFunc(out, func(a, b consumer.DeadEntry) int { return a.At.Compare(b.At) })
+	slices.SortStableFunc(out, func(a, b queue.DeadEntry) int { return a.At.Compare(b.At) })
 	return out[:min(int64(len(out)), limit)], nil
 }
 
 // Requeue puts the named dead letters back on the queue (the shard they
 // died in), due now.
 func (t *Tools) Requeue(ctx context.Context, serials ...string) (int, error) {
-	if len(t.all) == 1 {
-		return consumer.Requeue(ctx, t.rdb, t.keys, serials...)
+	if len(t.stores) == 1 {
+		return t.stores[0].Requeue(ctx, serials...)
 	}
 	total := 0
-	for _, k := range t.all {
-		n, err := consumer.Requeue(ctx, t.rdb, k, serials...)
+	for _, st := range t.stores {
+		n, err := st.Requeue(ctx, serials...)
 		total += n
-		if err != nil && !errors.Is(err, consumer.ErrNotDead) {
+		if err != nil && !errors.Is(err, queue.ErrNotDead) {
 			return total, err
 		}
 	}
 	if total == 0 && len(serials) == 1 {
-		return 0, fmt.Errorf("%s: %w", serials[0], consumer.ErrNotDead)
+		return 0, fmt.Errorf("%s: %w", serials[0], queue.ErrNotDead)
 	}
 	return total, nil
 }
@@ -381,8 +386,8 @@ func (t *Tools) Requeue(ctx context.Context, serials ...string) (int, error) {
 // RequeueAll puts every dead letter back on the queue, due now.
 func (t *Tools) RequeueAll(ctx context.Context) (int, error) {
 	total := 0
-	for _, k := range t.all {
-		n, err := consumer.RequeueAll(ctx, t.rdb, k)
+	for _, st := range t.stores {
+		n, err := st.RequeueAll(ctx)
 		total += n
 		if err != nil {
 			return total, err
@@ -395,13 +400,13 @@ func (t *Tools) RequeueAll(ctx context.Context) (int, error) {
 // the oldest beyond keepMax (0: no cap). A sharded queue keeps at most
 // keepMax / (shards + 1), rounded up, per key.
 func (t *Tools) PurgeDead(ctx context.Context, olderThan time.Duration, keepMax int) (int, error) {
-	if len(t.all) == 1 {
-		return consumer.PurgeDead(ctx, t.rdb, t.keys, olderThan, keepMax)
+	if len(t.stores) == 1 {
+		return t.stores[0].PurgeDead(ctx, olderThan, keepMax)
 	}
-	per := (keepMax + len(t.all) - 1) / len(t.all)
+	per := (keepMax + len(t.stores) - 1) / len(t.stores)
 	total := 0
-	for _, k := range t.all {
-		n, err := consumer.PurgeDead(ctx, t.rdb, k, olderThan, per)
+	for _, st := range t.stores {
+		n, err := st.PurgeDead(ctx, olderThan, per)
 		total += n
 		if err != nil {
 			return total, err

@@ -286,7 +286,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 				}
 			} else {
 				what = "retention purge"
-				if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+				if _, err := queue.NewStore(e.rdb, k).PurgeDead(ctx, 0, 1); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -442,7 +442,7 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 				}
 			} else {
 				what = "retention purge"
-				if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+				if _, err := queue.NewStore(e.rdb, k).PurgeDead(ctx, 0, 1); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -706,7 +706,7 @@ func comboStreamRun(t *testing.T, seed uint64, steps int) {
 				if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
 					t.Fatal(err)
 				}
-			} else if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+			} else if _, err := queue.NewStore(e.rdb, k).PurgeDead(ctx, 0, 1); err != nil {
 				t.Fatal(err)
 			}
 		case 7:

@@ -57,7 +57,7 @@ func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
 				t.Fatalf("after the live x completed, the dead letter's payload is %q, want the latest {\"v\":2}", p)
 			}
 			// A requeue runs x with it.
-			if _, err := Requeue(context.Background(), e.rdb, e.keys, "x"); err != nil {
+			if _, err := e.st.Requeue(context.Background(), "x"); err != nil {
 				t.Fatal(err)
 			}
 			var got json.RawMessage

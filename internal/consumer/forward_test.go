@@ -138,7 +138,7 @@ func TestReliableListDeadLettersAfterMaxAttempts(t *testing.T) {
 	if got := len(deliveries); got != 2 || deliveries[0] != 0 || deliveries[1] != 1 {
 		t.Fatalf("attempts seen by the consumer %v, want [0 1]: delivered exactly max_attempts times", deliveries)
 	}
-	dead, err := ListDead(ctx, e.rdb, e.keys, 10)
+	dead, err := e.st.Dead(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestReliableListDeadLettersAfterMaxAttempts(t *testing.T) {
 	if err != nil || task.State != "dead" || string(task.Payload) != `{"big":12345678901234567890,"s":"a|b"}` {
 		t.Fatalf("GetTask: %+v, %v; want dead with its payload byte for byte", task, err)
 	}
-	if _, err := Requeue(ctx, e.rdb, e.keys, "rl-1"); err != nil {
+	if _, err := e.st.Requeue(ctx, "rl-1"); err != nil {
 		t.Fatal(err)
 	}
 	e.forwardOnce(cfg)
@@ -261,7 +261,7 @@ func TestStreamEntriesDeadLetteredAfterMaxDeliveries(t *testing.T) {
 	}
 	e.idleFor("g", "c2", byTask["ev-1"], 2*time.Minute)
 	e.forwardOnce(cfg)
-	dead, err := ListDead(ctx, e.rdb, e.keys, 10)
+	dead, err := e.st.Dead(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

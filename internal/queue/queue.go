@@ -1,9 +1,17 @@
-// Package queue owns the Redis layout of an orderdelay queue and the rules
-// every producer and consumer agree on: how companion keys are named, which
-// members are valid order serials, and which scores are valid deadlines.
+// Package queue is the store: it owns the Redis layout of an orderdelay
+// queue and the rules every producer and consumer agree on — how companion
+// keys are named (Keys), which members are valid order serials and which
+// scores valid deadlines, the records kept beside entries (DeadRecord,
+// ListItem, the meta hash) — and the Lua scripts that change them, each
+// beside the typed method of Store that runs it and returns a result
+// struct. It knows nothing of metrics or logging; callers count and log.
 //
-// It has no dependencies beyond the standard library so that the public
-// client package can share it without inheriting the daemon's.
+// The order-lease protocol (claim, finish, retry, bury, hand-back and the
+// stats script) still lives in internal/consumer, and the order writes
+// that drop a lease (enqueue, cancel, get) in package client.
+//
+// It depends on go-redis and the standard library only, so the public
+// client package shares it without inheriting the daemon's dependencies.
 //
 // Layout of a queue whose key is Q (default "delaytask:order"):
 //
