@@ -97,9 +97,9 @@ func TestOperatorPurgeWhileTheIDIsTakenLeavesNoOrphan(t *testing.T) {
 			}
 			var n int
 			if how == "ids" {
-				n, err = PurgeTasks(ctx, e.rdb, e.keys, []string{"x"})
+				n, err = e.st.PurgeTasks(ctx, []string{"x"})
 			} else {
-				n, err = PurgeTasksBefore(ctx, e.rdb, e.keys, time.Time{})
+				n, err = e.st.PurgeTasksBefore(ctx, time.Time{})
 			}
 			if err != nil || n != 1 {
 				t.Fatalf("purge: %d, %v", n, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // Operating a queue: list its tasks and dead letters, requeue and purge
@@ -74,15 +75,15 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 	default:
 		return TaskPage{}, ErrBadState
 	}
-	var after *consumer.Cursor
+	var after *queue.Cursor
 	if cursor != "" {
-		c, err := consumer.ParseCursor(cursor)
+		c, err := queue.ParseCursor(cursor)
 		if err != nil {
 			return TaskPage{}, err
 		}
 		after = &c
 	}
-	zs, err := consumer.Page(ctx, r.Redis, key, after, limit)
+	zs, err := r.Store.Page(ctx, key, after, limit)
 	if err != nil {
 		return TaskPage{}, err
 	}
@@ -116,7 +117,7 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 			t.State = "dead"
 			at := time.UnixMilli(int64(z.Score)).UTC()
 			t.DeadAt = &at
-			if d, ok := consumer.ParseDeadRecord(rec); ok {
+			if d, ok := queue.ParseDeadRecord(rec); ok {
 				t.Reason, t.Attempts, t.LastError = d.Reason, d.Attempts, d.LastError
 				if ms, err := strconv.ParseFloat(d.Deadline, 64); err == nil {
 					t.Due = time.UnixMilli(int64(ms)).UTC()
@@ -154,7 +155,7 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 	}
 	if len(zs) == limit {
 		last := zs[len(zs)-1]
-		page.Next = consumer.Cursor{Score: last.Score, ID: ids[len(ids)-1]}.String()
+		page.Next = queue.Cursor{Score: last.Score, ID: ids[len(ids)-1]}.String()
 	}
 	return page, nil
 }
@@ -269,13 +270,13 @@ func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, err
 		}
 		ids = keep
 	}
-	outs, err := consumer.RequeueTasks(ctx, r.Redis, r.Keys, ids)
+	outs, err := r.Store.RequeueTasks(ctx, ids)
 	if err != nil {
 		return res, err
 	}
 	for i, o := range outs {
 		switch {
-		case o == consumer.RequeueDone:
+		case o == queue.RequeueDone:
 			res.Requeued++
 		case r.Durable != nil:
 			// The row decides: it is SCHEDULED again, due now, under a new
@@ -286,7 +287,7 @@ func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, err
 			// run, else the loader brings it in once it is gone. Either
 			// way the task runs again, so it is not "left alone".
 			res.Requeued++
-		case o == consumer.RequeueLive:
+		case o == queue.RequeueLive:
 			res.Skipped = append(res.Skipped, Skipped{ID: ids[i], Why: WhyLive})
 		default:
 			res.Skipped = append(res.Skipped, Skipped{ID: ids[i], Why: WhyNotDead})
@@ -317,7 +318,7 @@ func (r *Runtime) RequeueAll(ctx context.Context) (RequeueResult, int64, error) 
 // task has the same id, and returns how many there were. A durable
 // queue's rows stay FAILED (the record of what happened).
 func (r *Runtime) Purge(ctx context.Context, ids []string) (int, error) {
-	return consumer.PurgeTasks(ctx, r.Redis, r.Keys, ids)
+	return r.Store.PurgeTasks(ctx, ids)
 }
 
 // PurgeOlder removes the dead letters dead-lettered more than olderThan
@@ -331,7 +332,7 @@ func (r *Runtime) PurgeOlder(ctx context.Context, olderThan time.Duration) (int,
 		}
 		cutoff = now.Add(-olderThan)
 	}
-	return consumer.PurgeTasksBefore(ctx, r.Redis, r.Keys, cutoff)
+	return r.Store.PurgeTasksBefore(ctx, cutoff)
 }
 
 // resetFailed moves the FAILED rows of ids back to SCHEDULED, due now,

@@ -104,7 +104,7 @@ func TestListRefusesBadStateAndCursor(t *testing.T) {
 	if _, err := r.List(context.Background(), "done", "", 10, false); !errors.Is(err, ErrBadState) {
 		t.Errorf("state done: %v, want ErrBadState", err)
 	}
-	if _, err := r.List(context.Background(), ListDead, "%%%", 10, false); !errors.Is(err, consumer.ErrBadCursor) {
+	if _, err := r.List(context.Background(), ListDead, "%%%", 10, false); !errors.Is(err, queue.ErrBadCursor) {
 		t.Errorf("bad cursor: %v, want ErrBadCursor", err)
 	}
 }
