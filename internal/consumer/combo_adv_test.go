@@ -693,7 +693,7 @@ func comboStreamRun(t *testing.T, seed uint64, steps int) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				buried += sw.deadLettered
+				buried += sw.DeadLettered
 			}
 		case 5:
 			what = "requeue " + id
