@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
 )
 
 // Stream and reliable-list queues: the queue's ack_timeout and
@@ -208,6 +209,17 @@ func streamEnv(t *testing.T) (*env, Config) {
 		t.Fatal(err)
 	}
 	return e, Config{MaxAttempts: 2, Forward: &Forward{Kind: "stream", Queue: "ev", MaxLen: 1000, AckTimeout: time.Minute}}
+}
+
+// A stream queue that has forwarded nothing yet has no stream: its sweep
+// finds no groups, and neither logs nor counts an error.
+func TestStreamSweepBeforeTheFirstForwardIsNoError(t *testing.T) {
+	e := newRedisEnv(t)
+	cfg := Config{MaxAttempts: 2, Forward: &Forward{Kind: "stream", Queue: "ev", MaxLen: 1000, AckTimeout: time.Minute}}
+	e.forwardOnce(cfg)
+	if n := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClaim)); n != 0 {
+		t.Errorf("%v claim-stage errors after a sweep of a queue with no stream yet, want 0", n)
+	}
 }
 
 // idleFor makes a pending stream entry look idle for d (XCLAIM ... IDLE

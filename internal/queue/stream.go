@@ -23,7 +23,9 @@ type StreamGroup struct {
 // when nothing was forwarded yet (no stream).
 func (s *Store) StreamGroups(ctx context.Context) ([]StreamGroup, error) {
 	groups, err := s.rdb.XInfoGroups(ctx, s.keys.Stream).Result()
-	if redis.HasErrorPrefix(err, "ERR no such key") {
+	// HasErrorPrefix strips the reply's "ERR " before comparing, so the
+	// prefix must not carry it: with it, this never matched.
+	if redis.HasErrorPrefix(err, "no such key") {
 		return nil, nil
 	}
 	if err != nil {

@@ -19,6 +19,9 @@ func TestStoreBuryStreamEntries(t *testing.T) {
 	rdb, keys := testenv.Redis(t)
 	st := queue.NewStore(rdb, keys)
 	ctx := context.Background()
+	if gs, err := st.StreamGroups(ctx); err != nil || gs != nil {
+		t.Fatalf("no stream yet: %v, %v; want no groups", gs, err)
+	}
 	add := func(vals ...any) string {
 		id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream, Values: vals}).Result()
 		if err != nil {
