@@ -12,7 +12,6 @@ import (
 	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -189,11 +188,7 @@ func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
-	t, err := r.tools()
-	if err != nil {
-		return Stats{}, err
-	}
-	ps, err := t.PauseState(ctx)
+	ps, err := r.Store.PauseState(ctx)
 	if err != nil {
 		return Stats{}, err
 	}
@@ -202,30 +197,19 @@ func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
 		OldestOverdueSeconds: s.OldestDue.Seconds(), Paused: ps.Paused, PausedReason: ps.Reason}, nil
 }
 
-// tools are the admin package's tools on this queue's keys (pause and
-// resume work on any queue).
-func (r *Runtime) tools() (*admin.Tools, error) {
-	return admin.New(r.Redis, r.Keys.Queue, nil)
-}
-
 // Pause stops the queue: no task is claimed, forwarded or polled until
 // Resume (each replica notices at its next claim). Producers keep adding
 // tasks. Pausing again keeps the first pause's time and reason.
-func (r *Runtime) Pause(ctx context.Context, reason string) (admin.PauseState, error) {
-	t, err := r.tools()
-	if err != nil {
-		return admin.PauseState{}, err
+func (r *Runtime) Pause(ctx context.Context, reason string) (queue.PauseState, error) {
+	if err := r.Store.Pause(ctx, time.Now(), reason); err != nil {
+		return queue.PauseState{}, err
 	}
-	return t.Pause(ctx, reason)
+	return r.Store.PauseState(ctx)
 }
 
 // Resume lets the queue run again and wakes its consumers.
 func (r *Runtime) Resume(ctx context.Context) error {
-	t, err := r.tools()
-	if err != nil {
-		return err
-	}
-	return t.Resume(ctx)
+	return r.Store.Resume(ctx)
 }
 
 // RequeueResult reports a requeue.
