@@ -63,11 +63,11 @@ const (
 func (m Mode) arg() string {
 	switch m {
 	case Reschedule:
-		return "set"
+		return queue.ModeReschedule
 	case OnlyLater:
-		return "later"
+		return queue.ModeLater
 	default:
-		return "nx"
+		return queue.ModeCreate
 	}
 }
 
@@ -75,9 +75,9 @@ func (m Mode) arg() string {
 type Result int
 
 const (
-	Unchanged Result = iota // the entry existed and kept its deadline
-	Created                 // a new entry was added
-	Moved                   // an existing entry got a new deadline
+	Unchanged Result = queue.ResultUnchanged // the entry existed and kept its deadline
+	Created   Result = queue.ResultCreated   // a new entry was added
+	Moved     Result = queue.ResultMoved     // an existing entry got a new deadline
 )
 
 func (r Result) String() string {
@@ -126,6 +126,7 @@ type Item struct {
 type Client struct {
 	rdb  redis.UniversalClient
 	keys queue.Keys
+	st   *queue.Store // the store of keys: the task scripts
 	now  func() time.Time
 	// shards is the number of shard keys order timeouts are spread over
 	// (WithShards); 1: the queue key only.
@@ -159,6 +160,7 @@ func New(rdb redis.UniversalClient, key string, opts ...Option) (*Client, error)
 		return nil, fmt.Errorf("shards: want 1 to %d, got %d", queue.MaxShards, c.shards)
 	}
 	c.shard = queue.ShardKeys(key, c.shards)
+	c.st = queue.NewStore(rdb, c.keys)
 	return c, nil
 }
 
