@@ -257,13 +257,13 @@ func (c *Client) PutTasks(ctx context.Context, items []TaskItem, mode Mode) ([]R
 		if err := queue.ValidateSerial(items[i].ID); err != nil {
 			return nil, fmt.Errorf("task %d: %w", i, err)
 		}
+		if err := queue.ValidateDeadline(queue.DeadlineMillis(items[i].Deadline), now); err != nil {
+			return nil, fmt.Errorf("task %d: %w", i, err)
+		}
 		if len(items[i].Payload) == 0 {
 			continue // stored as null; the caller's item is left as it is
 		}
 		if err := ValidatePayload(items[i].Payload); err != nil {
-			return nil, fmt.Errorf("task %d: %w", i, err)
-		}
-		if err := queue.ValidateDeadline(queue.DeadlineMillis(items[i].Deadline), now); err != nil {
 			return nil, fmt.Errorf("task %d: %w", i, err)
 		}
 	}
