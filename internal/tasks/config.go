@@ -20,7 +20,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -230,7 +229,7 @@ func (f *File) setDefaults() error {
 		}
 		names[q.Name] = true
 		if q.Key == "" {
-			q.Key = client.TaskQueueKey(q.Name)
+			q.Key = queue.TaskQueueKey(q.Name)
 		}
 		if err := queue.ValidateKey(q.Key); err != nil {
 			return fmt.Errorf("%s: key: %w", where, err)
