@@ -164,9 +164,16 @@ func New(rdb redis.UniversalClient, key string, opts ...Option) (*Client, error)
 	return c, nil
 }
 
+// Keys holds the names of every Redis key of one queue: the sorted set
+// producers write (Queue) and its companions ({Queue}:inflight, :lease,
+// :dead, :deadinfo, :payload, :meta, ...), each a string field. It is
+// declared in the module's internal store package; this alias is its name
+// for callers outside the module.
+type Keys = queue.Keys
+
 // Keys returns the Redis keys of the client's queue (its base key when
 // sharded; see AllKeys).
-func (c *Client) Keys() queue.Keys { return c.keys }
+func (c *Client) Keys() Keys { return c.keys }
 
 // maxPerCall bounds how many entries one script call writes, so a huge batch
 // never blocks Redis for long.
