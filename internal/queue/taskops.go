@@ -254,3 +254,59 @@ func (s *Store) PurgeTasksBefore(ctx context.Context, cutoff time.Time) (int, er
 		}
 	}
 }
+
+// Record is what a listing shows beside an id of a page: its record in a
+// hash (DeadInfo or Lease; "" when it has none) and its payload.
+type Record struct {
+	Rec        string
+	Payload    string
+	HasPayload bool // false: no payload field (Payload is "")
+}
+
+// Records reads, in one pipeline, the dead-letter records (dead) or lease
+// records of ids and, with withPayload, their payloads.
+func (s *Store) Records(ctx context.Context, ids []string, dead, withPayload bool) ([]Record, error) {
+	hash := s.keys.Lease
+	if dead {
+		hash = s.keys.DeadInfo
+	}
+	pipe := s.rdb.Pipeline()
+	recs := pipe.HMGet(ctx, hash, ids...)
+	var payloads *redis.SliceCmd
+	if withPayload {
+		payloads = pipe.HMGet(ctx, s.keys.Payload, ids...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]Record, len(ids))
+	for i := range out {
+		out[i].Rec, _ = recs.Val()[i].(string)
+		if payloads != nil {
+			out[i].Payload, out[i].HasPayload = payloads.Val()[i].(string)
+		}
+	}
+	return out, nil
+}
+
+// Sizes counts the entries of the queue key (waiting, or due and not yet
+// claimed) and the inflight set (leased or backing off), in one pipeline.
+func (s *Store) Sizes(ctx context.Context) (queued, inflight int64, err error) {
+	pipe := s.rdb.Pipeline()
+	q := pipe.ZCard(ctx, s.keys.Queue)
+	f := pipe.ZCard(ctx, s.keys.Inflight)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, 0, err
+	}
+	return q.Val(), f.Val(), nil
+}
+
+// DeadIDs returns the ids of the oldest limit dead letters.
+func (s *Store) DeadIDs(ctx context.Context, limit int64) ([]string, error) {
+	return s.rdb.ZRange(ctx, s.keys.Dead, 0, limit-1).Result()
+}
+
+// DeadCount returns how many dead letters there are.
+func (s *Store) DeadCount(ctx context.Context) (int64, error) {
+	return s.rdb.ZCard(ctx, s.keys.Dead).Result()
+}

@@ -117,3 +117,34 @@ func TestParseCursorRefusesGarbage(t *testing.T) {
 		}
 	}
 }
+
+// Records tells a missing payload from an empty one and reads the hash the
+// listing asks for; Sizes, DeadIDs and DeadCount count what is there.
+func TestStoreRecordsAndSizes(t *testing.T) {
+	rdb, keys := testenv.Redis(t)
+	st := queue.NewStore(rdb, keys)
+	ctx := context.Background()
+	rdb.HSet(ctx, keys.DeadInfo, "a", "failed|1|2|x")
+	rdb.HSet(ctx, keys.Lease, "a", "2|1|tok|")
+	rdb.HSet(ctx, keys.Payload, "a", `{"v":1}`, "b", "")
+	recs, err := st.Records(ctx, []string{"a", "b", "c"}, true, true)
+	want := []queue.Record{{Rec: "failed|1|2|x", Payload: `{"v":1}`, HasPayload: true}, {HasPayload: true}, {}}
+	if err != nil || !slices.Equal(recs, want) {
+		t.Errorf("dead records %+v, %v; want %+v", recs, err, want)
+	}
+	if recs, err := st.Records(ctx, []string{"a"}, false, false); err != nil || !slices.Equal(recs, []queue.Record{{Rec: "2|1|tok|"}}) {
+		t.Errorf("lease records without payloads: %+v, %v", recs, err)
+	}
+	rdb.ZAdd(ctx, keys.Queue, redisZ("q1", 1), redisZ("q2", 2))
+	rdb.ZAdd(ctx, keys.Inflight, redisZ("l1", 1))
+	rdb.ZAdd(ctx, keys.Dead, redisZ("d2", 2), redisZ("d1", 1), redisZ("d3", 3))
+	if q, f, err := st.Sizes(ctx); err != nil || q != 2 || f != 1 {
+		t.Errorf("sizes %d, %d, %v; want 2, 1", q, f, err)
+	}
+	if ids, err := st.DeadIDs(ctx, 2); err != nil || !slices.Equal(ids, []string{"d1", "d2"}) {
+		t.Errorf("dead ids %v, %v; want the two oldest", ids, err)
+	}
+	if n, err := st.DeadCount(ctx); err != nil || n != 3 {
+		t.Errorf("dead count %d, %v", n, err)
+	}
+}

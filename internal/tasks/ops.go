@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/lib/pq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -94,23 +93,13 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 	for i, z := range zs {
 		ids[i], _ = z.Member.(string) // Page returns strings
 	}
-	pipe := r.Redis.Pipeline()
-	var recs *redis.SliceCmd
-	if state == ListDead {
-		recs = pipe.HMGet(ctx, r.Keys.DeadInfo, ids...)
-	} else {
-		recs = pipe.HMGet(ctx, r.Keys.Lease, ids...)
-	}
-	var payloads *redis.SliceCmd
-	if withPayload {
-		payloads = pipe.HMGet(ctx, r.Keys.Payload, ids...)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	recs, err := r.Store.Records(ctx, ids, state == ListDead, withPayload)
+	if err != nil {
 		return TaskPage{}, fmt.Errorf("list %s: %w", state, err)
 	}
 	for i, z := range zs {
 		t := TaskInfo{ID: ids[i]}
-		rec, _ := recs.Val()[i].(string)
+		rec := recs[i].Rec
 		switch state {
 		case ListDead:
 			t.State = "dead"
@@ -142,12 +131,10 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 				}
 			}
 		}
-		if payloads != nil {
-			if p, ok := payloads.Val()[i].(string); ok {
-				t.Payload = json.RawMessage(p)
-				if !json.Valid(t.Payload) { // only a raw HSET can store this
-					t.Payload, _ = json.Marshal(p)
-				}
+		if p := recs[i]; p.HasPayload {
+			t.Payload = json.RawMessage(p.Payload)
+			if !json.Valid(t.Payload) { // only a raw HSET can store this
+				t.Payload, _ = json.Marshal(p.Payload)
 			}
 		}
 		page.Tasks[i] = t
@@ -182,10 +169,8 @@ func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	pipe := r.Redis.Pipeline()
-	pending := pipe.ZCard(ctx, r.Keys.Queue)
-	inflight := pipe.ZCard(ctx, r.Keys.Inflight)
-	if _, err := pipe.Exec(ctx); err != nil {
+	pending, inflight, err := r.Store.Sizes(ctx)
+	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
 	ps, err := r.Store.PauseState(ctx)
@@ -193,7 +178,7 @@ func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, err
 	}
 	return Stats{Queue: r.Config.Name, Action: r.Config.Action.Type, Durable: r.Durable != nil,
-		Pending: pending.Val(), Due: s.Overdue, Inflight: inflight.Val(), Dead: s.DeadLetters,
+		Pending: pending, Due: s.Overdue, Inflight: inflight, Dead: s.DeadLetters,
 		OldestOverdueSeconds: s.OldestDue.Seconds(), Paused: ps.Paused, PausedReason: ps.Reason}, nil
 }
 
@@ -283,7 +268,7 @@ func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, err
 // RequeueAll requeues the oldest dead letters, at most MaxRequeue, as
 // Requeue does, and says how many dead letters remain.
 func (r *Runtime) RequeueAll(ctx context.Context) (RequeueResult, int64, error) {
-	ids, err := r.Redis.ZRange(ctx, r.Keys.Dead, 0, MaxRequeue-1).Result()
+	ids, err := r.Store.DeadIDs(ctx, MaxRequeue)
 	if err != nil {
 		return RequeueResult{}, 0, fmt.Errorf("requeue: %w", err)
 	}
@@ -291,7 +276,7 @@ func (r *Runtime) RequeueAll(ctx context.Context) (RequeueResult, int64, error) 
 	if err != nil {
 		return res, 0, err
 	}
-	left, err := r.Redis.ZCard(ctx, r.Keys.Dead).Result()
+	left, err := r.Store.DeadCount(ctx)
 	if err != nil {
 		return res, 0, fmt.Errorf("requeue: %w", err)
 	}
