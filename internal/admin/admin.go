@@ -3,10 +3,6 @@
 // deadlines of a time window, resync the queue from PostgreSQL, look at one
 // order in both stores, and purge old dead letters. Each tool works in
 // bounded steps, so none blocks Redis or holds long transactions.
-//
-// The Redis side of every tool is a method of the queue's store
-// (internal/queue); the tools add the fan-out over a sharded queue's keys
-// and the reference schema's SQL.
 package admin
 
 import (
@@ -27,6 +23,9 @@ import (
 )
 
 // Tools operate on one queue and (optionally) its reference orders table.
+// The Redis side of every tool is a method of the queue's store
+// (internal/queue); the tools add the fan-out over a sharded queue's keys
+// and the reference schema's SQL.
 type Tools struct {
 	// stores are the queue key's store, then its shards' (client.WithShards).
 	stores []*queue.Store

@@ -20,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -229,7 +230,7 @@ func (f *File) setDefaults() error {
 		}
 		names[q.Name] = true
 		if q.Key == "" {
-			q.Key = queue.TaskQueueKey(q.Name)
+			q.Key = client.TaskQueueKey(q.Name)
 		}
 		if err := queue.ValidateKey(q.Key); err != nil {
 			return fmt.Errorf("%s: key: %w", where, err)
