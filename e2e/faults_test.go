@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // Fault tests (issue "Never lose an order"): each injects what production
 // does to the daemon and then checks the same invariants. Destructive faults

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // A real PostgreSQL failover (issue 11, "What to build" item 4): a private
 // primary and a streaming standby, the daemon behind a front proxy standing

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // The operator's toolkit (issue "The operator's toolkit"): each tool is
 // driven through the CLI or the admin API against a running daemon, and the

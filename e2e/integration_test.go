@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // End-to-end tests: the real binary, built once, driven as a user would,
 // against the real Redis and PostgreSQL (each test with its own database
@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "orderdelay")
-	build := exec.Command("go", "build", "-race", "-o", binary, "./cmd/orderdelay")
+	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/orderdelay/orderdelay/cmd/orderdelay")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build:", err)
@@ -417,7 +417,7 @@ func TestIntegrationClosesUnpaidOrders(t *testing.T) {
 // ORDERDELAY_UPDATE_GOLDEN=1 rewrites it.
 func checkMetricGolden(t *testing.T, got []string) {
 	t.Helper()
-	path := filepath.Join("testdata", "metrics.txt")
+	path := filepath.Join("..", "testdata", "metrics.txt")
 	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" {
 		os.WriteFile(path, []byte(strings.Join(got, "\n")+"\n"), 0o644)
 	}

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // The fault campaign (issue 11): a seeded random checkout workload and a
 // seeded random nemesis run against two daemon replicas sharing one queue,

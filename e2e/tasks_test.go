@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // Named task queues (issue "Beyond orders"): each action runs against the
 // real binary, Redis and PostgreSQL. Tests are named after the scenarios of

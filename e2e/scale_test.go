@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // Scale tests (issue 8, parts 1 and 2): the real binary on a real Redis
 // Sentinel deployment through a failover, and on a real 3-master Redis

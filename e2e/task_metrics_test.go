@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"net/http"
@@ -94,7 +94,7 @@ queues:
 	}
 
 	// The task families: everything exported beyond the order queue's.
-	order, err := os.ReadFile(filepath.Join("testdata", "metrics.txt"))
+	order, err := os.ReadFile(filepath.Join("..", "testdata", "metrics.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ queues:
 			got = append(got, f)
 		}
 	}
-	checkGolden(t, filepath.Join("testdata", "task_metrics.txt"), got)
+	checkGolden(t, filepath.Join("..", "testdata", "task_metrics.txt"), got)
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit status %d after SIGTERM, want 0", code)
 	}

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // Sharded queues (issue 8, parts 3 and 4): ORDERDELAY_QUEUE_SHARDS on a
 // real 3-master Redis Cluster and on standalone Redis, the migration of a
