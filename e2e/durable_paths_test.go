@@ -48,7 +48,7 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 	}
 	// c-1 and c-2 are due in 3 s: within the window, so in Redis too.
 	for _, id := range []string{"c-1", "c-2"} {
-		if code := call(t, d, http.MethodPut, "/v1/queues/confirm/tasks/"+id, `{"after":"3s","payload":{"n":1}}`, nil); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, "/v1/queues/confirm/tasks/"+id, "", `{"after":"3s","payload":{"n":1}}`, nil); code != http.StatusCreated {
 			t.Fatalf("PUT %s: %d", id, code)
 		}
 	}
@@ -123,7 +123,7 @@ queues:
 	mu.Lock()
 	first = d
 	mu.Unlock()
-	if code := call(t, d, http.MethodPut, "/v1/queues/hook/tasks/k-1", `{"after":"1s","payload":{"n":1}}`, nil); code != http.StatusCreated {
+	if code := d.call(http.MethodPut, "/v1/queues/hook/tasks/k-1", "", `{"after":"1s","payload":{"n":1}}`, nil); code != http.StatusCreated {
 		t.Fatalf("PUT: %d", code)
 	}
 	select {

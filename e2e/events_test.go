@@ -62,13 +62,13 @@ func TestRemindersFireBeforeTheDeadline(t *testing.T) {
 	d := tw.start("ORDERDELAY_REMINDER_QUEUE=remind", "ORDERDELAY_REMINDER_BEFORE=1s")
 	ctx := context.Background()
 	serials := tw.createOrders("rem", 2, time.Now().Add(2500*time.Millisecond))
-	if code := put(t, d, serials[0], `{"after":"2500ms"}`); code != http.StatusCreated {
+	if code := d.call(http.MethodPut, "/v1/timeouts/"+serials[0], "", `{"after":"2500ms"}`, nil); code != http.StatusCreated {
 		t.Fatalf("PUT: %d", code)
 	}
-	if code := put(t, d, serials[1], `{"after":"1h"}`); code != http.StatusCreated {
+	if code := d.call(http.MethodPut, "/v1/timeouts/"+serials[1], "", `{"after":"1h"}`, nil); code != http.StatusCreated {
 		t.Fatalf("PUT: %d", code)
 	}
-	if code := status(t, d, http.MethodDelete, "/v1/timeouts/"+serials[1], ""); code != http.StatusNoContent {
+	if code := d.call(http.MethodDelete, "/v1/timeouts/"+serials[1], "", "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE: %d", code)
 	}
 	stream := tw.keys("remind").Stream

@@ -1,356 +1,21 @@
 package e2e
 
-// End-to-end tests: the real binary, built once, driven as a user would,
-// against the real Redis and PostgreSQL (each test with its own database
-// and queue key, see internal/testenv).
+// The order queue end to end: orders enqueued through the API and by raw
+// ZADD are closed once due unless paid, across replicas, through SIGTERM,
+// and bad settings stop the daemon at start.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-var binary string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "orderdelay-it")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "orderdelay")
-	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/orderdelay/orderdelay/cmd/orderdelay")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// world is one test's servers, database and queue.
-type world struct {
-	t        *testing.T
-	rdb      *redis.Client
-	redisURL string // what the daemon is given
-	keys     queue.Keys
-	db       *sqlx.DB
-	dbURL    string // what the daemon is given
-}
-
-func newWorld(t *testing.T) *world {
-	t.Helper()
-	rdb, keys := testenv.Redis(t)
-	db, dsn := testenv.Postgres(t)
-	return &world{t: t, rdb: rdb, redisURL: testenv.RedisURL(), keys: keys, db: db, dbURL: dsn}
-}
-
-// daemon is a running orderdelay process.
-type daemon struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	addr   string
-	mu     sync.Mutex
-	output bytes.Buffer
-	done   chan struct{}
-	err    error
-}
-
-func (d *daemon) Write(p []byte) (int, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.output.Write(p)
-}
-
-func (d *daemon) Output() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.output.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// env is the daemon's environment for this world; extra overrides.
-func (w *world) env(extra ...string) []string {
-	env := []string{
-		"PATH=" + os.Getenv("PATH"),
-		"ORDERDELAY_REDIS_URL=" + w.redisURL,
-		"ORDERDELAY_DATABASE_URL=" + w.dbURL,
-		"ORDERDELAY_QUEUE_KEY=" + w.keys.Queue,
-		"ORDERDELAY_LOG_LEVEL=info",
-	}
-	return append(env, extra...)
-}
-
-// start runs `orderdelay run` with the world's settings plus extra.
-func (w *world) start(extra ...string) *daemon {
-	w.t.Helper()
-	d := &daemon{t: w.t, addr: freeAddr(w.t), done: make(chan struct{})}
-	d.cmd = exec.Command(binary, "run")
-	d.cmd.Env = w.env(append([]string{"ORDERDELAY_HTTP_ADDR=" + d.addr}, extra...)...)
-	d.cmd.Stdout, d.cmd.Stderr = d, d
-	if err := d.cmd.Start(); err != nil {
-		w.t.Fatal(err)
-	}
-	go func() { d.err = d.cmd.Wait(); close(d.done) }()
-	w.t.Cleanup(func() {
-		select {
-		case <-d.done:
-		default:
-			d.cmd.Process.Kill()
-			<-d.done
-		}
-		if w.t.Failed() {
-			w.t.Logf("daemon output:\n%s", lastLines(d.Output(), 40))
-		}
-	})
-	d.waitReady()
-	return d
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func (d *daemon) url(path string) string { return "http://" + d.addr + path }
-
-func (d *daemon) waitReady() {
-	d.t.Helper()
-	waitFor(d.t, "daemon ready", 60*time.Second, func() bool {
-		select {
-		case <-d.done:
-			d.t.Fatalf("daemon exited early: %v\n%s", d.err, d.Output())
-		default:
-		}
-		resp, err := http.Get(d.url("/readyz"))
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-}
-
-// stop sends SIGTERM and returns the exit code.
-func (d *daemon) stop() int {
-	d.t.Helper()
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		d.t.Fatal(err)
-	}
-	select {
-	case <-d.done:
-	case <-time.After(60 * time.Second):
-		d.t.Fatalf("daemon did not exit within 60s of SIGTERM\n%s", lastLines(d.Output(), 30))
-	}
-	return d.cmd.ProcessState.ExitCode()
-}
-
-// metrics scrapes /metrics into family name -> summed value of samples
-// without a suffix (and _count/_sum for histograms under their full name).
-func (d *daemon) metrics() map[string]float64 {
-	d.t.Helper()
-	resp, err := http.Get(d.url("/metrics"))
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		name, rest, _ := strings.Cut(line, " ")
-		var labels string
-		if i := strings.IndexByte(name, '{'); i >= 0 {
-			name, labels = name[:i], name[i:]
-		}
-		var v float64
-		fmt.Sscan(rest, &v)
-		out[name] += v
-		if labels != "" {
-			out[name+labels] = v
-		}
-	}
-	return out
-}
-
-// families lists the orderdelay_* metric families the daemon exports.
-func (d *daemon) families() []string {
-	d.t.Helper()
-	resp, err := http.Get(d.url("/metrics"))
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out []string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if f, ok := strings.CutPrefix(sc.Text(), "# TYPE "); ok {
-			name, _, _ := strings.Cut(f, " ")
-			if strings.HasPrefix(name, "orderdelay_") {
-				out = append(out, name)
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true within %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// createOrders inserts pending orders with one deadline.
-func (w *world) createOrders(prefix string, n int, deadline time.Time) []string {
-	w.t.Helper()
-	serials := make([]string, n)
-	for i := range serials {
-		serials[i] = fmt.Sprintf("%s-%05d", prefix, i)
-	}
-	if _, err := w.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT s, $2 FROM unnest($1::text[]) s`,
-		pq.Array(serials), deadline); err != nil {
-		w.t.Fatal(err)
-	}
-	return serials
-}
-
-func (w *world) zadd(serials []string, score float64) {
-	w.t.Helper()
-	z := make([]redis.Z, len(serials))
-	for i, s := range serials {
-		z[i] = redis.Z{Score: score, Member: s}
-	}
-	if err := w.rdb.ZAdd(context.Background(), w.keys.Queue, z...).Err(); err != nil {
-		w.t.Fatal(err)
-	}
-}
-
-func (w *world) count(query string, args ...any) int {
-	w.t.Helper()
-	var n int
-	if err := w.db.Get(&n, query, args...); err != nil {
-		w.t.Fatal(err)
-	}
-	return n
-}
-
-func (w *world) queueLen() int64 {
-	w.t.Helper()
-	ctx := context.Background()
-	n, err := w.rdb.ZCard(ctx, w.keys.Queue).Result()
-	m, err2 := w.rdb.ZCard(ctx, w.keys.Inflight).Result()
-	if err != nil || err2 != nil {
-		w.t.Fatal(err, err2)
-	}
-	return n + m
-}
-
-// put enqueues through the HTTP API.
-func put(t *testing.T, d *daemon, serial string, body string) int {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, d.url("/v1/timeouts/"+serial), strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
-// checkInvariants: every unpaid order past its deadline is closed, no paid
-// order is closed, nothing closed before its deadline.
-func (w *world) checkInvariants() {
-	w.t.Helper()
-	if n := w.count("SELECT count(*) FROM orders WHERE status = 'pending' AND expires_at < now()"); n != 0 {
-		w.t.Errorf("%d unpaid orders past their deadline are still pending", n)
-	}
-	if n := w.count("SELECT count(*) FROM orders WHERE paid_at IS NOT NULL AND status <> 'paid'"); n != 0 {
-		w.t.Errorf("%d paid orders were closed", n)
-	}
-	if n := w.count("SELECT count(*) FROM orders WHERE closed_at < expires_at"); n != 0 {
-		w.t.Errorf("%d orders closed before their deadline", n)
-	}
-}
-
-// lateness returns p50 and p99 of closed_at - expires_at.
-func (w *world) lateness() (p50, p99 time.Duration) {
-	w.t.Helper()
-	var a, b float64
-	err := w.db.QueryRow(`SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM closed_at - expires_at)),
-	        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM closed_at - expires_at))
-	 FROM orders WHERE status = 'closed'`).Scan(&a, &b)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return time.Duration(a * float64(time.Second)), time.Duration(b * float64(time.Second))
-}
-
-// moveDeadlines sets every order's deadline to at: the rows first, then
-// each of keys (ZADD XX: only members already there), as a checkout that
-// moves deadlines does. Timing tests set up against a far deadline and move
-// it near at the end, so a slow machine cannot eat their payment window.
-func moveDeadlines(t *testing.T, db *sqlx.DB, rdb redis.Cmdable, keys, serials []string, at time.Time) {
-	t.Helper()
-	if _, err := db.Exec("UPDATE orders SET expires_at = $1", at); err != nil {
-		t.Fatal(err)
-	}
-	z := make([]redis.Z, len(serials))
-	for i, s := range serials {
-		z[i] = redis.Z{Score: float64(queue.DeadlineMillis(at)), Member: s}
-	}
-	for _, k := range keys {
-		if err := rdb.ZAddXX(context.Background(), k, z...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 func TestIntegrationClosesUnpaidOrders(t *testing.T) {
 	w := newWorld(t)
@@ -359,35 +24,21 @@ func TestIntegrationClosesUnpaidOrders(t *testing.T) {
 	// then move every deadline to just ahead of now in one step.
 	deadline := time.Now().Add(time.Hour)
 	serials := w.createOrders("it", 1000, deadline)
-	var wg sync.WaitGroup
+	var even, odd []string
 	for i, s := range serials {
-		if i%2 == 1 {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if code := put(t, d, s, `{"at":"`+deadline.UTC().Format(time.RFC3339Nano)+`"}`); code != http.StatusCreated {
-				t.Errorf("PUT %s: status %d, want 201", s, code)
-			}
-		}()
-		if i%64 == 0 {
-			wg.Wait()
+		if i%2 == 0 {
+			even = append(even, s)
+		} else {
+			odd = append(odd, s)
 		}
 	}
-	wg.Wait()
-	odd := []string{}
-	for i := 1; i < len(serials); i += 2 {
-		odd = append(odd, serials[i])
-	}
+	putTimeouts(t, []*daemon{d}, even, deadline)
 	w.zadd(odd, float64(queue.DeadlineMillis(deadline)))
 	// 100 are paid before their deadline (and stay queued: the SQL decides).
-	if _, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)", pq.Array(serials[:100])); err != nil {
-		t.Fatal(err)
-	}
+	w.pay(serials[:100])
 	moveDeadlines(t, w.db, w.rdb, []string{w.keys.Queue}, serials, time.Now().Add(300*time.Millisecond))
 	waitFor(t, "queue drained", 60*time.Second, func() bool { return w.queueLen() == 0 })
-	if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != 900 {
+	if n := w.closed(); n != 900 {
 		t.Errorf("%d orders closed, want 900", n)
 	}
 	if n := w.count("SELECT count(*) FROM orders WHERE status = 'paid'"); n != 100 {
@@ -404,30 +55,11 @@ func TestIntegrationClosesUnpaidOrders(t *testing.T) {
 	if v := m["orderdelay_enqueued_total"]; v != 500 {
 		t.Errorf("orderdelay_enqueued_total %v, want 500 (the API half)", v)
 	}
-	p50, p99 := w.lateness()
+	p50, p99 := w.lateness("%")
 	t.Logf("lateness over 900 closes: p50 %s, p99 %s", p50.Round(time.Millisecond), p99.Round(time.Millisecond))
-	checkMetricGolden(t, d.families())
+	checkGolden(t, repoFile("testdata", "metrics.txt"), d.families())
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit status %d after SIGTERM, want 0", code)
-	}
-}
-
-// checkMetricGolden keeps testdata/metrics.txt equal to what the daemon
-// exports; deploy/validate reads it to check dashboards and alerts.
-// ORDERDELAY_UPDATE_GOLDEN=1 rewrites it.
-func checkMetricGolden(t *testing.T, got []string) {
-	t.Helper()
-	path := filepath.Join("..", "testdata", "metrics.txt")
-	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" {
-		os.WriteFile(path, []byte(strings.Join(got, "\n")+"\n"), 0o644)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := strings.Fields(string(b))
-	if !slices.Equal(got, want) {
-		t.Errorf("exported metric families differ from %s (rerun with ORDERDELAY_UPDATE_GOLDEN=1 if intended):\n got %v\nwant %v", path, got, want)
 	}
 }
 
@@ -442,16 +74,12 @@ func TestIntegrationSecondsInsteadOfMillisIsDeadLettered(t *testing.T) {
 	if st := w.count("SELECT count(*) FROM orders WHERE status = 'pending'"); st != 1 {
 		t.Errorf("the order was touched: %d pending, want 1", st)
 	}
-	out, err := exec.Command(binary, "inspect", "--json", "--queue-key", w.keys.Queue,
-		"--redis-url", testenv.RedisURL()).CombinedOutput()
-	if err != nil {
-		t.Fatalf("inspect: %v\n%s", err, out)
-	}
+	out := w.cli("inspect", "--json", "--queue-key", w.keys.Queue, "--redis-url", testenv.RedisURL())
 	var got struct {
 		Depth       int64 `json:"depth"`
 		DeadLetters int64 `json:"dead_letters"`
 	}
-	if err := json.Unmarshal(out, &got); err != nil {
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("inspect --json: %v\n%s", err, out)
 	}
 	if got.Depth != 0 || got.DeadLetters != 1 {
@@ -466,35 +94,21 @@ func TestIntegrationSecondsInsteadOfMillisIsDeadLettered(t *testing.T) {
 	}
 }
 
-// auditClose closes like the reference statement and records every close
-// with the closing replica's application_name, so a double close shows.
-const auditClose = `WITH due AS (
-    SELECT serial_no FROM orders WHERE serial_no = ANY($1) AND status = 'pending'
-    ORDER BY serial_no FOR UPDATE),
-closed AS (
-    UPDATE orders o SET status = 'closed', closed_at = now(), closed_by = current_setting('application_name')
-    FROM due WHERE o.serial_no = due.serial_no AND o.status = 'pending'
-    RETURNING o.serial_no),
-audit AS (
-    INSERT INTO close_audit (serial_no, replica) SELECT serial_no, current_setting('application_name') FROM closed)
-SELECT serial_no FROM closed`
-
 func TestIntegrationTwoReplicas(t *testing.T) {
 	w := newWorld(t)
-	if _, err := w.db.Exec("CREATE TABLE close_audit (serial_no text NOT NULL, replica text NOT NULL, at timestamptz DEFAULT now())"); err != nil {
-		t.Fatal(err)
-	}
+	w.withAudit()
 	a := w.start("ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=50")
 	b := w.start("ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=50")
-	deadline := time.Now().Add(time.Second)
+	// Set up against a far deadline, moved near once the payments are in:
+	// a slow machine cannot let an order fall due before it is paid.
+	deadline := time.Now().Add(time.Hour)
 	serials := w.createOrders("two", 3000, deadline)
 	w.zadd(serials, float64(queue.DeadlineMillis(deadline)))
-	if _, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)", pq.Array(serials[:300])); err != nil {
-		t.Fatal(err)
-	}
+	w.pay(serials[:300])
+	moveDeadlines(t, w.db, w.rdb, []string{w.keys.Queue}, serials, time.Now().Add(300*time.Millisecond))
 	waitFor(t, "queue drained", 60*time.Second, func() bool { return w.queueLen() == 0 })
 	w.checkInvariants()
-	if n := w.count("SELECT count(*) FROM (SELECT serial_no FROM close_audit GROUP BY serial_no HAVING count(*) > 1) d"); n != 0 {
+	if n := w.doubleCloses(); n != 0 {
 		t.Errorf("%d orders closed twice", n)
 	}
 	if n := w.count("SELECT count(*) FROM close_audit"); n != 2700 {
@@ -546,29 +160,15 @@ func TestIntegrationInvalidSettingsExit2(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := exec.Command(binary, append([]string{"run"}, c.args...)...)
-			cmd.Env = w.env(append([]string{"ORDERDELAY_HTTP_ADDR=" + freeAddr(t)}, c.env...)...)
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			done := make(chan error, 1)
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
+			d := w.launch(t, c.args, c.env...)
+			if code := d.exit(60 * time.Second); code != 2 {
+				t.Fatalf("exit status %d, want 2; output:\n%s", code, d.Output())
 			}
-			go func() { done <- cmd.Wait() }()
-			select {
-			case <-done:
-			case <-time.After(60 * time.Second):
-				cmd.Process.Kill()
-				t.Fatalf("still running after 60s; output:\n%s", out.String())
+			if !strings.Contains(d.Output(), c.mention) {
+				t.Fatalf("output does not name %s:\n%s", c.mention, d.Output())
 			}
-			if code := cmd.ProcessState.ExitCode(); code != 2 {
-				t.Fatalf("exit status %d, want 2; output:\n%s", code, out.String())
-			}
-			if !strings.Contains(out.String(), c.mention) {
-				t.Fatalf("output does not name %s:\n%s", c.mention, out.String())
-			}
-			if strings.Contains(out.String(), "hunter2") {
-				t.Fatalf("output leaks a password:\n%s", out.String())
+			if strings.Contains(d.Output(), "hunter2") {
+				t.Fatalf("output leaks a password:\n%s", d.Output())
 			}
 		})
 	}
@@ -614,7 +214,7 @@ func TestIntegrationSIGTERMHandsBackUnfinishedClaims(t *testing.T) {
 	}
 	second := w.start()
 	waitFor(t, "second run closes them", 60*time.Second, func() bool { return w.queueLen() == 0 })
-	if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != len(serials) {
+	if n := w.closed(); n != len(serials) {
 		t.Errorf("%d closed by the second run, want %d", n, len(serials))
 	}
 	w.checkInvariants()

@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -20,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
@@ -181,24 +179,7 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 	s.createOrders("never-enqueued", 30, deadline)
 	api, goClient, rawShard, rawBase := serials[:quarter], serials[quarter:2*quarter], serials[2*quarter:3*quarter], serials[3*quarter:]
 
-	var wg sync.WaitGroup
-	for i, sr := range api {
-		d := d1
-		if i%2 == 1 {
-			d = d2
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if code := put(t, d, sr, `{"at":"`+deadline.UTC().Format(time.RFC3339Nano)+`"}`); code != http.StatusCreated {
-				t.Errorf("PUT %s: status %d, want 201", sr, code)
-			}
-		}()
-		if i%32 == 0 {
-			wg.Wait()
-		}
-	}
-	wg.Wait()
+	putTimeouts(t, []*daemon{d1, d2}, api, deadline)
 	cl, err := client.New(s.rdb, s.keys.Queue, client.WithShards(testShards))
 	if err != nil {
 		t.Fatal(err)
@@ -228,10 +209,7 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 			t.Errorf("shard %d holds %d entries, want about %d", i, n, quarter*3/testShards)
 		}
 	}
-	if _, err := s.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)",
-		pq.Array(slices.Concat(api[:30], goClient[:30], rawShard[:30], rawBase[:30]))); err != nil {
-		t.Fatal(err)
-	}
+	s.pay(slices.Concat(api[:30], goClient[:30], rawShard[:30], rawBase[:30]))
 	keys := make([]string, len(s.all))
 	for i, k := range s.all {
 		keys[i] = k.Queue
@@ -244,7 +222,7 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 		return s.count("SELECT count(*) FROM orders WHERE status = 'pending'") == 0
 	})
 	s.checkInvariants()
-	if n := s.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != 4*quarter-120+30 {
+	if n := s.closed(); n != 4*quarter-120+30 {
 		t.Errorf("%d orders closed, want %d", n, 4*quarter-120+30)
 	}
 	if n := s.count("SELECT count(*) FROM orders WHERE status = 'paid'"); n != 120 {
@@ -265,14 +243,9 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 			t.Errorf("%s summed over both replicas %v, want %v", name, v, want)
 		}
 	}
-	var p50, p99 float64
-	if err := s.db.QueryRow(`SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM closed_at - expires_at)),
-	        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM closed_at - expires_at))
-	 FROM orders WHERE status = 'closed' AND serial_no LIKE 'sh-%'`).Scan(&p50, &p99); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("fast-path lateness over %d closes: p50 %.0f ms, p99 %.0f ms; replica 1 closed %v, replica 2 closed %v", 4*quarter-120,
-		p50*1000, p99*1000,
+	p50, p99 := s.lateness("sh-%")
+	t.Logf("fast-path lateness over %d closes: p50 %s, p99 %s; replica 1 closed %v, replica 2 closed %v", 4*quarter-120,
+		p50.Round(time.Millisecond), p99.Round(time.Millisecond),
 		d1.metrics()["orderdelay_orders_closed_total"], d2.metrics()["orderdelay_orders_closed_total"])
 
 	// inspect covers every key; the gauges sum them.
@@ -370,9 +343,6 @@ func TestShardLiveMigration(t *testing.T) {
 	// The checkout keeps creating orders (1 s to pay) and enqueueing them,
 	// unsharded until told to switch.
 	var sharded atomic.Bool
-	var produced atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan struct{})
 	shardedClient, err := client.New(w.rdb, w.keys.Queue, client.WithShards(testShards))
 	if err != nil {
 		t.Fatal(err)
@@ -381,47 +351,18 @@ func TestShardLiveMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			due := time.Now().Add(time.Second)
-			batch := make([]string, 10)
-			for j := range batch {
-				batch[j] = fmt.Sprintf("live-%05d-%d", i, j)
-			}
-			if _, err := w.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT x, $2 FROM unnest($1::text[]) x`,
-				pq.Array(batch), due); err != nil {
-				t.Error(err)
-				return
-			}
-			items := make([]client.Item, len(batch))
-			for j, sr := range batch {
-				items[j] = client.Item{Serial: sr, Deadline: due}
-			}
-			cl := plainClient
-			if sharded.Load() {
-				cl = shardedClient
-			}
-			if _, err := cl.EnqueueMany(ctx, items, client.Create); err != nil {
-				t.Error(err)
-				return
-			}
-			produced.Add(int64(len(batch)))
+	producer := w.startCheckout("live", 10*time.Millisecond, 10, func(serials []string, due time.Time) error {
+		items := make([]client.Item, len(serials))
+		for j, sr := range serials {
+			items[j] = client.Item{Serial: sr, Deadline: due}
 		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
+		cl := plainClient
+		if sharded.Load() {
+			cl = shardedClient
 		}
-		<-done
-	}()
+		_, err := cl.EnqueueMany(ctx, items, client.Create)
+		return err
+	})
 
 	time.Sleep(time.Second)
 	// Step 1: the consumers. A rolling restart: a new replica with shards
@@ -432,15 +373,13 @@ func TestShardLiveMigration(t *testing.T) {
 		t.Errorf("old replica: exit status %d, want 0", code)
 	}
 	n2 := w.start(append(common, "ORDERDELAY_QUEUE_SHARDS=4")...)
-	beforeSwitch := produced.Load()
+	beforeSwitch := producer.produced.Load()
 	time.Sleep(time.Second)
 	// Step 2: the producers.
 	sharded.Store(true)
-	switched := produced.Load()
+	switched := producer.produced.Load()
 	time.Sleep(2 * time.Second)
-	close(stop)
-	<-done
-	total := produced.Load()
+	total := producer.stop()
 	if lens := s.lens(); slices.Max(lens[1:]) == 0 {
 		t.Errorf("no entry in any shard after the producers switched: %v", lens)
 	}
@@ -448,7 +387,7 @@ func TestShardLiveMigration(t *testing.T) {
 	waitFor(t, "the queue key and every shard drained", 60*time.Second, func() bool { return s.total() == 0 })
 	w.checkInvariants()
 	all := backlog + int(total)
-	if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != all {
+	if n := w.closed(); n != all {
 		t.Errorf("%d orders closed, want all %d (%d backlog + %d produced)", n, all, backlog, total)
 	}
 	if dc := w.doubleCloses(); dc != 0 {
@@ -747,8 +686,7 @@ func TestShardRedisCostPerOrder(t *testing.T) {
 	for _, shards := range []int{1, testShards} {
 		name := fmt.Sprintf("standalone S=%d", shards)
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-			db, dsn := testenv.Postgres(t)
-			w := &world{t: t, rdb: rdb, redisURL: "redis://" + addr + "/0", keys: queue.NewKeys(fmt.Sprintf("bench%d:order", shards)), db: db, dbURL: dsn}
+			w := withDatabase(t, rdb, "redis://"+addr+"/0", queue.NewKeys(fmt.Sprintf("bench%d:order", shards)))
 			costRun{name: name, shards: shards, w: w, rdb: rdb, nodes: []*redis.Client{rdb}, mode: "standalone"}.measure(t, n)
 		})
 	}
