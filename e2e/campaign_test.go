@@ -774,6 +774,16 @@ func bounds(ops []cop, b time.Time) (lower time.Time, ok bool) {
 	return lower, ok
 }
 
+// pendingUnpaid is the number of orders still pending that the daemons
+// must close (every one but the poisonous).
+func (c *campaign) pendingUnpaid() int {
+	var n int
+	if err := c.db.Get(&n, "SELECT count(*) FROM orders WHERE status = 'pending' AND serial_no NOT LIKE 'poison-%'"); err != nil {
+		c.t.Fatal(err)
+	}
+	return n
+}
+
 // final is the latest deadline the order may hold once everything is
 // quiet: the last acknowledged write's, or any later write of unknown
 // outcome, and the row's.
@@ -825,10 +835,16 @@ func (c *campaign) check(faultsEnd time.Time) {
 			}
 		}
 	}
+	// Once every unpaid order is closed nothing the checks read can change
+	// (an order closed, paid or poisonous is never closed again; what is
+	// left in Redis is waited for below), so the wait ends there; mustBy
+	// is when an unpaid order still pending is a violation.
 	mustBy := quiet.Add(cSettle)
-	t.Logf("waiting until %s (latest final deadline %s + %s) for every unpaid order to be closed",
-		c.rel(mustBy), c.rel(quiet), cSettle)
-	sleepUntil(mustBy)
+	for time.Now().Before(mustBy) && c.pendingUnpaid() > 0 {
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("checked at %s: every unpaid order was to be closed by %s (latest final deadline %s + %s)",
+		c.rel(time.Now()), c.rel(mustBy), c.rel(quiet), cSettle)
 
 	rows := loadRows()
 	var audits []auditRow
@@ -907,6 +923,34 @@ func (c *campaign) check(faultsEnd time.Time) {
 		}
 	}
 
+	// 6: nothing left in the queue for a settled order, once quiet. (Read
+	// first: until they are gone such entries may still be dead-lettered,
+	// which 5 must see.)
+	leftovers := func() map[string]string {
+		out := map[string]string{}
+		q, _ := c.w.rdb.ZRange(ctx, k.Queue, 0, -1).Result()
+		in, _ := c.w.rdb.ZRange(ctx, k.Inflight, 0, -1).Result()
+		ls, _ := c.w.rdb.HKeys(ctx, k.Lease).Result()
+		cur := loadRows()
+		for name, members := range map[string][]string{"queue": q, "inflight": in, "lease": ls} {
+			for _, s := range members {
+				if r, ok := cur[s]; ok && r.Status != "pending" {
+					out[s] += " " + name
+				}
+			}
+		}
+		return out
+	}
+	// Leftovers get as long as they had before the wait above could end
+	// early: until 30 s past mustBy.
+	end := mustBy
+	if time.Now().After(end) {
+		end = time.Now()
+	}
+	left := leftovers()
+	for end = end.Add(30 * time.Second); len(left) > 0 && time.Now().Before(end); left = leftovers() {
+		time.Sleep(500 * time.Millisecond)
+	}
 	// 5: dead letters only for poisonous orders.
 	dead, err := c.w.rdb.HGetAll(ctx, k.DeadInfo).Result()
 	if err != nil {
@@ -925,26 +969,6 @@ func (c *campaign) check(faultsEnd time.Time) {
 		if !strings.HasPrefix(s, "poison-") {
 			add("5 dead letter", s, "dead-lettered: %s", info)
 		}
-	}
-	// 6: nothing left in the queue for a settled order, once quiet.
-	leftovers := func() map[string]string {
-		out := map[string]string{}
-		q, _ := c.w.rdb.ZRange(ctx, k.Queue, 0, -1).Result()
-		in, _ := c.w.rdb.ZRange(ctx, k.Inflight, 0, -1).Result()
-		ls, _ := c.w.rdb.HKeys(ctx, k.Lease).Result()
-		cur := loadRows()
-		for name, members := range map[string][]string{"queue": q, "inflight": in, "lease": ls} {
-			for _, s := range members {
-				if r, ok := cur[s]; ok && r.Status != "pending" {
-					out[s] += " " + name
-				}
-			}
-		}
-		return out
-	}
-	left := leftovers()
-	for end := time.Now().Add(30 * time.Second); len(left) > 0 && time.Now().Before(end); left = leftovers() {
-		time.Sleep(500 * time.Millisecond)
 	}
 	for s, where := range left {
 		add("6 entry left behind", s, "settled (%s) but still in%s", rows[s].Status, where)
