@@ -231,8 +231,8 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("campaign: not in -short")
 	}
-	// Its own database, key prefix and proxies: it runs beside the failover
-	// test, after the sequential tests (its bounds allow for a busy machine).
+	// Its own database, key prefix and proxies: it runs in parallel with
+	// the other end-to-end tests (its bounds allow for a busy machine).
 	t.Parallel()
 	duration := 45 * time.Second
 	if v := os.Getenv("ORDERDELAY_CAMPAIGN"); v != "" {

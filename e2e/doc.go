@@ -20,7 +20,8 @@
 //	go test -race -count=1 ./e2e/                       # all (a few minutes)
 //	go test -race -count=1 -run TestIntegration ./e2e/  # one area
 //
-// Tests that only wait (on deadlines, leases, failovers) run in parallel
-// with each other; tests that load the machine (thousands of orders, many
-// daemons) run one at a time first. See harness_test.go.
+// Every test has its own database, queue keys and private servers, and all
+// but one run in parallel: four at a time unless -parallel says otherwise
+// (most of their time is spent waiting on deadlines, leases and
+// failovers). See defaultParallel in harness_test.go.
 package e2e

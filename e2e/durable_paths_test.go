@@ -31,6 +31,7 @@ queues:
 // re-added it), and put said "created" for a task that had no row and so
 // never ran.
 func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, durableConfirmQueue)
 	if _, err := tw.db.Exec(`CREATE TABLE receipts (id text PRIMARY KEY, hits int NOT NULL DEFAULT 0);
 		INSERT INTO receipts (id) VALUES ('c-1'), ('c-2'), ('c-3'), ('c-4')`); err != nil {
@@ -94,6 +95,7 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 // the lease expires (at least once) and settles it once: one EXECUTED log
 // row, no error.
 func TestDurableTaskRunsAgainAfterAKillBetweenActionAndSettle(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var deliveries int
 	var first *daemon

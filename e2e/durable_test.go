@@ -20,6 +20,7 @@ import (
 // opens, and then all fire on time; cancel works in both tiers; an executed
 // task re-added to Redis does not run twice.
 func TestSeed002DurableQueueLoadsOnlyTheNearFuture(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: confirm

@@ -13,6 +13,7 @@ import (
 )
 
 func TestCloseEventsThroughTheOutbox(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	// A close committed before a crash, whose event was never published.
@@ -58,6 +59,7 @@ func TestCloseEventsThroughTheOutbox(t *testing.T) {
 }
 
 func TestRemindersFireBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, "queues:\n  - name: remind\n    key: PREFIX:remind\n    action: {type: stream}\n")
 	d := tw.start("ORDERDELAY_REMINDER_QUEUE=remind", "ORDERDELAY_REMINDER_BEFORE=1s")
 	ctx := context.Background()
@@ -101,6 +103,7 @@ func TestRemindersFireBeforeTheDeadline(t *testing.T) {
 // The CLI's enqueue and cancel go through the same producer as the API:
 // with a reminder queue configured they create and remove the reminder.
 func TestCLIEnqueueAndCancelKeepTheReminder(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, "queues:\n  - name: remind\n    key: PREFIX:remind\n    action: {type: stream}\n")
 	ctx := context.Background()
 	flags := []string{"--queue-key", tw.world.keys.Queue, "--queues-file", tw.file,

@@ -64,11 +64,11 @@ func logProblems(out string) []string {
 // promoted, or it is repointed first, so the daemons meet the standby while
 // it is still read-only (SQLSTATE 25006) until the promotion.
 func TestFailoverPostgresPromoteStandby(t *testing.T) {
-	// Private servers of its own: it runs beside the campaign, after the
-	// sequential tests, to keep the suite short.
+	// Private servers of its own, one pair per subtest: both orders of
+	// events run at once, in parallel with the other end-to-end tests.
 	t.Parallel()
-	t.Run("promote_then_repoint", func(t *testing.T) { testFailover(t, false) })
-	t.Run("repoint_then_promote", func(t *testing.T) { testFailover(t, true) })
+	t.Run("promote_then_repoint", func(t *testing.T) { t.Parallel(); testFailover(t, false) })
+	t.Run("repoint_then_promote", func(t *testing.T) { t.Parallel(); testFailover(t, true) })
 }
 
 func testFailover(t *testing.T, readOnlyFirst bool) {

@@ -3,8 +3,8 @@ package e2e
 // Fault tests (issue "Never lose an order"): each injects what production
 // does to the daemon and then checks the same invariants. Destructive faults
 // hit private servers or proxies the test owns, never the shared ones.
-// Process-level fault tests do not run in parallel, except the campaign
-// and the PostgreSQL failover test, which run side by side at the end.
+// Each has its own database, queue key and private servers, so they run in
+// parallel with the other end-to-end tests, except TestFaultSlowDatabase.
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 )
 
 func TestFaultSIGKILLMidBatchRepeatedly(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.withAudit()
 	const n = 20000
@@ -60,6 +61,7 @@ func TestFaultSIGKILLMidBatchRepeatedly(t *testing.T) {
 }
 
 func TestFaultThreeReplicasOneQueue(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.withAudit()
 	const n = 20000
@@ -98,6 +100,7 @@ func TestFaultThreeReplicasOneQueue(t *testing.T) {
 }
 
 func TestFaultPaymentRacesTheTimeout(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.withAudit()
 	const n = 5000
@@ -153,6 +156,7 @@ func TestFaultPaymentRacesTheTimeout(t *testing.T) {
 }
 
 func TestFaultRedisLosesTheQueue(t *testing.T) {
+	t.Parallel()
 	w, _ := privateWorld(t)
 	ctx := context.Background()
 	deadline := time.Now().Add(time.Second)
@@ -179,6 +183,7 @@ func TestFaultRedisLosesTheQueue(t *testing.T) {
 }
 
 func TestFaultPostgresGoesAway(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	pgHost, _ := url.Parse(w.dbURL)
 	px := testenv.NewProxy(t, pgHost.Host)
@@ -224,6 +229,7 @@ func TestFaultPostgresGoesAway(t *testing.T) {
 }
 
 func TestFaultRedisGoesAway(t *testing.T) {
+	t.Parallel()
 	w, px := privateWorld(t)
 	d := w.start()
 	px.Down()
@@ -257,6 +263,9 @@ func TestFaultRedisGoesAway(t *testing.T) {
 	}
 }
 
+// TestFaultSlowDatabase does not run in parallel: its claim that no lease
+// expires rests on a 500 ms margin (lease 1 s, statement timeout 500 ms),
+// which a machine loaded by other tests' daemons does not promise.
 func TestFaultSlowDatabase(t *testing.T) {
 	w := newWorld(t)
 	w.withAudit()
@@ -283,6 +292,7 @@ func TestFaultSlowDatabase(t *testing.T) {
 }
 
 func TestFaultPoisonInputNeverBlocksTheQueue(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	past := float64(queue.DeadlineMillis(time.Now().Add(-time.Hour)))
@@ -332,6 +342,7 @@ func TestFaultPoisonInputNeverBlocksTheQueue(t *testing.T) {
 // stop the reconciler: the 20 lost orders behind it are closed, and it is
 // reported.
 func TestFaultPoisonedOrderDoesNotStopTheReconciler(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	poison := w.createOrders("poison", 1, time.Now().Add(-time.Hour))[0]
 	lost := w.createOrders("lost", 20, time.Now().Add(-10*time.Minute))
@@ -365,6 +376,7 @@ CREATE TRIGGER refuse_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTIO
 }
 
 func TestFaultGracefulShutdownUnderLoad(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.withAudit()
 	const n = 3000

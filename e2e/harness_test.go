@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,7 +48,21 @@ const adminAddrSetting = "ORDERDELAY_ADMIN_ADDR"
 
 var adminListener bool
 
+// defaultParallel is how many tests run at once unless -parallel says
+// otherwise. The tests mostly wait — on deadlines, leases, backoffs,
+// failovers — so more fit than go test's default of GOMAXPROCS; what bounds
+// it is the machine's two cores under the busy ones and PostgreSQL's
+// max_connections (100 by default): a test runs up to three daemons of
+// seven connections each, and the campaign's checkout up to 40 more.
+const defaultParallel = 4
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", strconv.Itoa(defaultParallel)) //nolint:errcheck // a registered flag
+	}
 	os.Exit(runMain(m))
 }
 

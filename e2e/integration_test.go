@@ -18,6 +18,7 @@ import (
 )
 
 func TestIntegrationClosesUnpaidOrders(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	d := w.start()
 	// Set up far ahead of any deadline (no race with a loaded machine),
@@ -64,6 +65,7 @@ func TestIntegrationClosesUnpaidOrders(t *testing.T) {
 }
 
 func TestIntegrationSecondsInsteadOfMillisIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	serials := w.createOrders("secs", 1, time.Now().Add(-time.Minute))
 	w.zadd(serials, float64(time.Now().Unix())) // seconds: the classic mistake
@@ -95,6 +97,7 @@ func TestIntegrationSecondsInsteadOfMillisIsDeadLettered(t *testing.T) {
 }
 
 func TestIntegrationTwoReplicas(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.withAudit()
 	a := w.start("ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=50")
@@ -128,6 +131,7 @@ func TestIntegrationTwoReplicas(t *testing.T) {
 }
 
 func TestIntegrationInvalidSettingsExit2(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	noQueues := filepath.Join(t.TempDir(), "queues.yaml")
 	if err := os.WriteFile(noQueues, []byte("queues: []\n"), 0o644); err != nil {
@@ -180,6 +184,7 @@ const lockedClose = `SELECT s FROM unnest($1::text[]) s
 WHERE length(s) + (SELECT 0 FROM pg_advisory_xact_lock(777)) < 0`
 
 func TestIntegrationSIGTERMHandsBackUnfinishedClaims(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	deadline := time.Now().Add(-time.Second)

@@ -17,6 +17,7 @@ import (
 )
 
 func TestOpsPauseAndResume(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	d := w.start("ORDERDELAY_ADMIN_TOKEN="+adminToken, "ORDERDELAY_API_TOKEN="+tokenA, "ORDERDELAY_SCAN_INTERVAL=500ms")
 	if code := d.call(http.MethodPost, "/admin/v1/pause", bearer(tokenA), `{}`, nil); code != http.StatusUnauthorized {
@@ -61,6 +62,7 @@ func TestOpsPauseAndResume(t *testing.T) {
 }
 
 func TestOpsExtendMovesQueueAndRows(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	now := time.Now()
@@ -88,7 +90,9 @@ func TestOpsExtendMovesQueueAndRows(t *testing.T) {
 }
 
 func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
+	t.Parallel()
 	t.Run("close delay", func(t *testing.T) {
+		t.Parallel()
 		w := newWorld(t)
 		d := w.start("ORDERDELAY_CLOSE_DELAY=1s")
 		deadline := time.Now().Add(200 * time.Millisecond)
@@ -100,6 +104,7 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 		d.stop()
 	})
 	t.Run("dry run", func(t *testing.T) {
+		t.Parallel()
 		w := newWorld(t)
 		w.withAudit()
 		past := time.Now().Add(-time.Minute)
@@ -140,6 +145,7 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 		}
 	})
 	t.Run("max close rate", func(t *testing.T) {
+		t.Parallel()
 		w := newWorld(t)
 		past := time.Now().Add(-time.Minute)
 		w.zadd(w.createOrders("rate", 600, past), float64(queue.DeadlineMillis(past)))
@@ -158,6 +164,7 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 }
 
 func TestOpsResyncAndForensics(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	deadline := time.Now().Add(time.Hour)
@@ -211,6 +218,7 @@ func TestOpsResyncAndForensics(t *testing.T) {
 }
 
 func TestOpsStartupChecksAndRetention(t *testing.T) {
+	t.Parallel()
 	w, _ := privateWorld(t)
 	ctx := context.Background()
 	if err := w.rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil { // private server

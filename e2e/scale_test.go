@@ -89,6 +89,7 @@ func keyOn(t *testing.T, c *testenv.Cluster, prefix string, avoid ...string) (st
 }
 
 func TestScaleClusterIntegration(t *testing.T) {
+	t.Parallel()
 	c := testenv.PrivateCluster(t)
 	ctx := context.Background()
 	crdb := c.Client(t)
@@ -279,6 +280,7 @@ type enqueueRecord struct {
 }
 
 func TestScaleSentinelFailover(t *testing.T) {
+	t.Parallel()
 	s := testenv.PrivateSentinel(t)
 	// w.rdb is a failover client: it follows the master like the daemon.
 	w := withDatabase(t, s.Client(t), s.URL(), queue.NewKeys(queue.DefaultKey))

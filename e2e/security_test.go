@@ -23,6 +23,7 @@ const (
 )
 
 func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, addr := testenv.PrivateRedisWith(t, &redis.Options{Password: redisPassword}, "--requirepass", redisPassword)
 	// An ACL user with its own password, as production would use.

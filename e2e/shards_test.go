@@ -101,6 +101,7 @@ func (s *shardedWorld) cli(args ...string) string {
 // a shard and all its companions share one slot, the shards and the queue
 // key are in distinct slots, and the shards spread over all three masters.
 func TestShardKeysOnARealCluster(t *testing.T) {
+	t.Parallel()
 	c := testenv.PrivateCluster(t)
 	ctx := context.Background()
 	node := redis.NewClient(&redis.Options{Addr: c.Addrs[0]})
@@ -311,11 +312,13 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 }
 
 func TestShardIntegrationStandalone(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	runSharded(t, newShardedWorld(t, w, w.rdb, "standalone", nil), 3*time.Second)
 }
 
 func TestShardIntegrationCluster(t *testing.T) {
+	t.Parallel()
 	c := testenv.PrivateCluster(t)
 	key, node := keyOn(t, c, "shop-s:order", c.Addrs[0]) // the queue key is not on the node the daemons are given
 	w := clusterWorld(t, c, key, node)
@@ -328,6 +331,7 @@ func TestShardIntegrationCluster(t *testing.T) {
 // queue key before the switch and producers write throughout; the
 // reconciler is off, so nothing the fast path loses could be hidden.
 func TestShardLiveMigration(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	s := newShardedWorld(t, w, w.rdb, "standalone", nil)
 	s.withAudit()
@@ -666,8 +670,10 @@ func (r costRun) measure(t *testing.T, n int) {
 }
 
 // TestShardRedisCostPerOrder measures what one order costs Redis with
-// S = 1 and S = 4 on a private redis-server (so its CPU time and command
-// counters are the test's alone), and with S = 4 on a private 3-master
+// S = 1 and S = 4, each on a private redis-server of its own (so its CPU
+// time and command counters are the run's alone, and the runs may go side
+// by side; -parallel 1 for figures undisturbed by other tests' work on the
+// machine), and with S = 4 on a private 3-master
 // cluster (how the cost spreads over masters): enqueue through the Go
 // client and claim + remove by the daemon draining a backlog, in Redis CPU
 // microseconds per order (INFO cpu) and script time (INFO commandstats);
@@ -675,6 +681,7 @@ func (r costRun) measure(t *testing.T, n int) {
 // docs/scaling.md derives a deployment's capacity from these figures.
 // ORDERDELAY_SHARD_BENCH_N sets the orders per run (default 10000).
 func TestShardRedisCostPerOrder(t *testing.T) {
+	t.Parallel()
 	n := 10000
 	if v := os.Getenv("ORDERDELAY_SHARD_BENCH_N"); v != "" {
 		var err error
@@ -682,15 +689,17 @@ func TestShardRedisCostPerOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rdb, addr := testenv.PrivateRedis(t)
 	for _, shards := range []int{1, testShards} {
 		name := fmt.Sprintf("standalone S=%d", shards)
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			rdb, addr := testenv.PrivateRedis(t)
 			w := withDatabase(t, rdb, "redis://"+addr+"/0", queue.NewKeys(fmt.Sprintf("bench%d:order", shards)))
 			costRun{name: name, shards: shards, w: w, rdb: rdb, nodes: []*redis.Client{rdb}, mode: "standalone"}.measure(t, n)
 		})
 	}
 	t.Run("cluster_S=4", func(t *testing.T) {
+		t.Parallel()
 		c := testenv.PrivateCluster(t)
 		key, node := keyOn(t, c, "bench:order")
 		w := clusterWorld(t, c, key, node)

@@ -16,6 +16,7 @@ import (
 // equal to testdata/task_metrics.txt (what deploy/validate checks the
 // dashboard and the alerts against; ORDERDELAY_UPDATE_GOLDEN=1 rewrites it).
 func TestTaskQueueMetricsThroughTheDaemon(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: jobs

@@ -32,6 +32,7 @@ import (
 // accepts, then marked as undeliverable) with seed 001, scenario 2's
 // growing delays (1 min, 2 min, … until a threshold).
 func TestSeed001CallRecordRepushWebhookWithRetries(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	attempts := map[string][]int{}
 	arrived := map[string][]time.Time{} // when each attempt reached the receiver
@@ -131,6 +132,7 @@ queues:
 // dead letters and the log record of a failure names the URL's scheme and
 // host only: tokens in its path, query or userinfo stay out.
 func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	landed := map[string]int{} // requests that reached a redirect's target, by server
 	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -231,6 +233,7 @@ func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
 // signature in the second header, and one comparing X-Orderdelay-Signature
 // with the new secret, as every receiver did before rotations, still can.
 func TestWebhookSecretRotation(t *testing.T) {
+	t.Parallel()
 	type request struct {
 		h    http.Header
 		body []byte
@@ -276,6 +279,7 @@ queues:
 
 // Seed 000: tasks with payloads, added and removed atomically, batch delete.
 func TestSeed000PayloadTasksAndBatchDelete(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: later
@@ -329,6 +333,7 @@ queues:
 }
 
 func TestTaskActionsStreamListSQLAndPoll(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: events
@@ -512,6 +517,7 @@ queues:
 }
 
 func TestTaskQueuesFileErrorsExit2AndOrdersStillClose(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, "queues:\n  - name: side\n    key: PREFIX:side\n    action: {type: stream}\n")
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	if err := os.WriteFile(bad, []byte("queues:\n  - name: x\n    action: {type: carrier-pigeon}\n"), 0o644); err != nil {
@@ -532,6 +538,7 @@ func TestTaskQueuesFileErrorsExit2AndOrdersStillClose(t *testing.T) {
 // A dry run changes nothing in Redis: the task queues are not served
 // either (their actions would forward, call webhooks and run SQL for real).
 func TestDryRunLeavesTaskQueuesAlone(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, "queues:\n  - name: events\n    key: PREFIX:events\n    action: {type: stream}\n")
 	ctx := context.Background()
 	ek := tw.keys("events")
