@@ -55,6 +55,9 @@ func TestFaultSIGKILLMidBatchRepeatedly(t *testing.T) {
 	m := d.metrics()
 	t.Logf("%d SIGKILLs; recovered (queue empty) %s after the last, with a 3s lease; the survivor re-claimed %v entries",
 		kills, recovery.Round(time.Millisecond), m["orderdelay_reclaimed_total"])
+	if m["orderdelay_reclaimed_total"] == 0 {
+		t.Errorf("no SIGKILL left a lease behind for the survivor to re-claim: no kill landed mid-batch, and the test proved nothing")
+	}
 	if code := d.stop(); code != 0 {
 		t.Errorf("exit status %d, want 0", code)
 	}
