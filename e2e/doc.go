@@ -17,8 +17,11 @@
 //
 // Run them with
 //
-//	go test -race -count=1 ./e2e/                       # all (a few minutes)
+//	go test -race -count=1 ./e2e/                       # all (about two minutes)
 //	go test -race -count=1 -run TestIntegration ./e2e/  # one area
+//
+// -short skips only the fault campaign (TestCampaignHistoryUnderFaults);
+// CI (scripts/test.sh) runs without it.
 //
 // Every test has its own database, queue keys and private servers, and all
 // but one run in parallel: four at a time unless -parallel says otherwise
