@@ -67,8 +67,9 @@ func TestFailoverPostgresPromoteStandby(t *testing.T) {
 	// Private servers of its own, one pair per subtest: both orders of
 	// events run at once, in parallel with the other end-to-end tests.
 	t.Parallel()
-	t.Run("promote_then_repoint", func(t *testing.T) { t.Parallel(); testFailover(t, false) })
-	t.Run("repoint_then_promote", func(t *testing.T) { t.Parallel(); testFailover(t, true) })
+	together(t,
+		subtest{"promote_then_repoint", func(t *testing.T) { testFailover(t, false) }},
+		subtest{"repoint_then_promote", func(t *testing.T) { testFailover(t, true) }})
 }
 
 func testFailover(t *testing.T, readOnlyFirst bool) {

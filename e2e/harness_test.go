@@ -442,6 +442,35 @@ func checkGolden(t *testing.T, path string, got []string) {
 	}
 }
 
+// subtest is one subtest for together.
+type subtest struct {
+	name string
+	run  func(t *testing.T)
+}
+
+// together runs subtests, each with servers of its own, at the same time
+// within t's own -parallel slot (or one after another under -parallel 1).
+// As t.Parallel subtests they would wait for slots behind every test
+// queued when t began, and all end the package's run as one long tail.
+func together(t *testing.T, subtests ...subtest) {
+	t.Helper()
+	if f := flag.Lookup("test.parallel"); f != nil && f.Value.String() == "1" {
+		for _, s := range subtests {
+			t.Run(s.name, s.run)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for _, s := range subtests {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(s.name, s.run) // t.Run may be called from several goroutines at once
+		}()
+	}
+	wg.Wait()
+}
+
 // waitFor polls cond until it holds, failing the test if it does not
 // within the given time. It polls every 20 ms at first, then less often
 // (up to every 100 ms), so a long wait does not load the machine it waits

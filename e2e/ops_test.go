@@ -91,8 +91,7 @@ func TestOpsExtendMovesQueueAndRows(t *testing.T) {
 
 func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 	t.Parallel()
-	t.Run("close delay", func(t *testing.T) {
-		t.Parallel()
+	together(t, subtest{"close delay", func(t *testing.T) {
 		w := newWorld(t)
 		d := w.start("ORDERDELAY_CLOSE_DELAY=1s")
 		deadline := time.Now().Add(200 * time.Millisecond)
@@ -102,9 +101,7 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 			t.Errorf("%d orders closed before deadline + close delay", n)
 		}
 		d.stop()
-	})
-	t.Run("dry run", func(t *testing.T) {
-		t.Parallel()
+	}}, subtest{"dry run", func(t *testing.T) {
 		w := newWorld(t)
 		w.withAudit()
 		past := time.Now().Add(-time.Minute)
@@ -143,9 +140,7 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 		if ok, _ := w.rdb.HExists(ctx, w.keys.DeadInfo, "dead-old").Result(); !ok {
 			t.Errorf("the dead letter's record was purged in a dry run")
 		}
-	})
-	t.Run("max close rate", func(t *testing.T) {
-		t.Parallel()
+	}}, subtest{"max close rate", func(t *testing.T) {
 		w := newWorld(t)
 		past := time.Now().Add(-time.Minute)
 		w.zadd(w.createOrders("rate", 600, past), float64(queue.DeadlineMillis(past)))
@@ -160,7 +155,7 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 			t.Errorf("orderdelay_close_rate_limited_total is 0 although the limit bit")
 		}
 		d.stop()
-	})
+	}})
 }
 
 func TestOpsResyncAndForensics(t *testing.T) {

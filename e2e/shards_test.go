@@ -689,17 +689,16 @@ func TestShardRedisCostPerOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var runs []subtest
 	for _, shards := range []int{1, testShards} {
 		name := fmt.Sprintf("standalone S=%d", shards)
-		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-			t.Parallel()
+		runs = append(runs, subtest{strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
 			rdb, addr := testenv.PrivateRedis(t)
 			w := withDatabase(t, rdb, "redis://"+addr+"/0", queue.NewKeys(fmt.Sprintf("bench%d:order", shards)))
 			costRun{name: name, shards: shards, w: w, rdb: rdb, nodes: []*redis.Client{rdb}, mode: "standalone"}.measure(t, n)
-		})
+		}})
 	}
-	t.Run("cluster_S=4", func(t *testing.T) {
-		t.Parallel()
+	runs = append(runs, subtest{"cluster_S=4", func(t *testing.T) {
 		c := testenv.PrivateCluster(t)
 		key, node := keyOn(t, c, "bench:order")
 		w := clusterWorld(t, c, key, node)
@@ -710,5 +709,6 @@ func TestShardRedisCostPerOrder(t *testing.T) {
 			nodes = append(nodes, nc)
 		}
 		costRun{name: "cluster of 3 masters S=4", shards: testShards, w: w, rdb: c.Client(t), nodes: nodes, mode: "cluster"}.measure(t, n)
-	})
+	}})
+	together(t, runs...)
 }
