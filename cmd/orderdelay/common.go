@@ -24,21 +24,25 @@ import (
 )
 
 // parse parses a subcommand's flags plus every setting and returns the
-// configuration and the remaining arguments. Any mistake is a usageError
-// that names the setting.
-func parse(name string, args []string, stderr io.Writer, getenv func(string) (string, bool), extra func(*flag.FlagSet)) (config.Config, []string, error) {
+// configuration and the remaining arguments. -h is a helpRequested error
+// carrying the command's help; any mistake is a usageError that names the
+// flag or setting.
+func parse(name string, args []string, getenv func(string) (string, bool), extra func(*flag.FlagSet)) (config.Config, []string, error) {
 	fs := flag.NewFlagSet("orderdelay "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // run prints the help (stdout) and the error (stderr)
+	fs.Usage = func() {}
 	if extra != nil {
 		extra(fs)
 	}
+	var own []*flag.Flag // the command's flags, before the settings'
+	fs.VisitAll(func(f *flag.Flag) { own = append(own, f) })
 	load := config.Register(fs, getenv)
 	// Allow flags after positional arguments (orderdelay enqueue A --after 1m).
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return config.Config{}, nil, err
+				return config.Config{}, nil, helpRequested{commandHelp(name, own)}
 			}
 			return config.Config{}, nil, usageError{err}
 		}
