@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/orderdelay/orderdelay/internal/config"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -139,7 +140,14 @@ func TestExitStatusUsage(t *testing.T) {
 		{[]string{"enqueue", "--after", "1m"}, []string{"one serial"}},
 		{[]string{"enqueue", "o-1", "--after", "soon"}, []string{"after", `"soon"`}},
 		{[]string{"enqueue", "o-1", "--at", "tomorrow"}, []string{"--at"}},
+		{[]string{"enqueue", "o-1"}, []string{"give after"}},
+		{[]string{"enqueue", "o-1", "--after", "1m", "--at", "2030-01-01T00:00:00Z"}, []string{"not both"}},
+		{[]string{"enqueue", "o-1", "--after=-1m"}, []string{"positive"}},
+		{[]string{"enqueue", "o-1", "--after", "1m", "--reschedule", "--only-later"}, []string{"exclude each other"}},
+		{[]string{"enqueue", "o\x01", "--after", "1m"}, []string{"control character"}},
 		{[]string{"cancel"}, []string{"one serial"}},
+		{[]string{"cancel", strings.Repeat("o", queue.MaxSerialLen+1)}, []string{"at most"}},
+		{[]string{"inspect", "o\x01"}, []string{"control character"}},
 		{[]string{"inspect", "a", "b"}, []string{"at most one serial"}},
 		{[]string{"inspect", "--dead", "--limit", "0"}, []string{"--limit"}},
 		{[]string{"requeue"}, []string{"--all"}},
@@ -153,7 +161,9 @@ func TestExitStatusUsage(t *testing.T) {
 		{[]string{"task", "put", "jobs", "--after", "1m"}, []string{"task id"}},
 		{[]string{"task", "put", "nope", "t-1", "--after", "1m"}, []string{`no queue "nope"`}},
 		{[]string{"task", "get", "jobs"}, []string{"task id"}},
+		{[]string{"task", "get", "jobs", "t\x01"}, []string{"control character"}},
 		{[]string{"task", "delete", "jobs"}, []string{"task id"}},
+		{[]string{"task", "delete", "jobs", "t-1", "t\x01"}, []string{"control character"}},
 		{[]string{"task", "list", "jobs", "--state", "zombie"}, []string{"--state"}},
 		{[]string{"task", "dead"}, []string{"queue name"}},
 		{[]string{"task", "stats", "a", "b"}, []string{"at most one queue"}},

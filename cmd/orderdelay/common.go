@@ -169,12 +169,17 @@ func sharedPoolOptions(f tasks.File) orders.PoolOptions {
 	return orders.PoolOptions{MaxConns: n}
 }
 
-// redactErr hides the configured passwords in an error's text.
+// redactErr hides the configured passwords in an error's text. A
+// usageError stays one: the exit status is still 2.
 func redactErr(err error, cfg config.Config) error {
 	if err == nil {
 		return nil
 	}
-	return errors.New(config.Redact(err.Error(), cfg.DatabaseURL, cfg.RedisURL))
+	redacted := errors.New(config.Redact(err.Error(), cfg.DatabaseURL, cfg.RedisURL))
+	if errors.As(err, new(usageError)) {
+		return usageError{redacted}
+	}
+	return redacted
 }
 
 func pingRedis(ctx context.Context, rdb redis.UniversalClient) error {
