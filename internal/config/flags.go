@@ -41,26 +41,21 @@ func (k Kind) String() string {
 // flag; the setting checks the range when the configuration loads.
 func (k Kind) check(v string) error {
 	v = strings.TrimSpace(v)
-	var err error
 	switch k {
 	case KindBool:
-		_, err = strconv.ParseBool(v)
-		if err != nil {
+		if _, err := strconv.ParseBool(v); err != nil {
 			return errors.New("want true or false")
 		}
 	case KindInt:
-		_, err = strconv.ParseInt(v, 10, 64)
-		if err != nil {
+		if _, err := strconv.ParseInt(v, 10, 64); err != nil {
 			return errors.New("want an integer")
 		}
 	case KindFloat:
-		_, err = strconv.ParseFloat(v, 64)
-		if err != nil {
+		if _, err := strconv.ParseFloat(v, 64); err != nil {
 			return errors.New("want a number")
 		}
 	case KindDuration:
-		_, err = time.ParseDuration(v)
-		if err != nil {
+		if _, err := time.ParseDuration(v); err != nil {
 			return errors.New("want a duration such as 500ms, 5s or 2m")
 		}
 	}
@@ -122,9 +117,9 @@ func (f *flagValue) Set(v string) error {
 // IsBoolFlag lets a boolean setting be given as --flag (and --flag=false).
 func (f *flagValue) IsBoolFlag() bool { return f.kind == KindBool }
 
-// Placeholder is what `-h` writes after the flag name: the kind, none for
+// placeholder is what `-h` writes after the flag name: the kind, none for
 // a boolean.
-func (s Setting) Placeholder() string {
+func (s Setting) placeholder() string {
 	if s.Kind == KindBool {
 		return ""
 	}
@@ -154,7 +149,7 @@ func WriteHelp(w io.Writer, width int) {
 				continue
 			}
 			head := "  --" + s.Flag()
-			if p := s.Placeholder(); p != "" {
+			if p := s.placeholder(); p != "" {
 				head += " " + p
 			}
 			if def := s.shownDefault(); def == "" {
