@@ -86,24 +86,43 @@ func TestMalformedFlagNamesFlagAndValue(t *testing.T) {
 // configuration; one the variable refuses, the flag refuses (at parse or
 // at load). The flag's type check never refuses what the setting accepts.
 func TestFlagTakesWhatTheVariableTakes(t *testing.T) {
-	values := []string{"", "0", "1", "-1", "7", " 8 ", "1.5", "1e3", "+5", "0x10", "abc", "5s", "0s", " 2m ", "1h30m", "-5s",
-		"true", "false", "T", "0", "NaN", "inf", "9223372036854775808", "redis://127.0.0.1:6379/1", ":9090", "json", "debug",
-		"0123456789abcdef"}
 	for _, s := range config.Settings {
-		for _, v := range append(slices.Clone(values), s.Default) {
-			fromEnv, envErr := load(t, map[string]string{s.Env: v})
-			fromFlag, perr, err := parseFlags(nil, "--"+s.Flag()+"="+v)
-			flagErr := perr
-			if flagErr == nil {
-				flagErr = err
-			}
-			switch {
-			case (envErr == nil) != (flagErr == nil):
-				t.Errorf("%s=%q: variable gives %v, flag gives %v; want both to take it or both to refuse it", s.Env, v, envErr, flagErr)
-			case envErr == nil && !reflect.DeepEqual(fromEnv, fromFlag):
-				t.Errorf("%s=%q: variable and flag give different configurations:\n%+v\n%+v", s.Env, v, fromEnv, fromFlag)
-			}
+		for _, v := range append(slices.Clone(flagValues), s.Default) {
+			sameAsVariable(t, s, v)
 		}
+	}
+}
+
+// FuzzFlagTakesWhatTheVariableTakes is TestFlagTakesWhatTheVariableTakes
+// over arbitrary values.
+func FuzzFlagTakesWhatTheVariableTakes(f *testing.F) {
+	for _, v := range flagValues {
+		f.Add(v)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		for _, s := range config.Settings {
+			sameAsVariable(t, s, v)
+		}
+	})
+}
+
+var flagValues = []string{"", "0", "1", "-1", "7", " 8 ", "1.5", "1e3", "+5", "0x10", "abc", "5s", "0s", " 2m ", "1h30m", "-5s",
+	"true", "false", "T", "NaN", "inf", "9223372036854775808", "redis://127.0.0.1:6379/1", ":9090", "json", "debug",
+	"0123456789abcdef", "\t3\n", "1_000"}
+
+func sameAsVariable(t *testing.T, s config.Setting, v string) {
+	t.Helper()
+	fromEnv, envErr := load(t, map[string]string{s.Env: v})
+	fromFlag, perr, err := parseFlags(nil, "--"+s.Flag()+"="+v)
+	flagErr := perr
+	if flagErr == nil {
+		flagErr = err
+	}
+	switch {
+	case (envErr == nil) != (flagErr == nil):
+		t.Errorf("%s=%q: variable gives %v, flag gives %v; want both to take it or both to refuse it", s.Env, v, envErr, flagErr)
+	case envErr == nil && !reflect.DeepEqual(fromEnv, fromFlag):
+		t.Errorf("%s=%q: variable and flag give different configurations:\n%+v\n%+v", s.Env, v, fromEnv, fromFlag)
 	}
 }
 
