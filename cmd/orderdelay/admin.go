@@ -58,7 +58,7 @@ func noArgs(name string, pos []string) error {
 
 func cmdPause(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	var reason string
-	cfg, pos, err := parse("pause", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("pause", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.StringVar(&reason, "reason", "", "why (shown by inspect and the admin API)")
 	})
 	if err != nil {
@@ -79,7 +79,7 @@ func cmdPause(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 }
 
 func cmdResume(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
-	cfg, pos, err := parse("resume", args, getenv, nil)
+	cfg, pos, err := parse("resume", args, stderr, getenv, nil)
 	if err != nil {
 		return err
 	}
@@ -99,7 +99,7 @@ func cmdExtend(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	var within, by time.Duration
 	var moveRows bool
 	var explicit func() bool
-	cfg, pos, err := parse("extend", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("extend", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.DurationVar(&within, "within", 0, "extend entries due within this window from now, overdue ones included (e.g. 1h)")
 		fs.DurationVar(&by, "by", 0, "by this much (e.g. 15m)")
 		fs.BoolVar(&moveRows, "move-rows", true, "also move expires_at of pending rows in the reference schema (default: only when ORDERDELAY_CLOSE_SQL is not set)")
@@ -135,7 +135,7 @@ func cmdExtend(ctx context.Context, args []string, stdout, stderr io.Writer, get
 func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	var page int
 	var perSecond float64
-	cfg, pos, err := parse("resync", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("resync", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.IntVar(&page, "page", 1000, "pending orders read per query")
 		fs.Float64Var(&perSecond, "rate", 5000, "most orders loaded per second (0: unlimited)")
 	})
@@ -163,7 +163,7 @@ func cmdPurge(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	var dead bool
 	var older time.Duration
 	var keep int
-	cfg, pos, err := parse("purge", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("purge", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.BoolVar(&dead, "dead", false, "purge dead letters (required: the only thing purge removes)")
 		fs.DurationVar(&older, "older-than", 0, "dead-lettered longer ago than this (e.g. 168h)")
 		fs.IntVar(&keep, "keep", 0, "keep at most this many, the newest (0: no cap)")

@@ -26,7 +26,7 @@ import (
 const cliTimeout = 30 * time.Second
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
-	cfg, pos, err := parse("migrate", args, getenv, nil)
+	cfg, pos, err := parse("migrate", args, stderr, getenv, nil)
 	if err != nil {
 		return err
 	}
@@ -81,7 +81,7 @@ func cmdEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	var after time.Duration
 	var at string
 	var req producer.Request
-	cfg, pos, err := parse("enqueue", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("enqueue", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.DurationVar(&after, "after", 0, "deadline = now + this duration (e.g. 30m)")
 		fs.StringVar(&at, "at", "", "absolute deadline, RFC 3339 (e.g. 2026-01-02T15:04:05Z)")
 		fs.BoolVar(&req.Reschedule, "reschedule", false, "move the deadline if the order is already queued")
@@ -113,7 +113,7 @@ func cmdEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 }
 
 func cmdCancel(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
-	cfg, pos, err := parse("cancel", args, getenv, nil)
+	cfg, pos, err := parse("cancel", args, stderr, getenv, nil)
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ type inspectJSON struct {
 func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	var asJSON, dead bool
 	var limit int64
-	cfg, pos, err := parse("inspect", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("inspect", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
 		fs.BoolVar(&dead, "dead", false, "list dead-lettered entries with reason, attempts and last error")
 		fs.Int64Var(&limit, "limit", 100, "with --dead: most entries to list, oldest first")
@@ -256,7 +256,7 @@ func printDead(ctx context.Context, stdout io.Writer, rdb redis.UniversalClient,
 
 func cmdRequeue(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	var all bool
-	cfg, pos, err := parse("requeue", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("requeue", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.BoolVar(&all, "all", false, "put every dead-lettered entry back")
 	})
 	if err != nil {

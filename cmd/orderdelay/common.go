@@ -26,8 +26,9 @@ import (
 // parse parses a subcommand's flags plus every setting and returns the
 // configuration and the remaining arguments. -h is a helpRequested error
 // carrying the command's help; any mistake is a usageError that names the
-// flag or setting.
-func parse(name string, args []string, getenv func(string) (string, bool), extra func(*flag.FlagSet)) (config.Config, []string, error) {
+// flag or setting. Nothing is written to the (unused) writer: run prints
+// the help on stdout and the error on stderr.
+func parse(name string, args []string, _ io.Writer, getenv func(string) (string, bool), extra func(*flag.FlagSet)) (config.Config, []string, error) {
 	fs := flag.NewFlagSet("orderdelay "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // run prints the help (stdout) and the error (stderr)
 	fs.Usage = func() {}

@@ -35,7 +35,7 @@ import (
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer, getenv func(string) (string, bool)) error {
 	var migrateFirst bool
-	cfg, pos, err := parse("run", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("run", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.BoolVar(&migrateFirst, "migrate", false, "apply the reference schema migrations before starting")
 	})
 	if err != nil {

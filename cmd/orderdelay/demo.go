@@ -29,7 +29,7 @@ const (
 func cmdDemo(ctx context.Context, args []string, stderr io.Writer, getenv func(string) (string, bool)) error {
 	var duration time.Duration
 	var rate float64
-	cfg, pos, err := parse("demo", args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("demo", args, stderr, getenv, func(fs *flag.FlagSet) {
 		fs.DurationVar(&duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
 		fs.Float64Var(&rate, "rate", 2, "orders the simulated checkout creates per second")
 	})

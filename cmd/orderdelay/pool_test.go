@@ -28,7 +28,7 @@ func TestSharedPoolSaturatedOrdersStillClose(t *testing.T) {
 		"ORDERDELAY_SCAN_INTERVAL": "100ms",
 		"ORDERDELAY_LOG_LEVEL":     "error",
 	}
-	cfg, _, err := parse("run", nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
+	cfg, _, err := parse("run", nil, testWriter{t}, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

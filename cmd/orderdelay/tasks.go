@@ -30,7 +30,7 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	var after time.Duration
 	var at, payload string
 	var req producer.Request
-	cfg, pos, err := parse("task "+verb, args[1:], getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("task "+verb, args[1:], stderr, getenv, func(fs *flag.FlagSet) {
 		if verb == "put" {
 			fs.DurationVar(&after, "after", 0, "due after this long (e.g. 5m)")
 			fs.StringVar(&at, "at", "", "due at this RFC 3339 time")

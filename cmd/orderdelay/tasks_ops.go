@@ -34,7 +34,7 @@ func cmdTaskOps(ctx context.Context, verb string, args []string, stdout, stderr 
 		withPayload, all     bool
 		olderThan            time.Duration
 	)
-	cfg, pos, err := parse("task "+verb, args, getenv, func(fs *flag.FlagSet) {
+	cfg, pos, err := parse("task "+verb, args, stderr, getenv, func(fs *flag.FlagSet) {
 		switch verb {
 		case "list", "dead":
 			if verb == "list" {
