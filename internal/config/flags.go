@@ -88,7 +88,7 @@ func (g Group) About() string {
 	case GroupReconciler:
 		return "the safety net that closes pending orders missing from the queue"
 	case GroupHTTP:
-		return "the API, metrics and health listener, pprof, and their tokens"
+		return "the listeners (API, metrics and health; admin API; pprof) and their tokens"
 	case GroupOperator:
 		return "logs, dry runs and dead-letter housekeeping"
 	case GroupTaskQueues:
