@@ -108,7 +108,7 @@ func (w *world) check(t *testing.T, ex example) {
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	took := time.Since(start)
-	t.Logf("$ (cd examples/%s && %s %s)\n%s", ex.dir, filepath.Base(exe), quoteArgs(args), out)
+	t.Logf("$ (cd examples/%s && %s %s)\n%s", ex.dir, exe, quoteArgs(args), out)
 	if err != nil {
 		t.Fatalf("%s: %v", ex.name, err)
 	}
@@ -305,18 +305,20 @@ func pythonWith(module string) func(t *testing.T) string {
 		for _, c := range candidates {
 			exe, err := exec.LookPath(c)
 			if err != nil {
+				tried = append(tried, c+" (not found)")
 				continue
 			}
-			tried = append(tried, exe)
-			if exec.Command(exe, "-c", code).Run() == nil {
-				return exe
+			if out, err := exec.Command(exe, "-c", code).CombinedOutput(); err != nil {
+				tried = append(tried, fmt.Sprintf("%s (%s)", exe, lastLine(out, err)))
+				continue
 			}
+			return exe
 		}
 		what := "Python 3.9+"
 		if module != "" {
 			what += " with " + module
 		}
-		missing(t, fmt.Sprintf("no %s (tried %s)", what, strings.Join(tried, ", ")))
+		missing(t, fmt.Sprintf("no %s; tried %s", what, strings.Join(tried, ", ")))
 		return ""
 	}
 }
@@ -383,6 +385,16 @@ func randomHex(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
+}
+
+// lastLine is the last line of a failed command's output (a Python
+// traceback's ends with the error), or the error if it printed nothing.
+func lastLine(out []byte, err error) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if l := lines[len(lines)-1]; l != "" {
+		return l
+	}
+	return err.Error()
 }
 
 func quoteArgs(args []string) string {
