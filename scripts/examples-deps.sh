@@ -52,12 +52,14 @@ java_deps() {
 	if ! command -v javac >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then
 		apt_install default-jdk-headless || true
 	fi
-	local v
-	if ! v=$(javac -version 2>&1 | awk '{print $2}') || [ -z "$v" ]; then
+	local v m
+	if ! command -v javac >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then
 		missing+=("Java: a JDK 11+ (java and javac; apt-get install default-jdk-headless)")
 		return 0
 	fi
-	if [ "$(major "$v")" -lt 11 ]; then
+	v=$(javac -version 2>&1 | awk '{print $2}')
+	m=$(major "$v")
+	if [ -z "$m" ] || [ "$m" -lt 11 ]; then
 		missing+=("Java: JDK $v is too old, the example needs 11+")
 		return 0
 	fi
@@ -68,12 +70,13 @@ node_deps() {
 	if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 		apt_install nodejs npm || true
 	fi
-	local v
+	local v m
 	if ! v=$(node --version 2>/dev/null) || ! command -v npm >/dev/null 2>&1; then
 		missing+=("Node.js: node 20+ and npm")
 		return 0
 	fi
-	if [ "$(major "$v")" -lt 20 ]; then
+	m=$(major "$v")
+	if [ -z "$m" ] || [ "$m" -lt 20 ]; then
 		missing+=("Node.js: node $v is too old, node-redis needs 20+")
 		return 0
 	fi
