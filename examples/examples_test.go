@@ -52,7 +52,6 @@ type example struct {
 	dir     string                    // under examples/
 	args    []string                  // given to the runtime before the orders
 	runtime func(t *testing.T) string // the runtime's executable; skips (fails in CI) if missing
-	raw     bool                      // writes the queue key itself (ZADD), not through the API
 	env     func(w *world) []string   // its settings
 }
 
@@ -67,9 +66,9 @@ func TestProducerExamples(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, ex := range []example{
 		{name: "java-api", dir: "java", args: []string{"Producer.java"}, runtime: javaRuntime, env: api},
-		{name: "python-zadd", dir: "python", args: []string{"producer_zadd.py"}, runtime: pythonWith("redis"), raw: true, env: raw},
+		{name: "python-zadd", dir: "python", args: []string{"producer_zadd.py"}, runtime: pythonWith("redis"), env: raw},
 		{name: "python-api", dir: "python", args: []string{"producer_api.py"}, runtime: pythonWith(""), env: api},
-		{name: "node-zadd", dir: "node", args: []string{"zadd.mjs"}, runtime: nodeWith("redis"), raw: true, env: raw},
+		{name: "node-zadd", dir: "node", args: []string{"zadd.mjs"}, runtime: nodeWith("redis"), env: raw},
 		{name: "node-api", dir: "node", args: []string{"api.mjs"}, runtime: nodeWith(""), env: api},
 	} {
 		// All at once: each spends most of its time waiting for its
@@ -155,10 +154,8 @@ func (w *world) check(t *testing.T, ex example) {
 
 	// The paid order's entry is dropped as settled once due, and the order
 	// stays paid.
-	var status int
 	waitFor(t, "paid order's entry settled", lead+2*time.Minute, func() bool {
-		status = w.getTimeout(t, paid)
-		return status == http.StatusNotFound
+		return w.getTimeout(t, paid) == http.StatusNotFound
 	})
 	if now := time.Now(); now.Before(deadline) {
 		t.Errorf("the paid order's entry went at %s, before its deadline %s", now, deadline)
