@@ -111,7 +111,7 @@ private_check() {
 	# Subshell: the private URLs must not leak into later steps.
 	(
 		echo "private: $ORDERDELAY_TEST_REDIS_URL $ORDERDELAY_TEST_DATABASE_URL"
-		go test -race -count=1 -run 'TestIntegration' -v . >"$log" 2>&1
+		go test -race -count=1 -run 'TestIntegration' -v ./e2e/ >"$log" 2>&1
 	) || rc=$?
 	stop_services "$name"
 	# Back to the suite's own servers (start_private_services exported others).

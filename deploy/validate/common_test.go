@@ -60,8 +60,8 @@ func settings(t testing.TB) map[string]bool {
 
 // metricFamilies are the families a running daemon exports: the order
 // queue's (testdata/metrics.txt) and those a queues file adds
-// (testdata/task_metrics.txt). Root tests scrape /metrics after real work
-// (TestIntegration…, TestTaskQueueMetricsThroughTheDaemon) and fail when
+// (testdata/task_metrics.txt). The end-to-end tests (e2e/) scrape /metrics after real
+// work (TestIntegration…, TestTaskQueueMetricsThroughTheDaemon) and fail when
 // these golden files no longer match.
 func metricFamilies(t testing.TB) map[string]bool {
 	out := readList(t, repoPath("testdata", "metrics.txt"))
