@@ -118,7 +118,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		zap.String("database_url", config.Mask(cfg.DatabaseURL)), zap.String("queue_key", cfg.QueueKey),
 		zap.Int("queue_shards", cfg.QueueShards),
 		zap.Int("workers", cfg.Workers), zap.Int("batch_size", cfg.BatchSize), zap.Duration("lease", cfg.Lease),
-		zap.Duration("scan_interval", cfg.ScanInterval), zap.Bool("api_auth", len(cfg.APITokens) > 0))
+		zap.Duration("scan_interval", cfg.ScanInterval), zap.String("api_auth", apiAuthMode(cfg)))
 	d := &daemon{cfg: cfg, log: log}
 	queuesFile, err := loadQueues(cfg)
 	if err != nil {

@@ -99,3 +99,18 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
 	}
 	return ls, nil
 }
+
+// apiAuthMode says how /v1 is guarded, for the start line: "token",
+// "protected" (no token, loopback only), "none" (switched off) or "off"
+// (no API listener).
+func apiAuthMode(cfg config.Config) string {
+	switch {
+	case cfg.HTTPAddr == "":
+		return "off"
+	case cfg.APIAuth == config.AuthNone:
+		return config.AuthNone
+	case cfg.Protected():
+		return "protected"
+	}
+	return config.AuthToken
+}

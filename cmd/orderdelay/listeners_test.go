@@ -313,3 +313,25 @@ func TestMetricsURL(t *testing.T) {
 		}
 	}
 }
+
+// TestAPIAuthMode: what the start line says about /v1's auth (it said only
+// true or false, so protected mode and an explicit none looked alike).
+func TestAPIAuthMode(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{}, "protected"},
+		{map[string]string{"ORDERDELAY_API_TOKEN": listenAPIToken, "ORDERDELAY_HTTP_ADDR": ":8080"}, "token"},
+		{map[string]string{"ORDERDELAY_API_AUTH": "none", "ORDERDELAY_HTTP_ADDR": ":8080"}, "none"},
+		{map[string]string{"ORDERDELAY_HTTP_ADDR": ""}, "off"},
+	} {
+		cfg, _, err := parse("run", nil, testWriter{t}, envOf(unreachable, c.env), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := apiAuthMode(cfg); got != c.want {
+			t.Errorf("env %v: apiAuthMode = %q, want %q", c.env, got, c.want)
+		}
+	}
+}
