@@ -51,6 +51,7 @@ type Config struct {
 	HTTPAddr          string // empty disables the HTTP server
 	PprofAddr         string // empty: pprof off
 	APITokens         []string
+	APIAuth           string // token | none (see Protected)
 	LogLevel          zapcore.Level
 	LogFormat         string // json | console
 	CloseSQL          string
@@ -59,6 +60,7 @@ type Config struct {
 	CloseDelay        time.Duration // closing waits this long past the deadline
 	MaxCloseRate      float64       // orders/s per replica; 0 = unlimited
 	AdminTokens       []string      // bearer tokens for /admin/v1; none: admin API off
+	AdminAddr         string        // the admin API's own listener (with AdminTokens)
 	DryRun            bool          // report what would close; close nothing
 	DeadRetention     time.Duration // dead letters older than this are purged; 0 keeps them
 	DeadMax           int           // most dead letters kept (oldest purged first); 0: no cap
@@ -122,12 +124,20 @@ var Settings = []Setting{
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileInterval }, 0, 24*time.Hour)},
 	{Env: "ORDERDELAY_RECONCILE_GRACE", Group: GroupReconciler, Kind: KindDuration, Default: "5m", Help: "how long past its deadline a pending order missing from the queue must be before the reconciler closes it; must exceed the lease",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileGrace }, time.Second, 30*24*time.Hour)},
-	{Env: "ORDERDELAY_HTTP_ADDR", Group: GroupHTTP, Default: ":8080", Help: "API, metrics and health listener (empty: off)",
+	{Env: "ORDERDELAY_HTTP_ADDR", Group: GroupHTTP, Default: "127.0.0.1:8080", Help: "listener of the producer API `/v1`, `/metrics` and the health checks (empty: off); loopback by default: any other address, such as `:8080` in a container, needs `ORDERDELAY_API_TOKEN` or `ORDERDELAY_API_AUTH=none` (protected mode, see `docs/security.md`)",
 		set: addr(func(c *Config) *string { return &c.HTTPAddr })},
 	{Env: "ORDERDELAY_PPROF_ADDR", Group: GroupHTTP, Default: "", Help: "separate, opt-in pprof listener, e.g. `127.0.0.1:6060` (empty: off)",
 		set: addr(func(c *Config) *string { return &c.PprofAddr })},
-	{Env: "ORDERDELAY_API_TOKEN", Group: GroupHTTP, Default: "", Secret: true, Help: "bearer token(s) for `/v1`, comma-separated for rotation, each at least 16 bytes (empty: no auth)",
+	{Env: "ORDERDELAY_API_TOKEN", Group: GroupHTTP, Default: "", Secret: true, Help: "bearer token(s) for `/v1`, comma-separated for rotation, each at least 16 bytes (empty: protected mode or no auth, see `ORDERDELAY_API_AUTH`)",
 		set: setTokens},
+	{Env: "ORDERDELAY_API_AUTH", Group: GroupHTTP, Default: "token", Help: "`token`: `/v1` needs a bearer token from `ORDERDELAY_API_TOKEN`; with none configured (protected mode) `/v1` answers without one but only on a loopback `ORDERDELAY_HTTP_ADDR`, and any other address refuses to start (exit 2). `none`: no auth on `/v1` on any address, logged as a warning at every start (`ORDERDELAY_API_TOKEN` must then be empty)",
+		set: func(c *Config, v string) error {
+			if v != AuthToken && v != AuthNone {
+				return fmt.Errorf("want token or none, got %q", v)
+			}
+			c.APIAuth = v
+			return nil
+		}},
 	{Env: "ORDERDELAY_LOG_LEVEL", Group: GroupOperator, Default: "info", Help: "`debug`, `info`, `warn` or `error`",
 		set: func(c *Config, v string) error {
 			l, err := zapcore.ParseLevel(v)
@@ -156,12 +166,14 @@ var Settings = []Setting{
 			c.MaxCloseRate = r
 			return nil
 		}},
-	{Env: "ORDERDELAY_ADMIN_TOKEN", Group: GroupHTTP, Default: "", Secret: true, Help: "bearer token(s) for the admin API `/admin/v1` (pause, extend, forensics), comma-separated, each at least 16 bytes, distinct from the API tokens (empty: admin API off)",
+	{Env: "ORDERDELAY_ADMIN_TOKEN", Group: GroupHTTP, Default: "", Secret: true, Help: "bearer token(s) for the admin API `/admin/v1` (pause, extend, forensics, task queues' requeue, purge, pause), served on `ORDERDELAY_ADMIN_ADDR` only; comma-separated, each at least 16 bytes, distinct from the API tokens (empty: admin API off)",
 		set: func(c *Config, v string) error {
 			toks, err := parseTokens(v)
 			c.AdminTokens = toks
 			return err
 		}},
+	{Env: "ORDERDELAY_ADMIN_ADDR", Group: GroupHTTP, Default: "127.0.0.1:8081", Help: "the admin API's own listener, bound only when `ORDERDELAY_ADMIN_TOKEN` is set; loopback by default, so operators reach it from the pod (`kubectl port-forward`); never the API's address or port",
+		set: addr(func(c *Config) *string { return &c.AdminAddr })},
 	{Env: "ORDERDELAY_DRY_RUN", Group: GroupOperator, Kind: KindBool, Default: "false", Help: "run everything except the close: the close statement runs in a transaction that is rolled back, and what it would have closed is logged and counted; the queue and the dead letters are left as they are, and task queues are not served",
 		set: func(c *Config, v string) error {
 			b, err := strconv.ParseBool(v)
@@ -294,9 +306,10 @@ func (c *Config) validate() []error {
 	if c.ReminderQueue != "" && c.QueuesFile == "" {
 		bad("ORDERDELAY_REMINDER_QUEUE", "names a task queue, so ORDERDELAY_QUEUES_FILE must be set")
 	}
-	if c.HTTPAddr != "" && c.HTTPAddr == c.PprofAddr {
+	if sameListener(c.HTTPAddr, c.PprofAddr) {
 		bad("ORDERDELAY_PPROF_ADDR", "must differ from ORDERDELAY_HTTP_ADDR: pprof never shares the public port")
 	}
+	errs = append(errs, c.validateAuth()...)
 	return errs
 }
 
@@ -345,8 +358,12 @@ func oneOf(field func(*Config) *string, allowed ...string) func(*Config, string)
 func addr(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		if v != "" {
-			if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+			_, port, err := net.SplitHostPort(v)
+			if err != nil || port == "" {
 				return fmt.Errorf("want host:port or :port, got %q", v)
+			}
+			if n, err := strconv.ParseUint(port, 10, 16); err != nil || n > 65535 {
+				return fmt.Errorf("want a port number from 0 to 65535, got %q in %q", port, v)
 			}
 		}
 		*field(c) = v

@@ -12,6 +12,11 @@
 // Errors are JSON ({"error": "..."}): 400 for bad input, 401 without a valid
 // bearer token when tokens are configured, 404 for an unknown serial, 503
 // when Redis cannot be reached or the daemon is shutting down.
+//
+// Handler serves all of the above on the producers' listener; the admin API
+// (admin.go) is served by AdminHandler, on a listener of its own. Without
+// tokens /v1 needs none: the daemon then binds Handler to a loopback
+// address only (protected mode, see config.Config.CheckExposure).
 package httpapi
 
 import (
@@ -73,7 +78,8 @@ func New(cfg Config, p *producer.Producer, m *metrics.Metrics, g prometheus.Gath
 // shutdown, so load balancers stop sending producers here.
 func (s *Server) SetStopping() { s.stopping.Store(true) }
 
-// Handler returns the routes.
+// Handler returns the routes of the producers' listener: metrics, health
+// checks and /v1. The admin API is not among them (AdminHandler).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(s.log)}))
@@ -83,11 +89,26 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/timeouts/{serial}", s.auth(s.get))
 	mux.HandleFunc("DELETE /v1/timeouts/{serial}", s.auth(s.del))
 	mux.HandleFunc("/v1/", s.auth(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		msg := "no such endpoint: " + r.Method + " " + r.URL.Path
+		if movedToAdmin(r.URL.Path) {
+			msg += "; a task queue's requeue, purge, pause and resume are on the admin listener " +
+				"(ORDERDELAY_ADMIN_ADDR), under /admin" + r.URL.Path
+		}
+		writeError(w, http.StatusNotFound, msg)
 	}))
-	s.adminRoutes(mux)
-	s.taskRoutes(mux)
+	s.taskRoutes(mux) // the admin API is on AdminHandler's listener, not here
 	return mux
+}
+
+// movedToAdmin reports a path of a task queue operation the API listener
+// served before the admin API got a listener of its own.
+func movedToAdmin(path string) bool {
+	rest, ok := strings.CutPrefix(path, "/v1/queues/")
+	if !ok {
+		return false
+	}
+	_, op, _ := strings.Cut(rest, "/")
+	return op == "dead/requeue" || op == "dead/purge" || op == "pause" || op == "resume"
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -15,17 +15,17 @@ import (
 )
 
 // Operating task queues. Reading takes a producer token, like GET of a
-// task; changing what runs (requeue, purge, pause, resume) takes the admin
-// token, like the order queue's /admin/v1, and is refused with 403 when no
-// admin token is configured:
+// task; changing what runs (requeue, purge, pause, resume) is part of the
+// admin API: served on the admin listener only (AdminHandler), under
+// /admin/v1, with the admin token:
 //
 //	GET  /v1/queues                          every queue with its action and stats
 //	GET  /v1/queues/{queue}/stats            pending, due, inflight, dead, oldest overdue, paused
 //	GET  /v1/queues/{queue}/tasks?state=pending|inflight|dead&limit=N&after=CURSOR&payload=true
-//	POST /v1/queues/{queue}/dead/requeue     {"ids":[...]} or {"all":true}            (admin)
-//	POST /v1/queues/{queue}/dead/purge       {"ids":[...]}, {"all":true} or {"older_than":"168h"} (admin)
-//	POST /v1/queues/{queue}/pause            {"reason":"..."} (optional)              (admin)
-//	POST /v1/queues/{queue}/resume                                                    (admin)
+//	POST /admin/v1/queues/{queue}/dead/requeue {"ids":[...]} or {"all":true}            (admin)
+//	POST /admin/v1/queues/{queue}/dead/purge {"ids":[...]}, {"all":true} or {"older_than":"168h"} (admin)
+//	POST /admin/v1/queues/{queue}/pause      {"reason":"..."} (optional)              (admin)
+//	POST /admin/v1/queues/{queue}/resume                                              (admin)
 
 // defaultList is a listing's page size when the request names none.
 const defaultList = 100
@@ -34,21 +34,18 @@ func (s *Server) taskOpsRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/queues", s.auth(s.listQueues))
 	mux.HandleFunc("GET /v1/queues/{queue}/stats", s.auth(s.withQueue(s.queueStats)))
 	mux.HandleFunc("GET /v1/queues/{queue}/tasks", s.auth(s.withQueue(s.listTasks)))
-	mux.HandleFunc("POST /v1/queues/{queue}/dead/requeue", s.adminOnly(s.withQueue(s.requeueTasks)))
-	mux.HandleFunc("POST /v1/queues/{queue}/dead/purge", s.adminOnly(s.withQueue(s.purgeTasks)))
-	mux.HandleFunc("POST /v1/queues/{queue}/pause", s.adminOnly(s.withQueue(s.pauseQueue)))
-	mux.HandleFunc("POST /v1/queues/{queue}/resume", s.adminOnly(s.withQueue(s.resumeQueue)))
 }
 
-// adminOnly lets through requests with an admin token; with none
-// configured, nobody.
-func (s *Server) adminOnly(next http.HandlerFunc) http.HandlerFunc {
-	if s.admin == nil || len(s.admin.Tokens) == 0 {
-		return func(w http.ResponseWriter, _ *http.Request) {
-			writeError(w, http.StatusForbidden, "this operation needs the admin token, and ORDERDELAY_ADMIN_TOKEN is not set")
-		}
+// taskAdminRoutes are the operations that change what runs; they are served
+// on the admin listener only (AdminHandler), a is its token check.
+func (s *Server) taskAdminRoutes(mux *http.ServeMux, a func(http.HandlerFunc) http.HandlerFunc) {
+	if s.tasks == nil {
+		return
 	}
-	return s.bearer(s.admin.Tokens, next)
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/dead/requeue", a(s.withQueue(s.requeueTasks)))
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/dead/purge", a(s.withQueue(s.purgeTasks)))
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/pause", a(s.withQueue(s.pauseQueue)))
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/resume", a(s.withQueue(s.resumeQueue)))
 }
 
 func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
@@ -223,6 +220,9 @@ func (s *Server) pauseQueue(w http.ResponseWriter, r *http.Request, q *tasks.Run
 }
 
 func (s *Server) resumeQueue(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	if !decodeBody(w, r, &struct{}{}) { // none, or {}
+		return
+	}
 	if err := q.Resume(r.Context()); err != nil {
 		s.taskFail(w, err, q)
 		return

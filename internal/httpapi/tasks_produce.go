@@ -159,9 +159,12 @@ func decodeStrict(body io.Reader, v any) (tooBig bool, err error) {
 	dec.DisallowUnknownFields()
 	err = dec.Decode(v)
 	if err == nil {
+		// Only white space may follow. (Decoder.More misses a stray '}'
+		// or ']'.) A body past its limit says so rather than "data after".
 		if err2 := dec.Decode(new(json.RawMessage)); !errors.Is(err2, io.EOF) {
 			err = errors.New("data after the JSON value")
-			if err2 != nil {
+			var mb *http.MaxBytesError
+			if errors.As(err2, &mb) {
 				err = err2
 			}
 		}
