@@ -9,9 +9,10 @@
 //	GET    /v1/timeouts/{serial}
 //	DELETE /v1/timeouts/{serial}
 //
-// Errors are JSON ({"error": "..."}): 400 for bad input, 401 without a valid
-// bearer token when tokens are configured, 404 for an unknown serial, 503
-// when Redis cannot be reached or the daemon is shutting down.
+// Errors are RFC 9457 problem details (application/problem+json, problem.go):
+// 400 for bad input, 401 without a valid bearer token when tokens are
+// configured, 404 for an unknown serial, 503 when Redis cannot be reached or
+// the daemon is shutting down.
 package httpapi
 
 import (
@@ -159,32 +160,32 @@ func DecodePut(serial string, body io.Reader) (producer.Request, error) {
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
-		return producer.Request{}, fmt.Errorf("body: %w", err)
+		return producer.Request{}, &fieldError{"body", err}
 	}
 	// Only whitespace may follow the value. (Decoder.More misses a stray
 	// '}' or ']', and would stop reading at the size limit without error.)
 	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return producer.Request{}, fmt.Errorf("body: %w", err)
+			return producer.Request{}, &fieldError{"body", err}
 		}
-		return producer.Request{}, errors.New("body: data after the JSON value")
+		return producer.Request{}, &fieldError{"body", errors.New("data after the JSON value")}
 	}
 	req := producer.Request{Serial: serial, Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
 	if b.After != "" {
 		d, err := time.ParseDuration(b.After)
 		if err != nil {
-			return req, fmt.Errorf("after: %w", err)
+			return req, &fieldError{"after", err}
 		}
 		if d <= 0 {
-			return req, fmt.Errorf("after: must be positive, got %s", b.After)
+			return req, &fieldError{"after", fmt.Errorf("must be positive, got %s", b.After)}
 		}
 		req.After = d
 	}
 	if b.At != "" {
 		t, err := time.Parse(time.RFC3339Nano, b.At)
 		if err != nil {
-			return req, fmt.Errorf("at: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)
+			return req, &fieldError{"at", fmt.Errorf("want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)}
 		}
 		req.At = t
 	}
@@ -210,6 +211,11 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", MaxBodyBytes))
+			return
+		}
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			writeInvalid(w, fe.field, err.Error())
 			return
 		}
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -266,8 +272,4 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v) // the client went away; nothing to do
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
 }
