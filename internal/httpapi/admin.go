@@ -42,7 +42,7 @@ type AdminConfig struct {
 // EnableAdmin serves the admin API with cfg.
 func (s *Server) EnableAdmin(cfg AdminConfig) { s.admin = &cfg }
 
-func (s *Server) adminRoutes(mux *http.ServeMux) {
+func (s *Server) adminRoutes(mux router) {
 	if s.admin == nil || len(s.admin.Tokens) == 0 {
 		return
 	}

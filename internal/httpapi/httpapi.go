@@ -77,9 +77,42 @@ func (s *Server) SetStopping() { s.stopping.Store(true) }
 // Handler returns the routes.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	s.register(mux)
+	return mux
+}
+
+// Routes returns the ServeMux pattern of every route Handler serves, in
+// the order they are registered: "GET /v1/timeouts/{serial}", or, for the
+// catch-alls that answer 404 under /v1/ and /admin/, a path alone. The
+// OpenAPI document describes each of the others (openapi.yaml; a test
+// checks both ways).
+func (s *Server) Routes() []string {
+	var p patterns
+	s.register(&p)
+	return p
+}
+
+// router is what routes are registered with: the ServeMux that serves
+// them, or patterns, which lists them.
+type router interface {
+	Handle(pattern string, handler http.Handler)
+	HandleFunc(pattern string, handler func(http.ResponseWriter, *http.Request))
+}
+
+// patterns is a router that records the patterns registered with it.
+type patterns []string
+
+func (p *patterns) Handle(pattern string, _ http.Handler) { *p = append(*p, pattern) }
+func (p *patterns) HandleFunc(pattern string, _ func(http.ResponseWriter, *http.Request)) {
+	*p = append(*p, pattern)
+}
+
+// register registers every route with mux.
+func (s *Server) register(mux router) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(s.log)}))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /v1/openapi.json", serveOpenAPI) // no token: the document holds nothing secret
 	mux.HandleFunc("PUT /v1/timeouts/{serial}", s.auth(s.put))
 	mux.HandleFunc("GET /v1/timeouts/{serial}", s.auth(s.get))
 	mux.HandleFunc("DELETE /v1/timeouts/{serial}", s.auth(s.del))
@@ -88,7 +121,6 @@ func (s *Server) Handler() http.Handler {
 	}))
 	s.adminRoutes(mux)
 	s.taskRoutes(mux)
-	return mux
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

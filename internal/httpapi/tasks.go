@@ -45,7 +45,7 @@ const pollEnvelopeBytes = 128
 // EnableTasks serves the task API for m's queues.
 func (s *Server) EnableTasks(m *tasks.Manager) { s.tasks = m }
 
-func (s *Server) taskRoutes(mux *http.ServeMux) {
+func (s *Server) taskRoutes(mux router) {
 	if s.tasks == nil {
 		return
 	}

@@ -30,7 +30,7 @@ import (
 // defaultList is a listing's page size when the request names none.
 const defaultList = 100
 
-func (s *Server) taskOpsRoutes(mux *http.ServeMux) {
+func (s *Server) taskOpsRoutes(mux router) {
 	mux.HandleFunc("GET /v1/queues", s.auth(s.listQueues))
 	mux.HandleFunc("GET /v1/queues/{queue}/stats", s.auth(s.withQueue(s.queueStats)))
 	mux.HandleFunc("GET /v1/queues/{queue}/tasks", s.auth(s.withQueue(s.listTasks)))
