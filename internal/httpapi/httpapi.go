@@ -13,6 +13,10 @@
 // 400 for bad input, 401 without a valid bearer token when tokens are
 // configured, 404 for an unknown serial, 503 when Redis cannot be reached or
 // the daemon is shutting down.
+//
+// openapi.yaml describes every route (OpenAPI 3.1); it is served at
+// GET /v1/openapi.json without a token (openapi.go), and tests hold it to
+// the routes and to every answer (docs/api.md).
 package httpapi
 
 import (
