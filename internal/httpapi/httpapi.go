@@ -82,7 +82,7 @@ func (s *Server) SetStopping() { s.stopping.Store(true) }
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	s.register(mux)
-	return mux
+	return muxProblems(mux)
 }
 
 // Routes returns the ServeMux pattern of every route Handler serves, in

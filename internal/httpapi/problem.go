@@ -99,3 +99,42 @@ type fieldError struct {
 
 func (e *fieldError) Error() string { return e.field + ": " + e.err.Error() }
 func (e *fieldError) Unwrap() error { return e.err }
+
+// muxProblems serves mux, answering as problems what the ServeMux answers
+// by itself in plain text: 404 for a path no route has, 405 (with its
+// Allow header) for a route's path with another method. Under /v1/ and
+// /admin/ the catch-all routes answer 404 first, after the token check.
+func muxProblems(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" { // a route, or a redirect to the clean path
+			mux.ServeHTTP(w, r)
+			return
+		}
+		var rec statusOnly
+		h.ServeHTTP(&rec, r)
+		code, detail := rec.code, "no such endpoint: "+r.Method+" "+r.URL.Path
+		if allow := rec.Header().Get("Allow"); code == http.StatusMethodNotAllowed && allow != "" {
+			w.Header().Set("Allow", allow)
+			detail = r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + allow
+		} else if code == 0 || code == http.StatusOK {
+			code = http.StatusNotFound
+		}
+		writeProblem(w, code, "", detail, nil)
+	})
+}
+
+// statusOnly keeps a handler's status and headers, and drops its body.
+type statusOnly struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusOnly) Header() http.Header {
+	if s.header == nil {
+		s.header = http.Header{}
+	}
+	return s.header
+}
+func (s *statusOnly) WriteHeader(code int)        { s.code = code }
+func (s *statusOnly) Write(b []byte) (int, error) { return len(b), nil }

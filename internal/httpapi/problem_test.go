@@ -87,6 +87,8 @@ func TestErrorsAreProblemDetails(t *testing.T) {
 		{"unknown serial", p, http.MethodGet, "/v1/timeouts/ord", "", 404, "about:blank", ""},
 		{"unknown endpoint", p, http.MethodGet, "/v1/nothing", "", 404, "about:blank", ""},
 		{"unknown queue", p, http.MethodGet, "/v1/queues/nope/stats", "", 404, "about:blank", ""},
+		{"unknown path outside the API", "", http.MethodGet, "/nothing", "", 404, "about:blank", ""},
+		{"wrong method on a probe", "", http.MethodPost, "/healthz", "", 405, "about:blank", ""},
 		{"oversized", p, http.MethodPut, "/v1/timeouts/ord", `{"after":"30m"}` + strings.Repeat(" ", httpapi.MaxBodyBytes), 413, "about:blank", ""},
 	}
 	for _, c := range cases {
@@ -97,6 +99,11 @@ func TestErrorsAreProblemDetails(t *testing.T) {
 			}
 		})
 	}
+	t.Run("405 says what is allowed", func(t *testing.T) {
+		if allow := e.call(t, "", http.MethodPost, "/healthz", "").header.Get("Allow"); !strings.Contains(allow, "GET") {
+			t.Errorf("Allow = %q, want GET in it", allow)
+		}
+	})
 	t.Run("not polled", func(t *testing.T) {
 		got := wantProblem(t, e.call(t, p, http.MethodPost, "/v1/queues/confirm/poll", ""), 409, httpapi.ProblemNotPolled)
 		if got.Queue != "confirm" {
