@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"encoding/json"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -117,4 +118,26 @@ func TestErrorsAreProblemDetails(t *testing.T) {
 			t.Errorf("acked %v, expired %v; want 0 and 1", got.Acked, got.Expired)
 		}
 	})
+}
+
+// Each problem type's URI leads to its own section of docs/api.md, and the
+// OpenAPI document gives each a schema.
+func TestProblemTypesAreDocumented(t *testing.T) {
+	docs, err := os.ReadFile("../../docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{httpapi.ProblemInvalidRequest, httpapi.ProblemInvalidTasks, httpapi.ProblemQueueFull,
+		httpapi.ProblemNotPolled, httpapi.ProblemLeaseLost, httpapi.ProblemIdempotencyKeyReused, httpapi.ProblemBatchInterrupted} {
+		name, ok := strings.CutPrefix(typ, httpapi.ProblemTypeBase)
+		if !ok || !strings.HasPrefix(httpapi.ProblemTypeBase, "https://github.com/orderdelay/orderdelay/blob/main/docs/api.md#") {
+			t.Fatalf("%s is not under docs/api.md", typ)
+		}
+		if !strings.Contains(string(docs), "\n### "+name+"\n") {
+			t.Errorf("docs/api.md has no section %q for %s", "### "+name, typ)
+		}
+		if !strings.Contains(string(httpapi.OpenAPIYAML()), "const: "+typ+"\n") {
+			t.Errorf("openapi.yaml has no schema for %s", typ)
+		}
+	}
 }
