@@ -233,6 +233,11 @@ func TestOpenAPIContract(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /v1/openapi.json: %d %v", resp.StatusCode, err)
 	}
+	for _, secret := range []string{contractProducer, contractAdmin, prefix, "127.0.0.1"} {
+		if strings.Contains(string(served), secret) {
+			t.Errorf("the served document holds %q: it must not depend on the deployment", secret)
+		}
+	}
 	doc := loadDoc(t, served)
 	router, err := gorillamux.NewRouter(doc)
 	if err != nil {
