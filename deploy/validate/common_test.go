@@ -80,10 +80,10 @@ var secretSettings = map[string]bool{
 	"ORDERDELAY_ADMIN_TOKEN":  true,
 }
 
-// optionalSecrets may be absent: an empty API token means no auth on the
-// producer API, an empty admin token means no admin API.
+// optionalSecrets may be absent: an empty admin token means no admin API.
+// The API token is not optional: the pods listen on their IP, where the
+// daemon refuses to start without one (protected mode; TestExposure).
 var optionalSecrets = map[string]bool{
-	"ORDERDELAY_API_TOKEN":   true,
 	"ORDERDELAY_ADMIN_TOKEN": true,
 }
 
