@@ -277,7 +277,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 
 // serveHTTP serves the listeners openListeners decides and binds.
 func (d *daemon) serveHTTP() (stop func(), err error) {
-	ls, err := openListeners(d.cfg, d.api, d.log)
+	ls, err := openListeners(d.cfg, d.api, d.log, nil)
 	if err != nil {
 		return func() {}, err
 	}

@@ -33,10 +33,15 @@ type listener struct {
 //
 // ORDERDELAY_API_AUTH=none is logged as a warning here, so at every start.
 // A port that cannot be bound is fatal (exit 1): another process owns it.
-// On error nothing is left bound.
-func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger) (ls []listener, err error) {
+// On error nothing is left bound. listen binds an address (nil:
+// net.Listen; tests record or fail binds).
+func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
+	listen func(network, addr string) (net.Listener, error)) (ls []listener, err error) {
 	if err := cfg.CheckExposure(); err != nil {
 		return nil, usageError{err}
+	}
+	if listen == nil {
+		listen = net.Listen
 	}
 	defer func() {
 		if err != nil {
@@ -47,7 +52,7 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger) (ls 
 		}
 	}()
 	open := func(what, addr string, h http.Handler) error {
-		ln, err := net.Listen("tcp", addr)
+		ln, err := listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("%s listener: %w", what, err)
 		}

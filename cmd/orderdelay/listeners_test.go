@@ -97,7 +97,7 @@ func listenersFor(t *testing.T, env map[string]string) ([]listener, *observer.Ob
 	if len(cfg.AdminTokens) > 0 {
 		api.EnableAdmin(httpapi.AdminConfig{Tokens: cfg.AdminTokens})
 	}
-	ls, err := openListeners(cfg, api, zap.New(core))
+	ls, err := openListeners(cfg, api, zap.New(core), nil)
 	t.Cleanup(func() {
 		for _, l := range ls {
 			l.ln.Close()

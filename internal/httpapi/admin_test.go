@@ -195,3 +195,19 @@ func rawCall(t *testing.T, base, token, method, path, body string) rawReply {
 	}
 	return rawReply{code: resp.StatusCode, raw: string(b)}
 }
+
+// TestPutTaskBodyStrict: PUT of a task decodes with the same strict decoder
+// as every other body (it stopped at the first value and took what followed).
+func TestPutTaskBodyStrict(t *testing.T) {
+	e := newOpsAPI(t, false)
+	for _, body := range []string{`{"after":"1m"} garbage`, `{"after":"1m"}}`, `{"after":"1m"}{"after":"2m"}`} {
+		r := e.call(t, opsProducerToken, http.MethodPut, "/v1/queues/jobs/tasks/T-1", body)
+		wantAnyProblem(t, r, http.StatusBadRequest)
+		if !strings.Contains(r.raw, "after the JSON value") {
+			t.Errorf("PUT %s: %s does not say what is wrong", body, r.raw)
+		}
+	}
+	if _, err := e.cl.GetTask(context.Background(), "T-1"); err == nil {
+		t.Error("T-1 was created by a refused PUT")
+	}
+}

@@ -83,11 +83,8 @@ type putTaskBody struct {
 
 func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	var b putTaskBody
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, client.MaxPayloadBytes+MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+	if tooBig, err := decodeStrict(http.MaxBytesReader(w, r.Body, client.MaxPayloadBytes+MaxBodyBytes), &b); err != nil {
+		if tooBig {
 			writeError(w, http.StatusRequestEntityTooLarge, "body too large")
 			return
 		}
