@@ -54,11 +54,17 @@ func (s *Server) EnableAdmin(cfg AdminConfig) { s.admin = &cfg }
 // then.
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
+	s.registerAdmin(mux)
+	return muxProblems(mux)
+}
+
+// registerAdmin registers the admin listener's routes with mux.
+func (s *Server) registerAdmin(mux router) {
 	if s.admin == nil || len(s.admin.Tokens) == 0 {
 		mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 			writeError(w, http.StatusForbidden, "the admin API is off: ORDERDELAY_ADMIN_TOKEN is not set")
 		})
-		return mux
+		return
 	}
 	a := func(h http.HandlerFunc) http.HandlerFunc { return s.bearer(s.admin.Tokens, h) }
 	mux.HandleFunc("GET /admin/v1/pause", a(s.pauseState))
@@ -77,7 +83,6 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "the admin listener serves /admin/v1 only; no "+r.Method+" "+r.URL.Path)
 	})
-	return mux
 }
 
 // decodeBody decodes an optional body into v with the public API's strict

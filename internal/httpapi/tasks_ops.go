@@ -30,7 +30,7 @@ import (
 // defaultList is a listing's page size when the request names none.
 const defaultList = 100
 
-func (s *Server) taskOpsRoutes(mux *http.ServeMux) {
+func (s *Server) taskOpsRoutes(mux router) {
 	mux.HandleFunc("GET /v1/queues", s.auth(s.listQueues))
 	mux.HandleFunc("GET /v1/queues/{queue}/stats", s.auth(s.withQueue(s.queueStats)))
 	mux.HandleFunc("GET /v1/queues/{queue}/tasks", s.auth(s.withQueue(s.listTasks)))
@@ -38,7 +38,7 @@ func (s *Server) taskOpsRoutes(mux *http.ServeMux) {
 
 // taskAdminRoutes are the operations that change what runs; they are served
 // on the admin listener only (AdminHandler), a is its token check.
-func (s *Server) taskAdminRoutes(mux *http.ServeMux, a func(http.HandlerFunc) http.HandlerFunc) {
+func (s *Server) taskAdminRoutes(mux router, a func(http.HandlerFunc) http.HandlerFunc) {
 	if s.tasks == nil {
 		return
 	}
@@ -81,7 +81,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request, q *tasks.Runt
 	if v := qs.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > tasks.MaxList {
-			writeError(w, http.StatusBadRequest, "limit: want 1.."+strconv.Itoa(tasks.MaxList))
+			writeInvalid(w, "limit", "limit: want 1.."+strconv.Itoa(tasks.MaxList))
 			return
 		}
 		limit = n
@@ -90,7 +90,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request, q *tasks.Runt
 	if v := qs.Get("payload"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "payload: want true or false")
+			writeInvalid(w, "payload", "payload: want true or false")
 			return
 		}
 		withPayload = b
@@ -98,9 +98,9 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request, q *tasks.Runt
 	page, err := q.List(r.Context(), state, qs.Get("after"), limit, withPayload)
 	switch {
 	case errors.Is(err, tasks.ErrBadState):
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeInvalid(w, "state", err.Error())
 	case errors.Is(err, consumer.ErrBadCursor):
-		writeError(w, http.StatusBadRequest, "after: "+err.Error()+": give the \"next\" of the previous page")
+		writeInvalid(w, "after", "after: "+err.Error()+": give the \"next\" of the previous page")
 	case err != nil:
 		s.taskFail(w, err, q)
 	default:
@@ -145,7 +145,7 @@ func (s *Server) requeueTasks(w http.ResponseWriter, r *http.Request, q *tasks.R
 		return
 	}
 	if err := validIDs(b.IDs); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeInvalid(w, "ids", err.Error())
 		return
 	}
 	res, err := q.Requeue(r.Context(), b.IDs)
@@ -181,7 +181,7 @@ func (s *Server) purgeTasks(w http.ResponseWriter, r *http.Request, q *tasks.Run
 	switch {
 	case b.IDs != nil:
 		if err := validIDs(b.IDs); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			writeInvalid(w, "ids", err.Error())
 			return
 		}
 		n, err = q.Purge(r.Context(), b.IDs)
@@ -190,7 +190,7 @@ func (s *Server) purgeTasks(w http.ResponseWriter, r *http.Request, q *tasks.Run
 	default:
 		var older time.Duration
 		if older, err = parseDurationField("older_than", b.OlderThan); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			writeInvalid(w, "older_than", err.Error())
 			return
 		}
 		n, err = q.PurgeOlder(r.Context(), older)

@@ -124,17 +124,21 @@ func (e *opsEnv) put(t *testing.T, due time.Time, ids ...string) {
 
 // kill dead-letters queued tasks of jobs as a failed action does: out of
 // the queue, into the dead set with a record, payload kept.
-func (e *opsEnv) kill(t *testing.T, ids ...string) {
+func (e *opsEnv) kill(t *testing.T, ids ...string) { kill(t, e.rdb, e.jobs, ids...) }
+
+// kill dead-letters queued entries of the queue with keys k (tasks or
+// orders) as a failed action does.
+func kill(t *testing.T, rdb *redis.Client, k queue.Keys, ids ...string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, id := range ids {
-		d, err := e.rdb.ZScore(ctx, e.jobs.Queue, id).Result()
+		d, err := rdb.ZScore(ctx, k.Queue, id).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.rdb.ZRem(ctx, e.jobs.Queue, id)
-		e.rdb.ZAdd(ctx, e.jobs.Dead, redis.Z{Member: id, Score: float64(time.Now().UnixMilli())})
-		e.rdb.HSet(ctx, e.jobs.DeadInfo, id, fmt.Sprintf("failed|3|%d|webhook https://x.example: status 503", int64(d)))
+		rdb.ZRem(ctx, k.Queue, id)
+		rdb.ZAdd(ctx, k.Dead, redis.Z{Member: id, Score: float64(time.Now().UnixMilli())})
+		rdb.HSet(ctx, k.DeadInfo, id, fmt.Sprintf("failed|3|%d|webhook https://x.example: status 503", int64(d)))
 	}
 }
 
@@ -271,7 +275,7 @@ func TestTaskOpsRefuseMalformedInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			wantJSONError(t, e.call(t, c.token, c.method, c.path, c.body), c.code)
+			wantAnyProblem(t, e.call(t, c.token, c.method, c.path, c.body), c.code)
 		})
 	}
 	// Nothing changed: x is still queued, the queue not paused.
@@ -290,9 +294,9 @@ func TestTaskOpsNeedAnAdminTokenConfigured(t *testing.T) {
 	e := newOpsAPI(t, false)
 	for _, p := range []string{"dead/requeue", "dead/purge", "pause", "resume"} {
 		r := e.call(t, opsProducerToken, http.MethodPost, "/admin/v1/queues/jobs/"+p, `{"all":true}`)
-		wantJSONError(t, r, http.StatusForbidden)
-		if !strings.Contains(r.body.Error, "ORDERDELAY_ADMIN_TOKEN") {
-			t.Errorf("%s: %q does not name ORDERDELAY_ADMIN_TOKEN", p, r.body.Error)
+		wantAnyProblem(t, r, http.StatusForbidden)
+		if !strings.Contains(r.body.Detail, "ORDERDELAY_ADMIN_TOKEN") {
+			t.Errorf("%s: %q does not name ORDERDELAY_ADMIN_TOKEN", p, r.body.Detail)
 		}
 	}
 }
