@@ -35,6 +35,10 @@ COPY --from=build /out/orderdelay /orderdelay
 # Numeric on purpose: with runAsNonRoot the kubelet can only verify a numeric
 # UID; a named user ("nonroot") makes it refuse to start the pod.
 USER 65532:65532
+# In a container the API must listen beyond loopback (the binary's default
+# is 127.0.0.1:8080), so the image needs ORDERDELAY_API_TOKEN, or refuses to
+# start (protected mode; ORDERDELAY_API_AUTH=none switches auth off).
+ENV ORDERDELAY_HTTP_ADDR=:8080
 EXPOSE 8080
 ENTRYPOINT ["/orderdelay"]
 CMD ["run"]

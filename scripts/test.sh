@@ -2,12 +2,16 @@
 # scripts/test.sh — the whole test suite (what CI runs through .ci/run).
 #
 #   1. make Redis and PostgreSQL available (scripts/services.sh);
-#   2. go vet ./... and go test -race ./... in the root module;
-#   3. go vet + go test in each nested module (deploy/validate, bench);
-#   4. the integration tests again against private servers on free ports, so
+#   2. go vet ./... and go test -race ./... in the root module, but for the
+#      producer examples;
+#   3. the producer examples (examples/: Java, Python, Node.js) after
+#      scripts/examples-deps.sh installed what they need, verbose so the log
+#      shows each program's output;
+#   4. go vet + go test in each nested module (deploy/validate, bench);
+#   5. the integration tests again against private servers on free ports, so
 #      the "start our own servers" path is exercised even where shared ones
 #      exist (skip with ORDERDELAY_SKIP_PRIVATE=1);
-#   5. a short fuzzing run of every Fuzz target (ORDERDELAY_FUZZTIME, default 10000x: a count, never a clock).
+#   6. a short fuzzing run of every Fuzz target (ORDERDELAY_FUZZTIME, default 10000x: a count, never a clock).
 #
 # Stops at the first failing step, naming it; the last line printed is
 # "suite: N passed, 0 failed" on success.
@@ -85,6 +89,14 @@ services() {
 	echo "ORDERDELAY_TEST_DATABASE_URL=$ORDERDELAY_TEST_DATABASE_URL"
 }
 
+# The root module's packages but examples/, which has a step of its own.
+root_tests() {
+	local pkgs
+	pkgs=$(go list ./... | grep -v '/examples$') || return 1
+	# shellcheck disable=SC2086 # one import path per word
+	go test -race -count=1 -timeout 15m $pkgs
+}
+
 nested_module() {
 	(cd "$1" && go vet ./... && go test -count=1 ./...)
 }
@@ -99,7 +111,7 @@ private_check() {
 	# Subshell: the private URLs must not leak into later steps.
 	(
 		echo "private: $ORDERDELAY_TEST_REDIS_URL $ORDERDELAY_TEST_DATABASE_URL"
-		go test -race -count=1 -run 'TestIntegration' -v . >"$log" 2>&1
+		go test -race -count=1 -run 'TestIntegration' -v ./e2e/ >"$log" 2>&1
 	) || rc=$?
 	stop_services "$name"
 	# Back to the suite's own servers (start_private_services exported others).
@@ -145,7 +157,9 @@ fuzz_all() {
 step "preflight" preflight
 step "services" services
 step "go vet (root)" go vet ./...
-step "go test -race (root)" go test -race -count=1 -timeout 15m ./...
+step "go test -race (root)" root_tests
+step "examples: dependencies" scripts/examples-deps.sh
+step "examples: Java, Python and Node.js producers against the daemon" go test -race -count=1 -timeout 10m -v ./examples/
 for dir in deploy/validate bench; do
 	if [ -f "$dir/go.mod" ]; then
 		step "go vet + go test ($dir)" nested_module "$dir"

@@ -118,6 +118,9 @@ func cmdExtend(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if within <= 0 || by <= 0 {
 		return usagef("extend needs --within and --by, both positive (e.g. --within 1h --by 15m)")
 	}
+	if err := admin.CheckExtend(within, by); err != nil {
+		return usageError{err}
+	}
 	if !explicit() && cfg.CloseSQL != "" {
 		moveRows = false // a shop's own schema: its expires_at is not ours to move
 	}

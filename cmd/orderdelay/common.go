@@ -24,21 +24,26 @@ import (
 )
 
 // parse parses a subcommand's flags plus every setting and returns the
-// configuration and the remaining arguments. Any mistake is a usageError
-// that names the setting.
-func parse(name string, args []string, stderr io.Writer, getenv func(string) (string, bool), extra func(*flag.FlagSet)) (config.Config, []string, error) {
+// configuration and the remaining arguments. -h is a helpRequested error
+// carrying the command's help; any mistake is a usageError that names the
+// flag or setting. Nothing is written to the (unused) writer: run prints
+// the help on stdout and the error on stderr.
+func parse(name string, args []string, _ io.Writer, getenv func(string) (string, bool), extra func(*flag.FlagSet)) (config.Config, []string, error) {
 	fs := flag.NewFlagSet("orderdelay "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // run prints the help (stdout) and the error (stderr)
+	fs.Usage = func() {}
 	if extra != nil {
 		extra(fs)
 	}
+	var own []*flag.Flag // the command's flags, before the settings'
+	fs.VisitAll(func(f *flag.Flag) { own = append(own, f) })
 	load := config.Register(fs, getenv)
 	// Allow flags after positional arguments (orderdelay enqueue A --after 1m).
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return config.Config{}, nil, err
+				return config.Config{}, nil, helpRequested{commandHelp(name, own)}
 			}
 			return config.Config{}, nil, usageError{err}
 		}
@@ -165,12 +170,17 @@ func sharedPoolOptions(f tasks.File) orders.PoolOptions {
 	return orders.PoolOptions{MaxConns: n}
 }
 
-// redactErr hides the configured passwords in an error's text.
+// redactErr hides the configured passwords in an error's text. A
+// usageError stays one: the exit status is still 2.
 func redactErr(err error, cfg config.Config) error {
 	if err == nil {
 		return nil
 	}
-	return errors.New(config.Redact(err.Error(), cfg.DatabaseURL, cfg.RedisURL))
+	redacted := errors.New(config.Redact(err.Error(), cfg.DatabaseURL, cfg.RedisURL))
+	if errors.As(err, new(usageError)) {
+		return usageError{redacted}
+	}
+	return redacted
 }
 
 func pingRedis(ctx context.Context, rdb redis.UniversalClient) error {

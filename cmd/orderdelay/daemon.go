@@ -6,9 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,7 +118,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		zap.String("database_url", config.Mask(cfg.DatabaseURL)), zap.String("queue_key", cfg.QueueKey),
 		zap.Int("queue_shards", cfg.QueueShards),
 		zap.Int("workers", cfg.Workers), zap.Int("batch_size", cfg.BatchSize), zap.Duration("lease", cfg.Lease),
-		zap.Duration("scan_interval", cfg.ScanInterval), zap.Bool("api_auth", len(cfg.APITokens) > 0))
+		zap.Duration("scan_interval", cfg.ScanInterval), zap.String("api_auth", apiAuthMode(cfg)))
 	d := &daemon{cfg: cfg, log: log}
 	queuesFile, err := loadQueues(cfg)
 	if err != nil {
@@ -277,53 +275,32 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	return nil
 }
 
-// serveHTTP starts the API listener and the opt-in pprof listener. A port
-// that cannot be bound is fatal: another process owns it.
+// serveHTTP serves the listeners openListeners decides and binds.
 func (d *daemon) serveHTTP() (stop func(), err error) {
-	var servers []*http.Server
-	start := func(addr string, h http.Handler, what string) error {
-		if addr == "" {
-			return nil
-		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("%s listener: %w", what, err)
-		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+	ls, err := openListeners(d.cfg, d.api, d.log, nil)
+	if err != nil {
+		return func() {}, err
+	}
+	servers := make([]*http.Server, 0, len(ls))
+	for _, l := range ls {
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10,
 			ErrorLog: zap.NewStdLog(d.log)}
 		servers = append(servers, srv)
-		d.log.Info("listening", zap.String("what", what), zap.String("addr", ln.Addr().String()))
+		d.log.Info("listening", zap.String("what", l.what), zap.String("addr", l.ln.Addr().String()))
 		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				d.log.Error("http server stopped", zap.String("what", what), zap.Error(err))
+			if err := srv.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				d.log.Error("http server stopped", zap.String("what", l.what), zap.Error(err))
 			}
 		}()
-		return nil
 	}
-	stop = func() {
+	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		for _, s := range servers {
 			_ = s.Shutdown(ctx) // best effort: the process is ending
 		}
-	}
-	if err := start(d.cfg.HTTPAddr, d.api.Handler(), "http"); err != nil {
-		return stop, err
-	}
-	if d.cfg.PprofAddr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		if err := start(d.cfg.PprofAddr, mux, "pprof"); err != nil {
-			stop()
-			return stop, err
-		}
-	}
-	return stop, nil
+	}, nil
 }
 
 // prepareDB waits for PostgreSQL (retrying with backoff, never fatal),

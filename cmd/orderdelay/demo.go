@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -60,7 +60,7 @@ func cmdDemo(ctx context.Context, args []string, stderr io.Writer, getenv func(s
 	cfg.QueueKey = demoQueueKey
 	log.Info("demo: orders live in their own database and queue key; real orders are never touched",
 		zap.String("database", demoDatabase), zap.String("queue_key", demoQueueKey),
-		zap.String("metrics", "http://"+strings.Replace(cfg.HTTPAddr, ":", "localhost:", 1)+"/metrics"))
+		zap.String("metrics", metricsURL(cfg.HTTPAddr)))
 	if duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, duration)
@@ -69,6 +69,19 @@ func cmdDemo(ctx context.Context, args []string, stderr io.Writer, getenv func(s
 	return runDaemon(ctx, cfg, log, daemonOptions{migrate: true, started: func(ctx context.Context, d *daemon) {
 		checkout(ctx, d, rate)
 	}})
+}
+
+// metricsURL is where a browser on this machine finds /metrics of a
+// daemon listening on addr.
+func metricsURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/metrics"
 }
 
 // withDatabase returns dsn pointed at database name.

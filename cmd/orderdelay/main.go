@@ -22,8 +22,10 @@
 //	orderdelay version
 //
 // Every setting is an environment variable and a flag (see the README or
-// `orderdelay run -h`). Exit status: 0 done, 1 failure, 2 bad usage or
-// configuration.
+// `orderdelay run -h`, which lists them by group). Exit status: 0 done, 1
+// failed (the command was right but could not be done), 2 bad usage or
+// configuration; `orderdelay COMMAND -h` says which failures each command
+// has.
 package main
 
 import (
@@ -35,6 +37,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strings"
 	"syscall"
 )
 
@@ -80,7 +84,8 @@ Named task queues (ORDERDELAY_QUEUES_FILE, see docs/tasks.md):
   orderdelay task requeue QUEUE (ID... | --all)                          dead letters back, due now
   orderdelay task purge QUEUE (ID... | --all | --older-than D)           remove dead letters
   orderdelay task stats [QUEUE]          pending, due, inflight, dead, oldest overdue, paused
-  orderdelay task pause QUEUE [--reason TEXT] | task resume QUEUE
+  orderdelay task pause QUEUE [--reason TEXT]
+  orderdelay task resume QUEUE
 
 Operator tools (see docs/operations.md):
   orderdelay pause [--reason TEXT]       stop closing on every replica; enqueues continue
@@ -91,8 +96,12 @@ Operator tools (see docs/operations.md):
   orderdelay demo [--duration D]         the daemon plus a simulated checkout (own database and keys)
   orderdelay version
 
-Run "orderdelay COMMAND -h" for the flags of a command.
-`
+Every setting is an environment variable and a flag, grouped in
+"orderdelay run -h"; the full table is README.md#configuration.
+Run "orderdelay COMMAND -h" (or "orderdelay help COMMAND") for a command's
+flags and settings.
+
+` + exitStatusHelp
 
 // run is main without the process: it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) int {
@@ -129,23 +138,57 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case "demo":
 		err = cmdDemo(ctx, rest, stderr, getenv)
 	case "version", "--version", "-version":
-		fmt.Fprintf(stdout, "orderdelay %s (revision %s, %s)\n", version, revision, runtime.Version())
-	case "help", "-h", "--help":
+		err = cmdVersion(rest, stdout)
+	case "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
+	case "help":
+		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
+			fmt.Fprint(stdout, usage)
+			return 0
+		}
+		return run(ctx, append(slices.Clone(rest), "-h"), stdout, stderr, getenv) // help COMMAND [VERB]
 	default:
 		fmt.Fprintf(stderr, "orderdelay: unknown command %q\n\n%s", cmd, usage)
 		return 2
 	}
-	if err == nil {
+	return exitStatus(err, args, stdout, stderr)
+}
+
+// exitStatus reports err and maps it to the exit status: 0 done (or help
+// asked for, printed on stdout), 2 a usageError (bad usage or
+// configuration), 1 anything else (the command could not be done).
+func exitStatus(err error, args []string, stdout, stderr io.Writer) int {
+	var help helpRequested
+	switch {
+	case err == nil:
 		return 0
-	}
-	if errors.Is(err, flag.ErrHelp) {
+	case errors.As(err, &help):
+		fmt.Fprint(stdout, help.text)
+		return 0
+	case errors.Is(err, flag.ErrHelp):
 		return 0
 	}
 	fmt.Fprintf(stderr, "orderdelay: %v\n", err)
 	var ue usageError
-	if errors.As(err, &ue) {
-		return 2
+	if !errors.As(err, &ue) {
+		return 1
 	}
-	return 1
+	name := args[0]
+	if name == "task" && len(args) > 1 && isTaskVerb(args[1]) {
+		name += " " + args[1]
+	}
+	fmt.Fprintf(stderr, "Run \"orderdelay %s -h\" for its usage, flags and settings.\n", name)
+	return 2
+}
+
+// cmdVersion is `orderdelay version`.
+func cmdVersion(args []string, stdout io.Writer) error {
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+		return helpRequested{"Usage:\n" + strings.Join(synopsis("version"), "\n") + "\n\n" + exitStatusHelp}
+	}
+	if len(args) > 0 {
+		return usagef("version takes no arguments, got %q", args)
+	}
+	fmt.Fprintf(stdout, "orderdelay %s (revision %s, %s)\n", version, revision, runtime.Version())
+	return nil
 }

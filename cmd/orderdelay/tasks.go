@@ -81,12 +81,18 @@ func cmdTask(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		fmt.Fprintf(stdout, "%s %s due %s\n", req.Serial, res, when.UTC().Format(time.RFC3339Nano))
 	case "get":
 		t, err := cl.get(ctx, pos[1])
+		if errors.Is(err, client.ErrInvalidSerial) {
+			return usageError{err}
+		}
 		if err != nil {
 			return redactErr(err, cfg)
 		}
 		return printJSON(stdout, t)
 	case "delete":
 		n, err := cl.delete(ctx, pos[1:])
+		if errors.Is(err, client.ErrInvalidSerial) {
+			return usageError{err}
+		}
 		if err != nil {
 			return redactErr(err, cfg)
 		}

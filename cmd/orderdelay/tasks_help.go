@@ -13,7 +13,12 @@ func taskHelp() string {
 	if i < 0 || j < i {
 		return usage // usage was reworded; all of it is still right
 	}
-	return usage[i:j] + "\n\nRun \"orderdelay task VERB -h\" for the flags of a verb.\n"
+	return usage[i:j] + "\n\nRun \"orderdelay task VERB -h\" for the flags of a verb.\n\n" + exitStatusHelp
+}
+
+// isTaskVerb reports whether verb is one of `orderdelay task`'s.
+func isTaskVerb(verb string) bool {
+	return verb == "put" || verb == "get" || verb == "delete" || taskOpsVerbs[verb]
 }
 
 // taskHelpOrBadVerb handles what `orderdelay task VERB` can decide before
@@ -25,7 +30,7 @@ func taskHelpOrBadVerb(verb string, stdout io.Writer) (done bool, err error) {
 	case verb == "-h" || verb == "--help" || verb == "help":
 		fmt.Fprint(stdout, taskHelp())
 		return true, nil
-	case verb == "put" || verb == "get" || verb == "delete" || taskOpsVerbs[verb]:
+	case isTaskVerb(verb):
 		return false, nil
 	}
 	return true, usagef("task: unknown verb %q (want put, get, delete, list, dead, requeue, purge, stats, pause or resume)", verb)

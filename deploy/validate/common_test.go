@@ -60,8 +60,8 @@ func settings(t testing.TB) map[string]bool {
 
 // metricFamilies are the families a running daemon exports: the order
 // queue's (testdata/metrics.txt) and those a queues file adds
-// (testdata/task_metrics.txt). Root tests scrape /metrics after real work
-// (TestIntegration…, TestTaskQueueMetricsThroughTheDaemon) and fail when
+// (testdata/task_metrics.txt). The end-to-end tests (e2e/) scrape /metrics after real
+// work (TestIntegration…, TestTaskQueueMetricsThroughTheDaemon) and fail when
 // these golden files no longer match.
 func metricFamilies(t testing.TB) map[string]bool {
 	out := readList(t, repoPath("testdata", "metrics.txt"))
@@ -80,10 +80,10 @@ var secretSettings = map[string]bool{
 	"ORDERDELAY_ADMIN_TOKEN":  true,
 }
 
-// optionalSecrets may be absent: an empty API token means no auth on the
-// producer API, an empty admin token means no admin API.
+// optionalSecrets may be absent: an empty admin token means no admin API.
+// The API token is not optional: the pods listen on their IP, where the
+// daemon refuses to start without one (protected mode; TestExposure).
 var optionalSecrets = map[string]bool{
-	"ORDERDELAY_API_TOKEN":   true,
 	"ORDERDELAY_ADMIN_TOKEN": true,
 }
 

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -28,7 +29,7 @@ var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		corev1.AddToScheme, appsv1.AddToScheme, batchv1.AddToScheme,
-		policyv1.AddToScheme, monitoringv1.AddToScheme,
+		policyv1.AddToScheme, networkingv1.AddToScheme, monitoringv1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			panic(err)
@@ -189,7 +190,7 @@ func TestKustomizationsBuildAndDecodeStrictly(t *testing.T) {
 				kinds[fmt.Sprintf("%T", o)]++
 			}
 			t.Logf("%d objects: %v", len(r.Objs), kinds)
-			want := []string{"*v1.Deployment", "*v1.Service", "*v1.PodDisruptionBudget", "*v1.Job", "*v1.ConfigMap", "*v1.ServiceAccount"}
+			want := []string{"*v1.Deployment", "*v1.Service", "*v1.PodDisruptionBudget", "*v1.Job", "*v1.ConfigMap", "*v1.ServiceAccount", "*v1.NetworkPolicy"}
 			if r.isOverlay() {
 				want = append(want, "*v1.ServiceMonitor", "*v1.PrometheusRule")
 			}

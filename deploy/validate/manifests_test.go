@@ -23,7 +23,8 @@ const (
 	livenessPath     = "/healthz"
 	readinessPath    = "/readyz"
 	metricsPath      = "/metrics"
-	defaultHTTPAddr  = ":8080"
+	defaultHTTPAddr  = "127.0.0.1:8080"
+	defaultAdminAddr = "127.0.0.1:8081"
 	defaultDrain     = 20 * time.Second
 	defaultLease     = 60 * time.Second
 	daemonContainer  = "orderdelay"

@@ -99,8 +99,8 @@ type ExtendResult struct {
 // being closed and are not moved.
 func (t *Tools) Extend(ctx context.Context, within, by time.Duration, moveRows bool) (ExtendResult, error) {
 	var res ExtendResult
-	if within <= 0 || by <= 0 {
-		return res, errors.New("extend: window and extension must be positive")
+	if err := CheckExtend(within, by); err != nil {
+		return res, err
 	}
 	if moveRows && t.db == nil {
 		return res, ErrNoDatabase
@@ -334,4 +334,25 @@ func (t *Tools) PurgeDead(ctx context.Context, olderThan time.Duration, keepMax 
 		}
 	}
 	return total, nil
+}
+
+// MaxExtend bounds Extend: the window plus the extension. An entry moved
+// further than queue.MaxAhead from now is out of the queue's range and
+// would be dead-lettered instead of closed.
+const MaxExtend = queue.MaxAhead
+
+// ErrBadExtend is an Extend the tools refuse.
+var ErrBadExtend = errors.New("extend")
+
+// CheckExtend refuses a window or extension that is not positive, or whose
+// sum passes MaxExtend, with a message that names the bound.
+func CheckExtend(within, by time.Duration) error {
+	if within <= 0 || by <= 0 {
+		return fmt.Errorf("%w: within and by must both be positive, got %s and %s", ErrBadExtend, within, by)
+	}
+	if within > MaxExtend || by > MaxExtend || within+by > MaxExtend {
+		return fmt.Errorf("%w: within (%s) + by (%s) must be at most %s, the furthest deadline the queue accepts "+
+			"(ten years ahead): entries moved further would be dead-lettered as out of range", ErrBadExtend, within, by, MaxExtend)
+	}
+	return nil
 }

@@ -61,9 +61,10 @@ func TestDefaults(t *testing.T) {
 		{"ORDERDELAY_BACKOFF_MAX", c.BackoffMax, 5 * time.Minute},
 		{"ORDERDELAY_RECONCILE_INTERVAL", c.ReconcileInterval, time.Minute},
 		{"ORDERDELAY_RECONCILE_GRACE", c.ReconcileGrace, 5 * time.Minute},
-		{"ORDERDELAY_HTTP_ADDR", c.HTTPAddr, ":8080"},
+		{"ORDERDELAY_HTTP_ADDR", c.HTTPAddr, "127.0.0.1:8080"},
 		{"ORDERDELAY_PPROF_ADDR", c.PprofAddr, ""},
 		{"ORDERDELAY_API_TOKEN", len(c.APITokens), 0},
+		{"ORDERDELAY_API_AUTH", c.APIAuth, "token"},
 		{"ORDERDELAY_LOG_LEVEL", c.LogLevel, zapcore.InfoLevel},
 		{"ORDERDELAY_LOG_FORMAT", c.LogFormat, "json"},
 		{"ORDERDELAY_CLOSE_SQL", c.CloseSQL, ""},
@@ -72,6 +73,7 @@ func TestDefaults(t *testing.T) {
 		{"ORDERDELAY_CLOSE_DELAY", c.CloseDelay, time.Duration(0)},
 		{"ORDERDELAY_MAX_CLOSE_RATE", c.MaxCloseRate, 0.0},
 		{"ORDERDELAY_ADMIN_TOKEN", len(c.AdminTokens), 0},
+		{"ORDERDELAY_ADMIN_ADDR", c.AdminAddr, "127.0.0.1:8081"},
 		{"ORDERDELAY_DRY_RUN", c.DryRun, false},
 		{"ORDERDELAY_DEAD_LETTER_RETENTION", c.DeadRetention, 7 * 24 * time.Hour},
 		{"ORDERDELAY_DEAD_LETTER_MAX", c.DeadMax, 100000},
@@ -311,6 +313,8 @@ func TestCombinations(t *testing.T) {
 		{"lease raised above grace", map[string]string{"ORDERDELAY_LEASE": "10m"}, "ORDERDELAY_RECONCILE_GRACE"},
 		{"short grace with the reconciler off", map[string]string{"ORDERDELAY_RECONCILE_GRACE": "30s", "ORDERDELAY_RECONCILE_INTERVAL": "0"}, ""},
 		{"pprof on the http port", map[string]string{"ORDERDELAY_PPROF_ADDR": ":8080"}, "ORDERDELAY_PPROF_ADDR"},
+		{"pprof on the http address", map[string]string{"ORDERDELAY_PPROF_ADDR": "127.0.0.1:8080"}, "ORDERDELAY_PPROF_ADDR"},
+		{"pprof on another loopback address, same port", map[string]string{"ORDERDELAY_PPROF_ADDR": "127.0.0.2:8080"}, ""},
 		{"pprof elsewhere", map[string]string{"ORDERDELAY_PPROF_ADDR": "127.0.0.1:6060"}, ""},
 		{"both off", map[string]string{"ORDERDELAY_HTTP_ADDR": "", "ORDERDELAY_PPROF_ADDR": ""}, ""},
 	}
@@ -471,63 +475,77 @@ func TestSettingsGolden(t *testing.T) {
 	}
 }
 
-const readmeMarker = "<!-- config-table -->"
+const (
+	readmeMarker    = "<!-- config-table -->"
+	readmeEndMarker = "<!-- end config-table -->"
+)
 
-// TestReadmeTable: the README's configuration table is config.Markdown(),
-// right after the marker line.
+// TestReadmeTable: the README's configuration tables are config.Markdown(),
+// between the marker lines. ORDERDELAY_UPDATE_GOLDEN=1 rewrites them.
 func TestReadmeTable(t *testing.T) {
 	b, err := os.ReadFile(repoFile("README.md"))
 	if errors.Is(err, os.ErrNotExist) {
-		t.Skip("README.md does not exist yet; when it does, put " + readmeMarker + " on a line before the configuration table")
+		t.Skip("README.md does not exist yet; when it does, put " + readmeMarker + " and " + readmeEndMarker + " around the configuration table")
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := strings.ReplaceAll(string(b), "\r\n", "\n")
-	_, after, found := strings.Cut(readme, readmeMarker+"\n")
+	before, rest, found := strings.Cut(readme, readmeMarker+"\n")
 	if !found {
 		t.Skip("README.md has no line " + readmeMarker + "; add it before the configuration table to have this test check it")
 	}
+	got, after, found := strings.Cut(rest, readmeEndMarker)
+	if !found {
+		t.Fatalf("README.md has %s but no %s after it", readmeMarker, readmeEndMarker)
+	}
 	want := config.Markdown()
-	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" && !strings.HasPrefix(after, want) {
-		// Replace the old table (the lines starting with "|") after the marker.
-		lines := strings.SplitAfter(after, "\n")
-		i := 0
-		for i < len(lines) && strings.HasPrefix(lines[i], "|") {
-			i++
-		}
-		before, _, _ := strings.Cut(readme, readmeMarker+"\n")
-		updated := before + readmeMarker + "\n" + want + strings.Join(lines[i:], "")
+	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" && got != want+"\n" {
+		updated := before + readmeMarker + "\n" + want + "\n" + readmeEndMarker + after
 		if err := os.WriteFile(repoFile("README.md"), []byte(updated), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		after = want
+		got = want + "\n"
 	}
-	if !strings.HasPrefix(after, want) {
-		got := after
-		if n := strings.Count(want, "\n"); n > 0 {
-			lines := strings.SplitAfter(after, "\n")
-			got = strings.Join(lines[:min(n, len(lines))], "")
-		}
-		t.Errorf("README.md's table after %s is\n%s\nwant config.Markdown():\n%s", readmeMarker, got, want)
+	if got != want+"\n" { // a blank line before the end marker ends the last table
+		t.Errorf("README.md's tables between %s and %s are\n%s\nwant config.Markdown() and a blank line:\n%s\n"+
+			"(ORDERDELAY_UPDATE_GOLDEN=1 go test -run TestReadmeTable ./internal/config rewrites them)", readmeMarker, readmeEndMarker, got, want)
 	}
 }
 
+// TestMarkdown: one table per group, in order, with a row per setting of
+// the group in table order, each with the five columns.
 func TestMarkdown(t *testing.T) {
 	md := config.Markdown()
-	lines := strings.Split(strings.TrimSuffix(md, "\n"), "\n")
-	if got, want := len(lines), len(config.Settings)+2; got != want {
-		t.Fatalf("Markdown has %d lines, want %d (header, rule, one per setting)", got, want)
-	}
-	for i, s := range config.Settings {
-		line := lines[i+2]
-		if !strings.HasPrefix(line, "| `"+s.Env+"` | `--"+s.Flag()+"` | ") {
-			t.Errorf("line %d = %q, want it to start with %s and --%s", i+2, line, s.Env, s.Flag())
+	var rows []string
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(line, "| `") {
+			rows = append(rows, line)
 		}
-		// Every row has exactly the table's four columns: pipes in help
+	}
+	var want []config.Setting
+	for _, g := range config.Groups {
+		if !strings.Contains(md, "**"+string(g)+"**: "+g.About()+"\n\n| variable | flag | type | default | meaning |\n") {
+			t.Errorf("Markdown has no table headed %q", g)
+		}
+		for _, s := range config.Settings {
+			if s.Group == g {
+				want = append(want, s)
+			}
+		}
+	}
+	if len(rows) != len(config.Settings) || len(want) != len(config.Settings) {
+		t.Fatalf("Markdown has %d rows, %d settings are in a group, want %d (every setting once)", len(rows), len(want), len(config.Settings))
+	}
+	for i, s := range want {
+		line := rows[i]
+		if prefix := "| `" + s.Env + "` | `--" + s.Flag() + "` | " + s.Kind.String() + " | "; !strings.HasPrefix(line, prefix) {
+			t.Errorf("row %d = %q, want it to start with %q", i, line, prefix)
+		}
+		// Every row has exactly the table's five columns: pipes in help
 		// texts are escaped.
-		if got := strings.Count(strings.ReplaceAll(line, `\|`, ""), "|"); got != 5 {
-			t.Errorf("line %d has %d unescaped pipes, want 5: %q", i+2, got, line)
+		if got := strings.Count(strings.ReplaceAll(line, `\|`, ""), "|"); got != 6 {
+			t.Errorf("row %d has %d unescaped pipes, want 6: %q", i, got, line)
 		}
 	}
 }

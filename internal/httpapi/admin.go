@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,18 +15,25 @@ import (
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
-// Admin API, under /admin/v1, served only when admin tokens are configured
-// (its token is never a producer token):
+// Admin API, under /admin/v1, on a listener of its own (AdminHandler;
+// ORDERDELAY_ADMIN_ADDR), never on the producers' one (Handler), and only
+// with an admin token (never a producer token). Bodies are decoded as
+// strictly as the public API's: one JSON value, no unknown fields, nothing
+// after it, at most MaxBodyBytes.
 //
 //	GET  /admin/v1/pause                 {"paused":..., "reason":..., "since":...}
 //	POST /admin/v1/pause                 {"reason":"payment provider down"}
 //	POST /admin/v1/resume
 //	POST /admin/v1/extend                {"within":"1h","by":"15m","move_rows":true}
+//	                                     (within + by at most admin.MaxExtend)
 //	POST /admin/v1/resync                {"page":1000,"per_second":5000}
 //	GET  /admin/v1/orders/{serial}       the order in Redis and in PostgreSQL
 //	GET  /admin/v1/dead?limit=100        dead letters, oldest first
 //	POST /admin/v1/dead/requeue          {"serials":["..."]} or {"all":true}
 //	POST /admin/v1/dead/purge            {"older_than":"168h","keep_max":0}
+//
+// and the task queues' operations (tasks_ops.go) under
+// /admin/v1/queues/{queue}/.
 
 // AdminConfig enables the admin API.
 type AdminConfig struct {
@@ -41,8 +47,22 @@ type AdminConfig struct {
 // EnableAdmin serves the admin API with cfg.
 func (s *Server) EnableAdmin(cfg AdminConfig) { s.admin = &cfg }
 
-func (s *Server) adminRoutes(mux *http.ServeMux) {
+// AdminHandler returns the admin API's routes, for the admin listener. It
+// serves nothing else: no /v1, no metrics, no health checks. Without an
+// admin token every request is refused (403); the daemon does not listen
+// then.
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	s.registerAdmin(mux)
+	return muxProblems(mux)
+}
+
+// registerAdmin registers the admin listener's routes with mux.
+func (s *Server) registerAdmin(mux router) {
 	if s.admin == nil || len(s.admin.Tokens) == 0 {
+		mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+			writeError(w, http.StatusForbidden, "the admin API is off: ORDERDELAY_ADMIN_TOKEN is not set")
+		})
 		return
 	}
 	a := func(h http.HandlerFunc) http.HandlerFunc { return s.bearer(s.admin.Tokens, h) }
@@ -55,20 +75,30 @@ func (s *Server) adminRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /admin/v1/dead", a(s.dead))
 	mux.HandleFunc("POST /admin/v1/dead/requeue", a(s.requeue))
 	mux.HandleFunc("POST /admin/v1/dead/purge", a(s.purge))
+	s.taskAdminRoutes(mux, a)
 	mux.HandleFunc("/admin/", a(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "the admin listener serves /admin/v1 only; no "+r.Method+" "+r.URL.Path)
+	})
 }
 
-// decodeBody decodes an optional, strict JSON body into v.
+// decodeBody decodes an optional body into v with the public API's strict
+// decoder (decodeStrict): unknown fields, a second value or anything but
+// white space after the value are 400, a body past MaxBodyBytes is 413. An
+// empty body leaves v as it is.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+	tooBig, err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxBodyBytes), v)
+	switch {
+	case err == nil || errors.Is(err, io.EOF):
+		return true
+	case tooBig:
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", MaxBodyBytes))
+	default:
 		writeError(w, http.StatusBadRequest, "body: "+err.Error())
-		return false
 	}
-	return true
+	return false
 }
 
 func (s *Server) adminFail(w http.ResponseWriter, err error) {
@@ -101,6 +131,9 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	if !decodeBody(w, r, &struct{}{}) { // none, or {}
+		return
+	}
 	if err := s.admin.Tools.Resume(r.Context()); err != nil {
 		s.adminFail(w, err)
 		return
@@ -130,6 +163,10 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) {
 	within, err1 := parseDurationField("within", body.Within)
 	by, err2 := parseDurationField("by", body.By)
 	if err := errors.Join(err1, err2); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err := admin.CheckExtend(within, by); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}

@@ -9,9 +9,19 @@
 //	GET    /v1/timeouts/{serial}
 //	DELETE /v1/timeouts/{serial}
 //
-// Errors are JSON ({"error": "..."}): 400 for bad input, 401 without a valid
-// bearer token when tokens are configured, 404 for an unknown serial, 503
-// when Redis cannot be reached or the daemon is shutting down.
+// Errors are RFC 9457 problem details (application/problem+json, problem.go):
+// 400 for bad input, 401 without a valid bearer token when tokens are
+// configured, 404 for an unknown serial, 503 when Redis cannot be reached or
+// the daemon is shutting down.
+//
+// Handler serves all of the above on the producers' listener; the admin API
+// (admin.go) is served by AdminHandler, on a listener of its own. Without
+// tokens /v1 needs none: the daemon then binds Handler to a loopback
+// address only (protected mode, see config.Config.CheckExposure).
+//
+// openapi.yaml describes every route of both listeners (OpenAPI 3.1); it is
+// served at GET /v1/openapi.json without a token (openapi.go), and tests
+// hold it to the routes and to every answer (docs/api.md).
 package httpapi
 
 import (
@@ -73,21 +83,71 @@ func New(cfg Config, p *producer.Producer, m *metrics.Metrics, g prometheus.Gath
 // shutdown, so load balancers stop sending producers here.
 func (s *Server) SetStopping() { s.stopping.Store(true) }
 
-// Handler returns the routes.
+// Handler returns the routes of the producers' listener: metrics, health
+// checks and /v1. The admin API is not among them (AdminHandler).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	s.register(mux)
+	return muxProblems(mux)
+}
+
+// Routes returns the ServeMux pattern of every route Handler (api) and
+// AdminHandler (admin) serve, in the order they are registered:
+// "GET /v1/timeouts/{serial}", or, for the catch-alls that answer 404 (or
+// 403 on an admin listener without a token), a path alone. The OpenAPI
+// document describes each of the others (openapi.yaml; a test checks both
+// ways).
+func (s *Server) Routes() (api, admin []string) {
+	var a, b patterns
+	s.register(&a)
+	s.registerAdmin(&b)
+	return a, b
+}
+
+// router is what routes are registered with: the ServeMux that serves
+// them, or patterns, which lists them.
+type router interface {
+	Handle(pattern string, handler http.Handler)
+	HandleFunc(pattern string, handler func(http.ResponseWriter, *http.Request))
+}
+
+// patterns is a router that records the patterns registered with it.
+type patterns []string
+
+func (p *patterns) Handle(pattern string, _ http.Handler) { *p = append(*p, pattern) }
+func (p *patterns) HandleFunc(pattern string, _ func(http.ResponseWriter, *http.Request)) {
+	*p = append(*p, pattern)
+}
+
+// register registers every route with mux.
+func (s *Server) register(mux router) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(s.log)}))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /v1/openapi.json", serveOpenAPI) // no token: the document holds nothing secret
 	mux.HandleFunc("PUT /v1/timeouts/{serial}", s.auth(s.put))
 	mux.HandleFunc("GET /v1/timeouts/{serial}", s.auth(s.get))
 	mux.HandleFunc("DELETE /v1/timeouts/{serial}", s.auth(s.del))
 	mux.HandleFunc("/v1/", s.auth(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		msg := "no such endpoint: " + r.Method + " " + r.URL.Path
+		if movedToAdmin(r.URL.Path) {
+			msg += "; a task queue's requeue, purge, pause and resume are on the admin listener " +
+				"(ORDERDELAY_ADMIN_ADDR), under /admin" + r.URL.Path
+		}
+		writeError(w, http.StatusNotFound, msg)
 	}))
-	s.adminRoutes(mux)
-	s.taskRoutes(mux)
-	return mux
+	s.taskRoutes(mux) // the admin API is on AdminHandler's listener, not here
+}
+
+// movedToAdmin reports a path of a task queue operation the API listener
+// served before the admin API got a listener of its own.
+func movedToAdmin(path string) bool {
+	rest, ok := strings.CutPrefix(path, "/v1/queues/")
+	if !ok {
+		return false
+	}
+	_, op, _ := strings.Cut(rest, "/")
+	return op == "dead/requeue" || op == "dead/purge" || op == "pause" || op == "resume"
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
@@ -159,32 +219,32 @@ func DecodePut(serial string, body io.Reader) (producer.Request, error) {
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
-		return producer.Request{}, fmt.Errorf("body: %w", err)
+		return producer.Request{}, &fieldError{"body", err}
 	}
 	// Only whitespace may follow the value. (Decoder.More misses a stray
 	// '}' or ']', and would stop reading at the size limit without error.)
 	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return producer.Request{}, fmt.Errorf("body: %w", err)
+			return producer.Request{}, &fieldError{"body", err}
 		}
-		return producer.Request{}, errors.New("body: data after the JSON value")
+		return producer.Request{}, &fieldError{"body", errors.New("data after the JSON value")}
 	}
 	req := producer.Request{Serial: serial, Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
 	if b.After != "" {
 		d, err := time.ParseDuration(b.After)
 		if err != nil {
-			return req, fmt.Errorf("after: %w", err)
+			return req, &fieldError{"after", err}
 		}
 		if d <= 0 {
-			return req, fmt.Errorf("after: must be positive, got %s", b.After)
+			return req, &fieldError{"after", fmt.Errorf("must be positive, got %s", b.After)}
 		}
 		req.After = d
 	}
 	if b.At != "" {
 		t, err := time.Parse(time.RFC3339Nano, b.At)
 		if err != nil {
-			return req, fmt.Errorf("at: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)
+			return req, &fieldError{"at", fmt.Errorf("want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)}
 		}
 		req.At = t
 	}
@@ -210,6 +270,11 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", MaxBodyBytes))
+			return
+		}
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			writeInvalid(w, fe.field, err.Error())
 			return
 		}
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -266,8 +331,4 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v) // the client went away; nothing to do
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
 }

@@ -74,8 +74,9 @@ type reply struct {
 		DeadlineMS int64     `json:"deadline_ms"`
 		State      string    `json:"state"`
 		Result     string    `json:"result"`
-		Error      string    `json:"error"`
-		Status     string    `json:"status"`
+		Status     any       `json:"status"` // "ok", "ready"; a problem's status code
+		Type       string    `json:"type"`
+		Detail     string    `json:"detail"`
 	}
 }
 
@@ -112,19 +113,15 @@ func do(t *testing.T, method, url, body string, header ...string) reply {
 	return r
 }
 
-// wantJSONError checks an error reply: the status, a JSON content type and
-// a non-empty "error" field.
-func wantJSONError(t *testing.T, r reply, code int) {
+// wantAnyProblem checks an error reply: the status and an RFC 9457
+// problem of any type (see wantProblem).
+func wantAnyProblem(t *testing.T, r reply, code int) {
 	t.Helper()
-	if r.code != code {
-		t.Errorf("status = %d (body %s), want %d", r.code, r.raw, code)
+	if r.body.Type == "" {
+		t.Errorf("body = %s, want a problem with a \"type\"", r.raw)
+		return
 	}
-	if ct := r.header.Get("Content-Type"); ct != "application/json" {
-		t.Errorf("Content-Type = %q, want application/json", ct)
-	}
-	if r.body.Error == "" {
-		t.Errorf("body = %s, want a JSON object with an \"error\"", r.raw)
-	}
+	wantProblem(t, r, code, r.body.Type)
 }
 
 func (e *apiEnv) timeout(serial string) string { return e.url + "/v1/timeouts/" + serial }
@@ -249,7 +246,7 @@ func TestPutBadRequests(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := do(t, http.MethodPut, e.timeout(tt.serial), tt.body)
-			wantJSONError(t, r, tt.code)
+			wantAnyProblem(t, r, tt.code)
 			if n := e.queueLen(t); n != 0 {
 				t.Errorf("queue has %d entries after a refused PUT, want 0", n)
 			}
@@ -305,7 +302,7 @@ func TestGetAndDelete(t *testing.T) {
 	e := newAPI(t, httpapi.Config{})
 	want := e.now.Add(30 * time.Minute)
 
-	wantJSONError(t, do(t, http.MethodGet, e.timeout("ord"), ""), http.StatusNotFound)
+	wantAnyProblem(t, do(t, http.MethodGet, e.timeout("ord"), ""), http.StatusNotFound)
 	if r := do(t, http.MethodPut, e.timeout("ord"), `{"after":"30m"}`); r.code != http.StatusCreated {
 		t.Fatalf("PUT = %d %s", r.code, r.raw)
 	}
@@ -320,17 +317,17 @@ func TestGetAndDelete(t *testing.T) {
 	if n := e.queueLen(t); n != 0 {
 		t.Errorf("queue has %d entries after DELETE, want 0", n)
 	}
-	wantJSONError(t, do(t, http.MethodDelete, e.timeout("ord"), ""), http.StatusNotFound)
-	wantJSONError(t, do(t, http.MethodGet, e.timeout("ord"), ""), http.StatusNotFound)
+	wantAnyProblem(t, do(t, http.MethodDelete, e.timeout("ord"), ""), http.StatusNotFound)
+	wantAnyProblem(t, do(t, http.MethodGet, e.timeout("ord"), ""), http.StatusNotFound)
 
 	// Invalid serials are the caller's mistake, not "not found".
 	for _, m := range []string{http.MethodGet, http.MethodDelete} {
-		wantJSONError(t, do(t, m, e.timeout("%00"), ""), http.StatusBadRequest)
-		wantJSONError(t, do(t, m, e.timeout(strings.Repeat("s", 129)), ""), http.StatusBadRequest)
+		wantAnyProblem(t, do(t, m, e.timeout("%00"), ""), http.StatusBadRequest)
+		wantAnyProblem(t, do(t, m, e.timeout(strings.Repeat("s", 129)), ""), http.StatusBadRequest)
 	}
 	// No such endpoint.
-	wantJSONError(t, do(t, http.MethodPost, e.timeout("ord"), `{"after":"30m"}`), http.StatusNotFound)
-	wantJSONError(t, do(t, http.MethodGet, e.url+"/v1/other", ""), http.StatusNotFound)
+	wantAnyProblem(t, do(t, http.MethodPost, e.timeout("ord"), `{"after":"30m"}`), http.StatusNotFound)
+	wantAnyProblem(t, do(t, http.MethodGet, e.url+"/v1/other", ""), http.StatusNotFound)
 }
 
 func TestTokens(t *testing.T) {
@@ -358,10 +355,10 @@ func TestTokens(t *testing.T) {
 			for _, m := range []string{http.MethodGet, http.MethodDelete} {
 				r := do(t, m, e.timeout("unknown"), "", tt.header...)
 				if tt.ok {
-					wantJSONError(t, r, http.StatusNotFound)
+					wantAnyProblem(t, r, http.StatusNotFound)
 					continue
 				}
-				wantJSONError(t, r, http.StatusUnauthorized)
+				wantAnyProblem(t, r, http.StatusUnauthorized)
 				if got := r.header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
 					t.Errorf("%s: WWW-Authenticate = %q, want a Bearer challenge", m, got)
 				}
@@ -371,7 +368,7 @@ func TestTokens(t *testing.T) {
 				t.Errorf("PUT = %d %s, want 201", r.code, r.raw)
 			}
 			if !tt.ok {
-				wantJSONError(t, r, http.StatusUnauthorized)
+				wantAnyProblem(t, r, http.StatusUnauthorized)
 			}
 			// Unknown /v1 endpoints are behind auth too.
 			if r := do(t, http.MethodGet, e.url+"/v1/other", "", tt.header...); !tt.ok && r.code != http.StatusUnauthorized {
@@ -400,7 +397,7 @@ func TestReadyz(t *testing.T) {
 	t.Run("stopping", func(t *testing.T) {
 		e := newAPI(t, httpapi.Config{})
 		e.api.SetStopping()
-		wantJSONError(t, do(t, http.MethodGet, e.url+"/readyz", ""), http.StatusServiceUnavailable)
+		wantAnyProblem(t, do(t, http.MethodGet, e.url+"/readyz", ""), http.StatusServiceUnavailable)
 		// Liveness is not readiness: a draining daemon is alive.
 		if r := do(t, http.MethodGet, e.url+"/healthz", ""); r.code != http.StatusOK {
 			t.Errorf("/healthz while stopping = %d, want 200", r.code)
@@ -409,7 +406,7 @@ func TestReadyz(t *testing.T) {
 	t.Run("ping fails", func(t *testing.T) {
 		e := newAPI(t, httpapi.Config{Ping: func(context.Context) error { return errors.New("dial tcp: connection refused") }})
 		r := do(t, http.MethodGet, e.url+"/readyz", "")
-		wantJSONError(t, r, http.StatusServiceUnavailable)
+		wantAnyProblem(t, r, http.StatusServiceUnavailable)
 	})
 	t.Run("ping gets a deadline", func(t *testing.T) {
 		var hasDeadline bool
@@ -442,7 +439,7 @@ func TestHealthz(t *testing.T) {
 				}
 				return
 			}
-			wantJSONError(t, r, tt.code)
+			wantAnyProblem(t, r, tt.code)
 		})
 	}
 }
@@ -481,14 +478,14 @@ func TestRedisDown(t *testing.T) {
 	}
 	for i, call := range calls {
 		r := do(t, call.method, url+"/v1/timeouts/ord", call.body)
-		wantJSONError(t, r, http.StatusServiceUnavailable)
+		wantAnyProblem(t, r, http.StatusServiceUnavailable)
 		if got := testutil.ToFloat64(m.Errors.WithLabelValues(metrics.StageAPI)); got != float64(i+1) {
 			t.Errorf("after %s: orderdelay_errors_total{stage=\"api\"} = %v, want %d", call.method, got, i+1)
 		}
 	}
-	wantJSONError(t, do(t, http.MethodGet, url+"/readyz", ""), http.StatusServiceUnavailable)
+	wantAnyProblem(t, do(t, http.MethodGet, url+"/readyz", ""), http.StatusServiceUnavailable)
 	// Bad input is still 400, not 503: it never reaches Redis.
-	wantJSONError(t, do(t, http.MethodPut, url+"/v1/timeouts/ord", `{}`), http.StatusBadRequest)
+	wantAnyProblem(t, do(t, http.MethodPut, url+"/v1/timeouts/ord", `{}`), http.StatusBadRequest)
 }
 
 func FuzzDecodePut(f *testing.F) {

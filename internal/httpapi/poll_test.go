@@ -95,11 +95,11 @@ func (e *pollEnv) putDue(t *testing.T, k queue.Keys, payload string, ids ...stri
 }
 
 type polled struct {
-	code  int
-	raw   []byte
-	Error string `json:"error"`
-	Token string `json:"token"`
-	Tasks []struct {
+	code   int
+	raw    []byte
+	Detail string `json:"detail"`
+	Token  string `json:"token"`
+	Tasks  []struct {
 		ID       string          `json:"id"`
 		Attempts int             `json:"attempts"`
 		Payload  json.RawMessage `json:"payload"`
@@ -120,7 +120,7 @@ func (e *pollEnv) poll(t *testing.T, queueName string, max int) polled {
 type acked struct {
 	code    int
 	raw     string
-	Error   string `json:"error"`
+	Detail  string `json:"detail"`
 	Acked   int    `json:"acked"`
 	Expired int    `json:"expired"`
 }
@@ -198,7 +198,7 @@ func TestPollLeaseTokenIsUniqueAndAckIsCompareAndSet(t *testing.T) {
 	}
 
 	late := e.ack(t, "jobs", a.Token, "j-1")
-	if late.code != http.StatusConflict || late.Error == "" || late.Acked != 0 {
+	if late.code != http.StatusConflict || late.Detail == "" || late.Acked != 0 {
 		t.Errorf("ack with the expired lease's token: %d %s, want 409 with an error and nothing acked", late.code, late.raw)
 	}
 	if got := e.leaseToken(t, e.jobs, "j-1"); got != b.Token {
@@ -258,7 +258,7 @@ func TestAckRefusesForeignTokensAndQueues(t *testing.T) {
 		{"well-formed, never handed out", "poll." + strings.Repeat("A", 26), []string{"j-1"}, http.StatusConflict},
 	} {
 		a := e.ack(t, "jobs", c.token, c.ids...)
-		if a.code != c.code || a.Error == "" || a.Acked != 0 {
+		if a.code != c.code || a.Detail == "" || a.Acked != 0 {
 			t.Errorf("%s: %d %s, want %d with an error", c.name, a.code, a.raw, c.code)
 		}
 	}
@@ -279,7 +279,7 @@ func TestAckRefusesForeignTokensAndQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := e.ack(t, "confirm", "-", "c-1")
-	if a.code != http.StatusConflict || !strings.Contains(a.Error, "poll") {
+	if a.code != http.StatusConflict || !strings.Contains(a.Detail, "poll") {
 		t.Errorf("ack on a sql queue: %d %s, want 409 saying only poll queues take acks", a.code, a.raw)
 	}
 	if got := e.leaseToken(t, e.confirm, "c-1"); got != "-" {

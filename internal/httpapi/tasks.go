@@ -45,7 +45,7 @@ const pollEnvelopeBytes = 128
 // EnableTasks serves the task API for m's queues.
 func (s *Server) EnableTasks(m *tasks.Manager) { s.tasks = m }
 
-func (s *Server) taskRoutes(mux *http.ServeMux) {
+func (s *Server) taskRoutes(mux router) {
 	if s.tasks == nil {
 		return
 	}
@@ -83,22 +83,19 @@ type putTaskBody struct {
 
 func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	var b putTaskBody
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, client.MaxPayloadBytes+MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+	if tooBig, err := decodeStrict(http.MaxBytesReader(w, r.Body, client.MaxPayloadBytes+MaxBodyBytes), &b); err != nil {
+		if tooBig {
 			writeError(w, http.StatusRequestEntityTooLarge, "body too large")
 			return
 		}
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		writeInvalid(w, "body", "body: "+err.Error())
 		return
 	}
 	req := producer.Request{Serial: r.PathValue("id"), Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
 	if b.After != "" {
 		d, err := time.ParseDuration(b.After)
 		if err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, "after: want a positive duration such as 5m")
+			writeInvalid(w, "after", "after: want a positive duration such as 5m")
 			return
 		}
 		req.After = d
@@ -106,7 +103,7 @@ func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtim
 	if b.At != "" {
 		t, err := time.Parse(time.RFC3339Nano, b.At)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "at: want an RFC 3339 time")
+			writeInvalid(w, "at", "at: want an RFC 3339 time")
 			return
 		}
 		req.At = t
@@ -212,7 +209,7 @@ func (s *Server) batchDelete(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 		return
 	}
 	if len(b.IDs) == 0 || len(b.IDs) > 1000 {
-		writeError(w, http.StatusBadRequest, `give "ids": 1 to 1000 task ids`)
+		writeInvalid(w, "ids", `give "ids": 1 to 1000 task ids`)
 		return
 	}
 	var n int
@@ -245,7 +242,7 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 	if v := r.URL.Query().Get("max"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxPoll {
-			writeError(w, http.StatusBadRequest, "max: want 1..1000")
+			writeInvalid(w, "max", "max: want 1..1000")
 			return
 		}
 		max = n
@@ -308,18 +305,18 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 		return
 	}
 	if !consumer.ValidPollToken(b.Token) {
-		writeError(w, http.StatusBadRequest, `token: give the "token" of the poll that returned the tasks`)
+		writeInvalid(w, "token", `token: give the "token" of the poll that returned the tasks`)
 		return
 	}
 	if len(b.IDs) == 0 || len(b.IDs) > maxPoll {
-		writeError(w, http.StatusBadRequest, `ids: give 1 to 1000 ids of tasks the poll returned`)
+		writeInvalid(w, "ids", `ids: give 1 to 1000 ids of tasks the poll returned`)
 		return
 	}
 	ids := make([]string, 0, len(b.IDs))
 	seen := make(map[string]bool, len(b.IDs))
 	for _, id := range b.IDs {
 		if err := queue.ValidateSerial(id); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			writeInvalid(w, "ids", err.Error())
 			return
 		}
 		if !seen[id] {
@@ -338,10 +335,10 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 		q.Metrics.Lateness.Observe(l.Seconds())
 	}
 	if len(missed) > 0 {
-		writeJSON(w, http.StatusConflict, map[string]any{
-			"error": fmt.Sprintf("%d of %d tasks are not leased under this token: the lease expired and another poll took them, "+
+		writeProblem(w, http.StatusConflict, ProblemLeaseLost,
+			fmt.Sprintf("%d of %d tasks are not leased under this token: the lease expired and another poll took them, "+
 				"or they were acked already or moved by a producer; the others were acked", len(missed), len(ids)),
-			"acked": n, "expired": len(missed), "expired_ids": missed})
+			map[string]any{"acked": n, "expired": len(missed), "expired_ids": missed})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"acked": n, "expired": 0})

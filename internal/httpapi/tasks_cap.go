@@ -20,11 +20,9 @@ func writeQueueFull(w http.ResponseWriter, err error, q *tasks.Runtime) bool {
 	if !errors.As(err, &full) {
 		return false
 	}
-	writeJSON(w, http.StatusInsufficientStorage, map[string]any{
-		"error":       "queue " + q.Config.Name + " is full: it holds its max_pending of pending tasks; retry once it drains",
-		"queue":       q.Config.Name,
-		"max_pending": full.MaxPending,
-	})
+	writeProblem(w, http.StatusInsufficientStorage, ProblemQueueFull,
+		"queue "+q.Config.Name+" is full: it holds its max_pending of pending tasks; retry once it drains",
+		map[string]any{"queue": q.Config.Name, "max_pending": full.MaxPending})
 	return true
 }
 
@@ -61,12 +59,9 @@ func writeBatchFull(w http.ResponseWriter, err error, q *tasks.Runtime, out []ba
 			results[i] = map[string]any{"index": r.Index, "id": r.ID, "result": r.Result}
 		}
 	}
-	writeJSON(w, http.StatusInsufficientStorage, map[string]any{
-		"error": fmt.Sprintf("queue %s is full: it holds its max_pending of %d pending tasks; %d of %d tasks refused, the others written",
+	writeProblem(w, http.StatusInsufficientStorage, ProblemQueueFull,
+		fmt.Sprintf("queue %s is full: it holds its max_pending of %d pending tasks; %d of %d tasks refused, the others written",
 			q.Config.Name, full.MaxPending, len(full.Refused), len(out)),
-		"queue":       q.Config.Name,
-		"max_pending": full.MaxPending,
-		"tasks":       results,
-	})
+		map[string]any{"queue": q.Config.Name, "max_pending": full.MaxPending, "tasks": results})
 	return true
 }

@@ -68,13 +68,13 @@ func TestPutTaskBeyondMaxPendingIs507(t *testing.T) {
 	full := func(id string) {
 		t.Helper()
 		r := put(id, `{"after":"1h"}`)
-		wantJSONError(t, r, http.StatusInsufficientStorage)
+		wantAnyProblem(t, r, http.StatusInsufficientStorage)
 		var b struct {
 			Queue      string `json:"queue"`
 			MaxPending int64  `json:"max_pending"`
 		}
 		if err := json.Unmarshal([]byte(r.raw), &b); err != nil || b.Queue != "jobs" || b.MaxPending != 2 ||
-			!strings.Contains(r.body.Error, "jobs") {
+			!strings.Contains(r.body.Detail, "jobs") {
 			t.Errorf("507 body %s: want the queue jobs and max_pending 2", r.raw)
 		}
 		if n, _ := rdb.ZScore(ctx, keys.Queue, id).Result(); n != 0 {
@@ -109,7 +109,7 @@ func TestBatchCreateStraddlingMaxPendingIs507(t *testing.T) {
 	}
 	r := do(t, http.MethodPost, srv.URL+"/v1/queues/jobs/tasks/batch",
 		`{"tasks":[{"id":"b-1","after":"1h"},{"id":"j-2","after":"2h"},{"id":"b-2","after":"1h"},{"id":"b-3","after":"1h"}]}`)
-	wantJSONError(t, r, http.StatusInsufficientStorage)
+	wantAnyProblem(t, r, http.StatusInsufficientStorage)
 	var b struct {
 		MaxPending int64 `json:"max_pending"`
 		Tasks      []struct {

@@ -17,7 +17,7 @@ func TestPollAndAckOfANonPollQueueConflict(t *testing.T) {
 		t.Errorf("poll %d %s, ack %d %s; want 409 for both", p.code, p.raw, a.code, a.raw)
 	}
 	want := "queue confirm is served by its sql action, not polled: only poll queues are polled and take acks"
-	if p.Error != want || a.Error != want {
-		t.Errorf("poll error %q, ack error %q; want both %q", p.Error, a.Error, want)
+	if p.Detail != want || a.Detail != want {
+		t.Errorf("poll error %q, ack error %q; want both %q", p.Detail, a.Detail, want)
 	}
 }

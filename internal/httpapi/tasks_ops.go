@@ -14,40 +14,37 @@ import (
 )
 
 // Operating task queues. Reading takes a producer token, like GET of a
-// task; changing what runs (requeue, purge, pause, resume) takes the admin
-// token, like the order queue's /admin/v1, and is refused with 403 when no
-// admin token is configured:
+// task; changing what runs (requeue, purge, pause, resume) is part of the
+// admin API: served on the admin listener only (AdminHandler), under
+// /admin/v1, with the admin token:
 //
 //	GET  /v1/queues                          every queue with its action and stats
 //	GET  /v1/queues/{queue}/stats            pending, due, inflight, dead, oldest overdue, paused
 //	GET  /v1/queues/{queue}/tasks?state=pending|inflight|dead&limit=N&after=CURSOR&payload=true
-//	POST /v1/queues/{queue}/dead/requeue     {"ids":[...]} or {"all":true}            (admin)
-//	POST /v1/queues/{queue}/dead/purge       {"ids":[...]}, {"all":true} or {"older_than":"168h"} (admin)
-//	POST /v1/queues/{queue}/pause            {"reason":"..."} (optional)              (admin)
-//	POST /v1/queues/{queue}/resume                                                    (admin)
+//	POST /admin/v1/queues/{queue}/dead/requeue {"ids":[...]} or {"all":true}            (admin)
+//	POST /admin/v1/queues/{queue}/dead/purge {"ids":[...]}, {"all":true} or {"older_than":"168h"} (admin)
+//	POST /admin/v1/queues/{queue}/pause      {"reason":"..."} (optional)              (admin)
+//	POST /admin/v1/queues/{queue}/resume                                              (admin)
 
 // defaultList is a listing's page size when the request names none.
 const defaultList = 100
 
-func (s *Server) taskOpsRoutes(mux *http.ServeMux) {
+func (s *Server) taskOpsRoutes(mux router) {
 	mux.HandleFunc("GET /v1/queues", s.auth(s.listQueues))
 	mux.HandleFunc("GET /v1/queues/{queue}/stats", s.auth(s.withQueue(s.queueStats)))
 	mux.HandleFunc("GET /v1/queues/{queue}/tasks", s.auth(s.withQueue(s.listTasks)))
-	mux.HandleFunc("POST /v1/queues/{queue}/dead/requeue", s.adminOnly(s.withQueue(s.requeueTasks)))
-	mux.HandleFunc("POST /v1/queues/{queue}/dead/purge", s.adminOnly(s.withQueue(s.purgeTasks)))
-	mux.HandleFunc("POST /v1/queues/{queue}/pause", s.adminOnly(s.withQueue(s.pauseQueue)))
-	mux.HandleFunc("POST /v1/queues/{queue}/resume", s.adminOnly(s.withQueue(s.resumeQueue)))
 }
 
-// adminOnly lets through requests with an admin token; with none
-// configured, nobody.
-func (s *Server) adminOnly(next http.HandlerFunc) http.HandlerFunc {
-	if s.admin == nil || len(s.admin.Tokens) == 0 {
-		return func(w http.ResponseWriter, _ *http.Request) {
-			writeError(w, http.StatusForbidden, "this operation needs the admin token, and ORDERDELAY_ADMIN_TOKEN is not set")
-		}
+// taskAdminRoutes are the operations that change what runs; they are served
+// on the admin listener only (AdminHandler), a is its token check.
+func (s *Server) taskAdminRoutes(mux router, a func(http.HandlerFunc) http.HandlerFunc) {
+	if s.tasks == nil {
+		return
 	}
-	return s.bearer(s.admin.Tokens, next)
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/dead/requeue", a(s.withQueue(s.requeueTasks)))
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/dead/purge", a(s.withQueue(s.purgeTasks)))
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/pause", a(s.withQueue(s.pauseQueue)))
+	mux.HandleFunc("POST /admin/v1/queues/{queue}/resume", a(s.withQueue(s.resumeQueue)))
 }
 
 func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
@@ -83,7 +80,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request, q *tasks.Runt
 	if v := qs.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > tasks.MaxList {
-			writeError(w, http.StatusBadRequest, "limit: want 1.."+strconv.Itoa(tasks.MaxList))
+			writeInvalid(w, "limit", "limit: want 1.."+strconv.Itoa(tasks.MaxList))
 			return
 		}
 		limit = n
@@ -92,7 +89,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request, q *tasks.Runt
 	if v := qs.Get("payload"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "payload: want true or false")
+			writeInvalid(w, "payload", "payload: want true or false")
 			return
 		}
 		withPayload = b
@@ -100,9 +97,9 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request, q *tasks.Runt
 	page, err := q.List(r.Context(), state, qs.Get("after"), limit, withPayload)
 	switch {
 	case errors.Is(err, tasks.ErrBadState):
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeInvalid(w, "state", err.Error())
 	case errors.Is(err, queue.ErrBadCursor):
-		writeError(w, http.StatusBadRequest, "after: "+err.Error()+": give the \"next\" of the previous page")
+		writeInvalid(w, "after", "after: "+err.Error()+": give the \"next\" of the previous page")
 	case err != nil:
 		s.taskFail(w, err, q)
 	default:
@@ -147,7 +144,7 @@ func (s *Server) requeueTasks(w http.ResponseWriter, r *http.Request, q *tasks.R
 		return
 	}
 	if err := validIDs(b.IDs); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeInvalid(w, "ids", err.Error())
 		return
 	}
 	res, err := q.Requeue(r.Context(), b.IDs)
@@ -183,7 +180,7 @@ func (s *Server) purgeTasks(w http.ResponseWriter, r *http.Request, q *tasks.Run
 	switch {
 	case b.IDs != nil:
 		if err := validIDs(b.IDs); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			writeInvalid(w, "ids", err.Error())
 			return
 		}
 		n, err = q.Purge(r.Context(), b.IDs)
@@ -192,7 +189,7 @@ func (s *Server) purgeTasks(w http.ResponseWriter, r *http.Request, q *tasks.Run
 	default:
 		var older time.Duration
 		if older, err = parseDurationField("older_than", b.OlderThan); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			writeInvalid(w, "older_than", err.Error())
 			return
 		}
 		n, err = q.PurgeOlder(r.Context(), older)
@@ -222,6 +219,9 @@ func (s *Server) pauseQueue(w http.ResponseWriter, r *http.Request, q *tasks.Run
 }
 
 func (s *Server) resumeQueue(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
+	if !decodeBody(w, r, &struct{}{}) { // none, or {}
+		return
+	}
 	if err := q.Resume(r.Context()); err != nil {
 		s.taskFail(w, err, q)
 		return

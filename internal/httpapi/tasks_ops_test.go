@@ -34,10 +34,13 @@ const (
 )
 
 type opsEnv struct {
-	url  string
-	rdb  *redis.Client
-	jobs queue.Keys
-	cl   *client.Client
+	url      string // the API's listener (Server.Handler)
+	adminURL string // the admin listener (Server.AdminHandler)
+	rdb      *redis.Client
+	jobs     queue.Keys
+	cl       *client.Client
+	orders   queue.Keys     // the order queue
+	oc       *client.Client // on the order queue
 }
 
 // newOpsAPI serves "jobs" (poll) and "confirm" (sql, not running) with a
@@ -53,7 +56,7 @@ func newOpsAPI(t *testing.T, withAdmin bool) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &opsEnv{rdb: rdb, jobs: queue.NewKeys(prefix + ":jobs")}
+	e := &opsEnv{rdb: rdb, jobs: queue.NewKeys(prefix + ":jobs"), orders: keys}
 	t.Cleanup(func() {
 		testenv.DeleteQueue(rdb, e.jobs)
 		testenv.DeleteQueue(rdb, queue.NewKeys(prefix+":confirm"))
@@ -67,11 +70,10 @@ func newOpsAPI(t *testing.T, withAdmin bool) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oc, err := client.New(rdb, keys.Queue)
-	if err != nil {
+	if e.oc, err = client.New(rdb, keys.Queue); err != nil {
 		t.Fatal(err)
 	}
-	api := httpapi.New(httpapi.Config{Tokens: []string{opsProducerToken}}, producer.New(oc, m, time.Now), m, reg, zap.NewNop())
+	api := httpapi.New(httpapi.Config{Tokens: []string{opsProducerToken}}, producer.New(e.oc, m, time.Now), m, reg, zap.NewNop())
 	if withAdmin {
 		tools, err := admin.New(rdb, keys.Queue, nil)
 		if err != nil {
@@ -83,16 +85,31 @@ func newOpsAPI(t *testing.T, withAdmin bool) *opsEnv {
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
+	adm := httptest.NewServer(api.AdminHandler())
+	t.Cleanup(adm.Close)
+	e.adminURL = adm.URL
 	return e
 }
 
+// call sends a request to the API's listener, or to the admin listener for
+// a path under /admin/.
 func (e *opsEnv) call(t *testing.T, token, method, path, body string) reply {
+	t.Helper()
+	base := e.url
+	if strings.HasPrefix(path, "/admin/") {
+		base = e.adminURL
+	}
+	return e.callAt(t, base, token, method, path, body)
+}
+
+// callAt sends a request to the listener at base.
+func (e *opsEnv) callAt(t *testing.T, base, token, method, path, body string) reply {
 	t.Helper()
 	var h []string
 	if token != "" {
 		h = []string{"Authorization", "Bearer " + token}
 	}
-	return do(t, method, e.url+path, body, h...)
+	return do(t, method, base+path, body, h...)
 }
 
 // put puts tasks on jobs with payload {"n":i}, due at due.
@@ -107,17 +124,21 @@ func (e *opsEnv) put(t *testing.T, due time.Time, ids ...string) {
 
 // kill dead-letters queued tasks of jobs as a failed action does: out of
 // the queue, into the dead set with a record, payload kept.
-func (e *opsEnv) kill(t *testing.T, ids ...string) {
+func (e *opsEnv) kill(t *testing.T, ids ...string) { kill(t, e.rdb, e.jobs, ids...) }
+
+// kill dead-letters queued entries of the queue with keys k (tasks or
+// orders) as a failed action does.
+func kill(t *testing.T, rdb *redis.Client, k queue.Keys, ids ...string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, id := range ids {
-		d, err := e.rdb.ZScore(ctx, e.jobs.Queue, id).Result()
+		d, err := rdb.ZScore(ctx, k.Queue, id).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.rdb.ZRem(ctx, e.jobs.Queue, id)
-		e.rdb.ZAdd(ctx, e.jobs.Dead, redis.Z{Member: id, Score: float64(time.Now().UnixMilli())})
-		e.rdb.HSet(ctx, e.jobs.DeadInfo, id, fmt.Sprintf("failed|3|%d|webhook https://x.example: status 503", int64(d)))
+		rdb.ZRem(ctx, k.Queue, id)
+		rdb.ZAdd(ctx, k.Dead, redis.Z{Member: id, Score: float64(time.Now().UnixMilli())})
+		rdb.HSet(ctx, k.DeadInfo, id, fmt.Sprintf("failed|3|%d|webhook https://x.example: status 503", int64(d)))
 	}
 }
 
@@ -218,36 +239,43 @@ func TestTaskOpsRefuseMalformedInput(t *testing.T) {
 		{"bad payload flag", opsProducerToken, "GET", "/v1/queues/jobs/tasks?payload=maybe", "", 400},
 		{"unknown queue list", opsProducerToken, "GET", "/v1/queues/nope/tasks", "", 404},
 		{"unknown queue stats", opsProducerToken, "GET", "/v1/queues/nope/stats", "", 404},
-		{"unknown queue requeue", opsAdminToken, "POST", "/v1/queues/nope/dead/requeue", `{"all":true}`, 404},
-		{"unknown queue pause", opsAdminToken, "POST", "/v1/queues/nope/pause", "", 404},
-		{"requeue empty body", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", "", 400},
-		{"requeue empty object", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{}`, 400},
-		{"requeue both", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"ids":["x"],"all":true}`, 400},
-		{"requeue no ids", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"ids":[]}`, 400},
-		{"requeue bad id", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"ids":[""]}`, 400},
-		{"requeue control char", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"ids":["a\u0001"]}`, 400},
-		{"requeue too many", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"ids":[` + strings.Repeat(`"a",`, 1000) + `"a"]}`, 400},
-		{"requeue unknown field", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"serials":["x"]}`, 400},
-		{"requeue not JSON", opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `ids=x`, 400},
-		{"purge empty body", opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", "", 400},
-		{"purge two selectors", opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", `{"all":true,"older_than":"1h"}`, 400},
-		{"purge bad duration", opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", `{"older_than":"a week"}`, 400},
-		{"purge negative duration", opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", `{"older_than":"-1h"}`, 400},
-		{"purge no ids", opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", `{"ids":[]}`, 400},
-		{"pause unknown field", opsAdminToken, "POST", "/v1/queues/jobs/pause", `{"why":"x"}`, 400},
+		{"unknown queue requeue", opsAdminToken, "POST", "/admin/v1/queues/nope/dead/requeue", `{"all":true}`, 404},
+		{"unknown queue pause", opsAdminToken, "POST", "/admin/v1/queues/nope/pause", "", 404},
+		{"requeue empty body", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", "", 400},
+		{"requeue empty object", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{}`, 400},
+		{"requeue both", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"ids":["x"],"all":true}`, 400},
+		{"requeue no ids", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"ids":[]}`, 400},
+		{"requeue bad id", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"ids":[""]}`, 400},
+		{"requeue control char", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"ids":["a\u0001"]}`, 400},
+		{"requeue too many", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"ids":[` + strings.Repeat(`"a",`, 1000) + `"a"]}`, 400},
+		{"requeue unknown field", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"serials":["x"]}`, 400},
+		{"requeue not JSON", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `ids=x`, 400},
+		{"purge empty body", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", "", 400},
+		{"purge two selectors", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"all":true,"older_than":"1h"}`, 400},
+		{"purge bad duration", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"older_than":"a week"}`, 400},
+		{"purge negative duration", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"older_than":"-1h"}`, 400},
+		{"purge no ids", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"ids":[]}`, 400},
+		{"pause unknown field", opsAdminToken, "POST", "/admin/v1/queues/jobs/pause", `{"why":"x"}`, 400},
+		// Strict JSON, like the public API's: nothing after the value.
+		{"requeue trailing garbage", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"ids":["zz"]} garbage`, 400},
+		{"requeue two values", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"all":true}{"all":true}`, 400},
+		{"requeue stray brace", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"all":true}}`, 400},
+		{"purge trailing garbage", opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"all":true} x`, 400},
+		{"pause trailing garbage", opsAdminToken, "POST", "/admin/v1/queues/jobs/pause", `{"reason":"x"} x`, 400},
+		{"resume with a body", opsAdminToken, "POST", "/admin/v1/queues/jobs/resume", `{"reason":"x"}`, 400},
 		// Auth: destructive operations need the admin token; reads a producer's.
-		{"requeue producer token", opsProducerToken, "POST", "/v1/queues/jobs/dead/requeue", `{"all":true}`, 401},
-		{"purge producer token", opsProducerToken, "POST", "/v1/queues/jobs/dead/purge", `{"all":true}`, 401},
-		{"pause producer token", opsProducerToken, "POST", "/v1/queues/jobs/pause", ``, 401},
-		{"resume producer token", opsProducerToken, "POST", "/v1/queues/jobs/resume", ``, 401},
-		{"pause no token", "", "POST", "/v1/queues/jobs/pause", ``, 401},
+		{"requeue producer token", opsProducerToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"all":true}`, 401},
+		{"purge producer token", opsProducerToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"all":true}`, 401},
+		{"pause producer token", opsProducerToken, "POST", "/admin/v1/queues/jobs/pause", ``, 401},
+		{"resume producer token", opsProducerToken, "POST", "/admin/v1/queues/jobs/resume", ``, 401},
+		{"pause no token", "", "POST", "/admin/v1/queues/jobs/pause", ``, 401},
 		{"list no token", "", "GET", "/v1/queues/jobs/tasks", ``, 401},
 		{"queues no token", "", "GET", "/v1/queues", ``, 401},
 		{"stats admin token", opsAdminToken, "GET", "/v1/queues/jobs/stats", ``, 401},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			wantJSONError(t, e.call(t, c.token, c.method, c.path, c.body), c.code)
+			wantAnyProblem(t, e.call(t, c.token, c.method, c.path, c.body), c.code)
 		})
 	}
 	// Nothing changed: x is still queued, the queue not paused.
@@ -259,15 +287,16 @@ func TestTaskOpsRefuseMalformedInput(t *testing.T) {
 	}
 }
 
-// Without ORDERDELAY_ADMIN_TOKEN the destructive operations are refused
-// with 403 whatever the token.
+// Without ORDERDELAY_ADMIN_TOKEN there is no admin API (the daemon does not
+// even bind its listener): its handler refuses every call with 403 whatever
+// the token.
 func TestTaskOpsNeedAnAdminTokenConfigured(t *testing.T) {
 	e := newOpsAPI(t, false)
 	for _, p := range []string{"dead/requeue", "dead/purge", "pause", "resume"} {
-		r := e.call(t, opsProducerToken, http.MethodPost, "/v1/queues/jobs/"+p, `{"all":true}`)
-		wantJSONError(t, r, http.StatusForbidden)
-		if !strings.Contains(r.body.Error, "ORDERDELAY_ADMIN_TOKEN") {
-			t.Errorf("%s: %q does not name ORDERDELAY_ADMIN_TOKEN", p, r.body.Error)
+		r := e.call(t, opsProducerToken, http.MethodPost, "/admin/v1/queues/jobs/"+p, `{"all":true}`)
+		wantAnyProblem(t, r, http.StatusForbidden)
+		if !strings.Contains(r.body.Detail, "ORDERDELAY_ADMIN_TOKEN") {
+			t.Errorf("%s: %q does not name ORDERDELAY_ADMIN_TOKEN", p, r.body.Detail)
 		}
 	}
 }
@@ -290,7 +319,7 @@ func TestRequeueAndPurgeDeadLettersOverHTTP(t *testing.T) {
 		} `json:"skipped"`
 		DeadLeft *int64 `json:"dead_left"`
 	}
-	res := decode[requeued](t, e.call(t, opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"ids":["r1","r2","zz"]}`), 200)
+	res := decode[requeued](t, e.call(t, opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"ids":["r1","r2","zz"]}`), 200)
 	if res.Requeued != 1 || len(res.Skipped) != 2 || res.Skipped[0].ID != "r2" || res.Skipped[1].ID != "zz" {
 		t.Errorf("requeue: %+v, want r1 requeued, r2 (live) and zz (not dead) skipped", res)
 	}
@@ -304,22 +333,22 @@ func TestRequeueAndPurgeDeadLettersOverHTTP(t *testing.T) {
 	}
 
 	// Purge one by id, then the rest but the live one's dead letter by age.
-	pr := decode[map[string]int](t, e.call(t, opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", `{"ids":["r3"]}`), 200)
+	pr := decode[map[string]int](t, e.call(t, opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"ids":["r3"]}`), 200)
 	if pr["purged"] != 1 {
 		t.Errorf("purge r3: %v", pr)
 	}
 	if ok, _ := e.rdb.HExists(ctx, e.jobs.Payload, "r3").Result(); ok {
 		t.Error("purged r3 keeps its payload")
 	}
-	pr = decode[map[string]int](t, e.call(t, opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", `{"older_than":"1h"}`), 200)
+	pr = decode[map[string]int](t, e.call(t, opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"older_than":"1h"}`), 200)
 	if pr["purged"] != 0 {
 		t.Errorf("purge older than 1h: %v, want none (they died just now)", pr)
 	}
-	res = decode[requeued](t, e.call(t, opsAdminToken, "POST", "/v1/queues/jobs/dead/requeue", `{"all":true}`), 200)
+	res = decode[requeued](t, e.call(t, opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/requeue", `{"all":true}`), 200)
 	if res.Requeued != 2 || len(res.Skipped) != 1 || res.DeadLeft == nil || *res.DeadLeft != 1 {
 		t.Errorf("requeue all: %+v, want r4 and r5 requeued, r2 skipped and left", res)
 	}
-	pr = decode[map[string]int](t, e.call(t, opsAdminToken, "POST", "/v1/queues/jobs/dead/purge", `{"all":true}`), 200)
+	pr = decode[map[string]int](t, e.call(t, opsAdminToken, "POST", "/admin/v1/queues/jobs/dead/purge", `{"all":true}`), 200)
 	if pr["purged"] != 1 {
 		t.Errorf("purge all: %v, want r2's dead letter", pr)
 	}
@@ -348,7 +377,7 @@ func TestQueueStatsAndPauseOverHTTP(t *testing.T) {
 	if s.Queue != "jobs" || s.Action != "poll" || s.Pending != 2 || s.Due != 1 || s.Inflight != 0 || s.Dead != 1 || s.Oldest < 59 || s.Paused {
 		t.Errorf("stats %+v, want 2 pending, 1 due for about a minute, 1 dead, not paused", s)
 	}
-	p := decode[stats](t, e.call(t, opsAdminToken, "POST", "/v1/queues/jobs/pause", `{"reason":"partner down"}`), 200)
+	p := decode[stats](t, e.call(t, opsAdminToken, "POST", "/admin/v1/queues/jobs/pause", `{"reason":"partner down"}`), 200)
 	if !p.Paused {
 		t.Errorf("pause answered %+v", p)
 	}
@@ -361,7 +390,7 @@ func TestQueueStatsAndPauseOverHTTP(t *testing.T) {
 		all.Queues[1].Queue != "confirm" || all.Queues[1].Action != "sql" || all.Queues[1].Paused {
 		t.Errorf("queues %+v, want jobs (paused, with the reason) and confirm (sql)", all.Queues)
 	}
-	decode[stats](t, e.call(t, opsAdminToken, "POST", "/v1/queues/jobs/resume", ""), 200)
+	decode[stats](t, e.call(t, opsAdminToken, "POST", "/admin/v1/queues/jobs/resume", ""), 200)
 	r = decode[polled](t, e.call(t, opsProducerToken, "POST", "/v1/queues/jobs/poll?max=10", ""), 200)
 	if len(r.Tasks) != 1 || r.Tasks[0].ID != "s1" {
 		t.Errorf("resumed poll: %+v, want s1", r.Tasks)

@@ -44,9 +44,9 @@ func TestPutTaskRefusesDeeplyNestedPayloadWith400(t *testing.T) {
 
 	deep := strings.Repeat("[", 1001) + strings.Repeat("]", 1001)
 	r := do(t, http.MethodPut, srv.URL+"/v1/queues/jobs/tasks/deep-1", `{"after":"1m","payload":`+deep+`}`)
-	wantJSONError(t, r, http.StatusBadRequest)
-	if !strings.Contains(r.body.Error, strconv.Itoa(client.MaxPayloadDepth)) {
-		t.Errorf("error %q does not name the nesting limit %d", r.body.Error, client.MaxPayloadDepth)
+	wantAnyProblem(t, r, http.StatusBadRequest)
+	if !strings.Contains(r.body.Detail, strconv.Itoa(client.MaxPayloadDepth)) {
+		t.Errorf("error %q does not name the nesting limit %d", r.body.Detail, client.MaxPayloadDepth)
 	}
 	if n, err := rdb.ZCard(context.Background(), keys.Queue).Result(); err != nil || n != 0 {
 		t.Errorf("%d tasks stored after a refused put (%v)", n, err)

@@ -100,7 +100,7 @@ func idempotencyKey(w http.ResponseWriter, r *http.Request) (key string, given, 
 		bad = key[i] < 0x20 || key[i] > 0x7e
 	}
 	if bad {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("Idempotency-Key: want one header of 1 to %d printable ASCII characters", MaxIdempotencyKeyBytes))
+		writeInvalid(w, "Idempotency-Key", fmt.Sprintf("Idempotency-Key: want one header of 1 to %d printable ASCII characters", MaxIdempotencyKeyBytes))
 		return "", true, false
 	}
 	return key, true, true
@@ -159,9 +159,12 @@ func decodeStrict(body io.Reader, v any) (tooBig bool, err error) {
 	dec.DisallowUnknownFields()
 	err = dec.Decode(v)
 	if err == nil {
+		// Only white space may follow. (Decoder.More misses a stray '}'
+		// or ']'.) A body past its limit says so rather than "data after".
 		if err2 := dec.Decode(new(json.RawMessage)); !errors.Is(err2, io.EOF) {
 			err = errors.New("data after the JSON value")
-			if err2 != nil {
+			var mb *http.MaxBytesError
+			if errors.As(err2, &mb) {
 				err = err2
 			}
 		}
@@ -196,11 +199,11 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request, q *tasks.Run
 			writeError(w, http.StatusRequestEntityTooLarge, "body too large")
 			return
 		}
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		writeInvalid(w, "body", "body: "+err.Error())
 		return
 	}
 	if b.ID != nil {
-		writeError(w, http.StatusBadRequest, `id: the service names the task here; to name it yourself, PUT /v1/queues/`+q.Config.Name+`/tasks/{id}`)
+		writeInvalid(w, "id", `id: the service names the task here; to name it yourself, PUT /v1/queues/`+q.Config.Name+`/tasks/{id}`)
 		return
 	}
 	at, payload, err := b.due(time.Now())
@@ -218,8 +221,8 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request, q *tasks.Run
 			if conflict, cerr := s.samePayload(r.Context(), q, id, payload); cerr != nil {
 				err = cerr
 			} else if conflict {
-				writeJSON(w, http.StatusConflict, map[string]string{"id": id,
-					"error": "Idempotency-Key was used before for this queue with a different payload; nothing changed"})
+				writeProblem(w, http.StatusConflict, ProblemIdempotencyKeyReused,
+					"Idempotency-Key was used before for this queue with a different payload; nothing changed", map[string]any{"id": id})
 				return
 			}
 		}
@@ -324,11 +327,11 @@ func (s *Server) createTasks(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes: split the batch", MaxBatchBytes))
 			return
 		}
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		writeInvalid(w, "body", "body: "+err.Error())
 		return
 	}
 	if len(b.Tasks) == 0 || len(b.Tasks) > MaxBatchTasks {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf(`tasks: give 1 to %d tasks, got %d`, MaxBatchTasks, len(b.Tasks)))
+		writeInvalid(w, "tasks", fmt.Sprintf(`tasks: give 1 to %d tasks, got %d`, MaxBatchTasks, len(b.Tasks)))
 		return
 	}
 	now := time.Now()
@@ -354,9 +357,9 @@ func (s *Server) createTasks(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 		items[i].Deadline, items[i].Payload = at, p
 	}
 	if len(invalid) > 0 {
-		writeJSON(w, http.StatusBadRequest, map[string]any{
-			"error":   fmt.Sprintf("%d of %d tasks are invalid; nothing was written", len(invalid), len(b.Tasks)),
-			"invalid": invalid})
+		writeProblem(w, http.StatusBadRequest, ProblemInvalidTasks,
+			fmt.Sprintf("%d of %d tasks are invalid; nothing was written", len(invalid), len(b.Tasks)),
+			map[string]any{"invalid": invalid})
 		return
 	}
 	out := make([]batchItemResult, 0, len(items))
@@ -422,8 +425,8 @@ func (s *Server) batchFail(w http.ResponseWriter, err error, q *tasks.Runtime, w
 	if written == nil {
 		written = []batchItemResult{}
 	}
-	writeJSON(w, http.StatusServiceUnavailable, map[string]any{
-		"error": "queue unavailable after " + strconv.Itoa(len(written)) + " of " + strconv.Itoa(n) +
+	writeProblem(w, http.StatusServiceUnavailable, ProblemBatchInterrupted,
+		"queue unavailable after "+strconv.Itoa(len(written))+" of "+strconv.Itoa(n)+
 			" tasks; retry the batch (tasks with ids, or under an Idempotency-Key, are not created twice)",
-		"tasks": written})
+		map[string]any{"tasks": written})
 }

@@ -79,7 +79,7 @@ type created struct {
 	code     int
 	raw      string
 	location string
-	Error    string    `json:"error"`
+	Detail   string    `json:"detail"`
 	ID       string    `json:"id"`
 	Result   string    `json:"result"`
 	Deadline time.Time `json:"deadline"`
@@ -176,7 +176,7 @@ func TestCreateTaskWithIdempotencyKey(t *testing.T) {
 					again.code, again.raw, again.location, first.ID, first.Deadline)
 			}
 			other := e.create(t, q, `{"after":"1m","payload":{"a":2}}`, "Idempotency-Key", "order-7-confirm")
-			if other.code != http.StatusConflict || other.ID != first.ID || other.Error == "" {
+			if other.code != http.StatusConflict || other.ID != first.ID || other.Detail == "" {
 				t.Errorf("same key, other payload: %d %s, want 409 naming %s", other.code, other.raw, first.ID)
 			}
 			otherKey := e.create(t, q, `{"after":"1m","payload":{"a":1,"b":[1,2]}}`, "Idempotency-Key", "order-8-confirm")
@@ -234,9 +234,9 @@ func TestCreateTaskRefusesMalformedRequests(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := e.post(t, "/v1/queues/plain/tasks", tc.body, tc.header...)
-			var b struct{ Error string }
-			if rec.Code != tc.code || json.Unmarshal(rec.Body.Bytes(), &b) != nil || b.Error == "" {
-				t.Errorf("%d %.200s, want %d with a JSON error", rec.Code, rec.Body, tc.code)
+			var b struct{ Detail string }
+			if rec.Code != tc.code || json.Unmarshal(rec.Body.Bytes(), &b) != nil || b.Detail == "" {
+				t.Errorf("%d %.200s, want %d with a problem", rec.Code, rec.Body, tc.code)
 			}
 		})
 	}
@@ -251,7 +251,7 @@ func TestCreateTaskRefusesMalformedRequests(t *testing.T) {
 type batchAnswer struct {
 	code    int
 	raw     string
-	Error   string `json:"error"`
+	Detail  string `json:"detail"`
 	Invalid []struct {
 		Index int    `json:"index"`
 		Error string `json:"error"`
@@ -344,7 +344,7 @@ func TestBatchCreateIsAllOrNothingAtTheDoor(t *testing.T) {
 				t.Errorf("%s: invalid %d without a reason", q, iv.Index)
 			}
 		}
-		if a.code != http.StatusBadRequest || !slices.Equal(idx, []int{1, 3, 4, 5}) || !strings.Contains(a.Error, "nothing was written") {
+		if a.code != http.StatusBadRequest || !slices.Equal(idx, []int{1, 3, 4, 5}) || !strings.Contains(a.Detail, "nothing was written") {
 			t.Errorf("%s: %d %s, want 400 naming tasks 1, 3, 4 and 5", q, a.code, a.raw)
 		}
 	}
@@ -364,7 +364,7 @@ func TestBatchCreateIsAllOrNothingAtTheDoor(t *testing.T) {
 		{"trailing data", `{"tasks":[{"after":"1m"}]}]`, 400},
 	} {
 		a := e.batch(t, "plain", tc.body)
-		if a.code != tc.code || a.Error == "" {
+		if a.code != tc.code || a.Detail == "" {
 			t.Errorf("%s: %d %.200s, want %d with an error", tc.name, a.code, a.raw, tc.code)
 		}
 	}
@@ -389,14 +389,14 @@ func TestBatchCreateCutShortAnswers503(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := e.batch(t, "durable", body)
-	if a.code != http.StatusServiceUnavailable || a.Error == "" || a.Tasks == nil || len(a.Tasks) != 0 {
+	if a.code != http.StatusServiceUnavailable || a.Detail == "" || a.Tasks == nil || len(a.Tasks) != 0 {
 		t.Errorf("durable batch with the database gone: %d %s, want 503 with no task written", a.code, a.raw)
 	}
 	if err := e.rdb.Close(); err != nil {
 		t.Fatal(err)
 	}
 	a = e.batch(t, "plain", body)
-	if a.code != http.StatusServiceUnavailable || a.Error == "" {
+	if a.code != http.StatusServiceUnavailable || a.Detail == "" {
 		t.Errorf("plain batch with Redis gone: %d %s, want 503", a.code, a.raw)
 	}
 	if c := e.create(t, "plain", `{"after":"1m"}`); c.code != http.StatusServiceUnavailable {

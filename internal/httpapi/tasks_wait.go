@@ -46,7 +46,7 @@ func pollWait(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
 		}
 	}
 	if err != nil || d < 0 || d > MaxPollWait {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("wait: want a duration from 0s to %s, such as 10s", MaxPollWait))
+		writeInvalid(w, "wait", fmt.Sprintf("wait: want a duration from 0s to %s, such as 10s", MaxPollWait))
 		return 0, false
 	}
 	return d, true

@@ -187,7 +187,7 @@ func TestLongPollRefusesABadWait(t *testing.T) {
 	}
 	for _, w := range []string{"abc", "-1s", "21s", "21", "1h", "-1", "10x", "%20"} {
 		lp := receive(t, e.startPoll(context.Background(), t, "wait="+w))
-		if lp.code != http.StatusBadRequest || lp.Error == "" {
+		if lp.code != http.StatusBadRequest || lp.Detail == "" {
 			t.Errorf("wait=%s: %d %s, want 400 with an error", w, lp.code, lp.raw)
 		}
 	}

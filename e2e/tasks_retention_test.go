@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 // purged dead letters' payloads go with them; a live task that reuses a
 // purged id keeps its payload.
 func TestTaskQueueDeadLetterRetention(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: own

@@ -1,11 +1,10 @@
-package orderdelay_test
+package e2e
 
 // Named task queues (issue "Beyond orders"): each action runs against the
 // real binary, Redis and PostgreSQL. Tests are named after the scenarios of
 // the seed articles they reproduce.
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"encoding/json"
@@ -14,7 +13,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,72 +26,13 @@ import (
 	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
-	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-const webhookSecret = "whsec-0123456789abcdef0123456789abcdef"
-
-// taskWorld writes a queues file whose keys belong to this test and starts
-// the daemon with it.
-type taskWorld struct {
-	*world
-	prefix string
-	file   string
-}
-
-func newTaskWorld(t *testing.T, yaml string) *taskWorld {
-	t.Helper()
-	w := newWorld(t)
-	prefix := "test:" + testenv.Name(t)
-	yaml = strings.ReplaceAll(yaml, "PREFIX", prefix)
-	file := filepath.Join(t.TempDir(), "queues.yaml")
-	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tw := &taskWorld{world: w, prefix: prefix, file: file}
-	// Parsing a webhook queue needs its secret: without it the cleanup
-	// below found no queues and left their keys behind.
-	t.Setenv("OD_TEST_SECRET", webhookSecret)
-	testenv.CheckNoKeysLeft(t, w.rdb, "*"+prefix+"*")
-	t.Cleanup(func() {
-		f, err := tasks.Parse([]byte(yaml))
-		if err != nil {
-			t.Errorf("cleanup: the queues file: %v", err)
-		}
-		for _, q := range f.Queues {
-			testenv.DeleteQueue(w.rdb, queue.NewKeys(q.Key))
-		}
-	})
-	return tw
-}
-
-func (tw *taskWorld) start(extra ...string) *daemon {
-	return tw.world.start(append([]string{"ORDERDELAY_QUEUES_FILE=" + tw.file, "OD_TEST_SECRET=" + webhookSecret}, extra...)...)
-}
-
-func (tw *taskWorld) keys(name string) queue.Keys { return queue.NewKeys(tw.prefix + ":" + name) }
-
-func call(t *testing.T, d *daemon, method, path, body string, out any) int {
-	t.Helper()
-	req, _ := http.NewRequest(method, d.url(path), strings.NewReader(body))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if out != nil && resp.StatusCode < 300 {
-		if err := json.Unmarshal(b, out); err != nil {
-			t.Fatalf("%s %s: %v: %s", method, path, err, b)
-		}
-	}
-	return resp.StatusCode
-}
 
 // Seed 000, scenario 1 (a call record re-pushed to a third party until it
 // accepts, then marked as undeliverable) with seed 001, scenario 2's
 // growing delays (1 min, 2 min, … until a threshold).
 func TestSeed001CallRecordRepushWebhookWithRetries(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	attempts := map[string][]int{}
 	arrived := map[string][]time.Time{} // when each attempt reached the receiver
@@ -134,7 +73,7 @@ queues:
 `)
 	d := tw.start()
 	for _, id := range []string{"cr-ok", "cr-flaky", "cr-down"} {
-		if code := call(t, d, http.MethodPut, "/v1/queues/callrecord/tasks/"+id, `{"after":"100ms","payload":{"call":"`+id+`","secs":42}}`, nil); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, "/v1/queues/callrecord/tasks/"+id, "", `{"after":"100ms","payload":{"call":"`+id+`","secs":42}}`, nil); code != http.StatusCreated {
 			t.Fatalf("PUT %s: %d", id, code)
 		}
 	}
@@ -143,12 +82,12 @@ queues:
 			State  string `json:"state"`
 			Reason string `json:"reason"`
 		}
-		call(t, d, http.MethodGet, "/v1/queues/callrecord/tasks/cr-down", "", &got)
+		d.call(http.MethodGet, "/v1/queues/callrecord/tasks/cr-down", "", "", &got)
 		return got.State == "dead" && got.Reason == "failed"
 	})
 	waitFor(t, "cr-ok and cr-flaky done", 30*time.Second, func() bool {
-		return call(t, d, http.MethodGet, "/v1/queues/callrecord/tasks/cr-flaky", "", nil) == http.StatusNotFound &&
-			call(t, d, http.MethodGet, "/v1/queues/callrecord/tasks/cr-ok", "", nil) == http.StatusNotFound
+		return d.call(http.MethodGet, "/v1/queues/callrecord/tasks/cr-flaky", "", "", nil) == http.StatusNotFound &&
+			d.call(http.MethodGet, "/v1/queues/callrecord/tasks/cr-ok", "", "", nil) == http.StatusNotFound
 	})
 	mu.Lock()
 	defer mu.Unlock()
@@ -193,6 +132,7 @@ queues:
 // dead letters and the log record of a failure names the URL's scheme and
 // host only: tokens in its path, query or userinfo stay out.
 func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	landed := map[string]int{} // requests that reached a redirect's target, by server
 	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -238,7 +178,7 @@ func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
 		{"unreachable", "webhook http://" + closedHost + ": "},
 	}
 	for _, c := range cases {
-		if code := call(t, d, http.MethodPut, "/v1/queues/"+c.queue+"/tasks/t-1", `{"after":"10ms","payload":{"n":1}}`, nil); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, "/v1/queues/"+c.queue+"/tasks/t-1", "", `{"after":"10ms","payload":{"n":1}}`, nil); code != http.StatusCreated {
 			t.Fatalf("PUT on %s: %d", c.queue, code)
 		}
 	}
@@ -247,7 +187,7 @@ func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
 		var got state
 		waitFor(t, c.queue+": t-1 settled", 30*time.Second, func() bool {
 			got = state{}
-			code := call(t, d, http.MethodGet, "/v1/queues/"+c.queue+"/tasks/t-1", "", &got)
+			code := d.call(http.MethodGet, "/v1/queues/"+c.queue+"/tasks/t-1", "", "", &got)
 			return code == http.StatusNotFound || got.State == "dead"
 		})
 		if got.State != "dead" || got.Reason != "failed" {
@@ -293,7 +233,7 @@ func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
 // signature in the second header, and one comparing X-Orderdelay-Signature
 // with the new secret, as every receiver did before rotations, still can.
 func TestWebhookSecretRotation(t *testing.T) {
-	const previous = "the-old-secret" // short: rotating a short secret out is allowed
+	t.Parallel()
 	type request struct {
 		h    http.Header
 		body []byte
@@ -308,15 +248,14 @@ func TestWebhookSecretRotation(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
-	t.Setenv("OD_TEST_PREVIOUS_SECRET", previous) // for the cleanup's parse
 	tw := newTaskWorld(t, `
 queues:
   - name: rotating
     key: PREFIX:rotating
     action: {type: webhook, url: `+srv.URL+`, timeout: 2s, secret_env: OD_TEST_SECRET, previous_secret_env: OD_TEST_PREVIOUS_SECRET}
 `)
-	d := tw.start("OD_TEST_PREVIOUS_SECRET=" + previous)
-	if code := call(t, d, http.MethodPut, "/v1/queues/rotating/tasks/t-1", `{"after":"10ms","payload":{"n":1}}`, nil); code != http.StatusCreated {
+	d := tw.start()
+	if code := d.call(http.MethodPut, "/v1/queues/rotating/tasks/t-1", "", `{"after":"10ms","payload":{"n":1}}`, nil); code != http.StatusCreated {
 		t.Fatalf("PUT: %d", code)
 	}
 	var r request
@@ -332,7 +271,7 @@ queues:
 	if sig, want := r.h.Get(tasks.HeaderSignature), tasks.Sign([]byte(webhookSecret), ts, r.body); sig != want {
 		t.Errorf("%s %q, want %q: Sign by the current secret alone", tasks.HeaderSignature, sig, want)
 	}
-	if sig, want := r.h.Get("X-Orderdelay-Signature-Previous"), tasks.Sign([]byte(previous), ts, r.body); sig != want {
+	if sig, want := r.h.Get("X-Orderdelay-Signature-Previous"), tasks.Sign([]byte(previousWebhookSecret), ts, r.body); sig != want {
 		t.Errorf("X-Orderdelay-Signature-Previous %q, want %q: Sign by the previous secret", sig, want)
 	}
 	d.stop()
@@ -340,6 +279,7 @@ queues:
 
 // Seed 000: tasks with payloads, added and removed atomically, batch delete.
 func TestSeed000PayloadTasksAndBatchDelete(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: later
@@ -350,7 +290,7 @@ queues:
 	ctx := context.Background()
 	for i := range 5 {
 		body := fmt.Sprintf(`{"after":"1h","payload":{"n":%d}}`, i)
-		if code := call(t, d, http.MethodPut, fmt.Sprintf("/v1/queues/later/tasks/t-%d", i), body, nil); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, fmt.Sprintf("/v1/queues/later/tasks/t-%d", i), "", body, nil); code != http.StatusCreated {
 			t.Fatalf("PUT: %d", code)
 		}
 	}
@@ -359,23 +299,23 @@ queues:
 		Result  string          `json:"result"`
 		Payload json.RawMessage `json:"payload"`
 	}
-	call(t, d, http.MethodPut, "/v1/queues/later/tasks/t-0", `{"after":"2h","payload":{"n":99}}`, &got)
-	call(t, d, http.MethodGet, "/v1/queues/later/tasks/t-0", "", &got)
+	d.call(http.MethodPut, "/v1/queues/later/tasks/t-0", "", `{"after":"2h","payload":{"n":99}}`, &got)
+	d.call(http.MethodGet, "/v1/queues/later/tasks/t-0", "", "", &got)
 	if string(got.Payload) != `{"n":0}` {
 		t.Errorf("payload after a retried create %s, want the first", got.Payload)
 	}
 	for _, bad := range []string{`{"after":"1h","payload":{bad}}`, `{"after":"1h","payload":1,"x":2}`} {
-		if code := call(t, d, http.MethodPut, "/v1/queues/later/tasks/bad", bad, nil); code != http.StatusBadRequest {
+		if code := d.call(http.MethodPut, "/v1/queues/later/tasks/bad", "", bad, nil); code != http.StatusBadRequest {
 			t.Errorf("PUT %s: %d, want 400", bad, code)
 		}
 	}
-	if code := call(t, d, http.MethodPut, "/v1/queues/nope/tasks/x", `{"after":"1h"}`, nil); code != http.StatusNotFound {
+	if code := d.call(http.MethodPut, "/v1/queues/nope/tasks/x", "", `{"after":"1h"}`, nil); code != http.StatusNotFound {
 		t.Errorf("unknown queue: %d, want 404", code)
 	}
 	var del struct {
 		Deleted int `json:"deleted"`
 	}
-	if code := call(t, d, http.MethodPost, "/v1/queues/later/batch-delete", `{"ids":["t-0","t-1","t-2","missing"]}`, &del); code != http.StatusOK || del.Deleted != 3 {
+	if code := d.call(http.MethodPost, "/v1/queues/later/batch-delete", "", `{"ids":["t-0","t-1","t-2","missing"]}`, &del); code != http.StatusOK || del.Deleted != 3 {
 		t.Fatalf("batch delete: %d, deleted %d, want 3", code, del.Deleted)
 	}
 	k := tw.keys("later")
@@ -393,6 +333,7 @@ queues:
 }
 
 func TestTaskActionsStreamListSQLAndPoll(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: events
@@ -423,7 +364,7 @@ queues:
 	ctx := context.Background()
 	put := func(q, id string) {
 		t.Helper()
-		if code := call(t, d, http.MethodPut, "/v1/queues/"+q+"/tasks/"+id, `{"after":"100ms","payload":{"id":"`+id+`"}}`, nil); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, "/v1/queues/"+q+"/tasks/"+id, "", `{"after":"100ms","payload":{"id":"`+id+`"}}`, nil); code != http.StatusCreated {
 			t.Fatalf("PUT %s/%s: %d", q, id, code)
 		}
 	}
@@ -522,14 +463,14 @@ queues:
 	var p polled
 	waitFor(t, "poll returns both", 20*time.Second, func() bool {
 		p = polled{}
-		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", &p)
+		d.call(http.MethodPost, "/v1/queues/jobs/poll?max=10", "", "", &p)
 		return len(p.Tasks) == 2
 	})
 	var ack struct {
 		Acked int `json:"acked"`
 	}
 	both := p
-	call(t, d, http.MethodPost, "/v1/queues/jobs/ack", `{"token":"`+p.Token+`","ids":["j-1"]}`, &ack)
+	d.call(http.MethodPost, "/v1/queues/jobs/ack", "", `{"token":"`+p.Token+`","ids":["j-1"]}`, &ack)
 	if ack.Acked != 1 {
 		t.Fatalf("ack: %d", ack.Acked)
 	}
@@ -546,7 +487,7 @@ queues:
 	}
 	waitFor(t, "j-2 redelivered", 20*time.Second, func() bool {
 		p = polled{}
-		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", &p)
+		d.call(http.MethodPost, "/v1/queues/jobs/poll?max=10", "", "", &p)
 		if len(p.Tasks) == 1 && p.Tasks[0].ID == "j-2" && p.Tasks[0].Attempts > before {
 			return true
 		}
@@ -554,18 +495,18 @@ queues:
 			State    string `json:"state"`
 			Attempts int    `json:"attempts"`
 		}
-		call(t, d, http.MethodGet, "/v1/queues/jobs/tasks/j-2", "", &got)
+		d.call(http.MethodGet, "/v1/queues/jobs/tasks/j-2", "", "", &got)
 		return got.State == "dead" && got.Attempts == 2
 	})
 	waitFor(t, "j-2 failed after max attempts", 20*time.Second, func() bool {
-		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", nil)
+		d.call(http.MethodPost, "/v1/queues/jobs/poll?max=10", "", "", nil)
 		var got struct {
 			State string `json:"state"`
 		}
-		call(t, d, http.MethodGet, "/v1/queues/jobs/tasks/j-2", "", &got)
+		d.call(http.MethodGet, "/v1/queues/jobs/tasks/j-2", "", "", &got)
 		return got.State == "dead"
 	})
-	if code := call(t, d, http.MethodPost, "/v1/queues/events/poll", "", nil); code != http.StatusConflict {
+	if code := d.call(http.MethodPost, "/v1/queues/events/poll", "", "", nil); code != http.StatusConflict {
 		t.Errorf("polling a stream queue: %d, want 409", code)
 	}
 	m := d.metrics()
@@ -576,30 +517,28 @@ queues:
 }
 
 func TestTaskQueuesFileErrorsExit2AndOrdersStillClose(t *testing.T) {
-	w := newWorld(t)
+	t.Parallel()
+	tw := newTaskWorld(t, "queues:\n  - name: side\n    key: PREFIX:side\n    action: {type: stream}\n")
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	os.WriteFile(bad, []byte("queues:\n  - name: x\n    action: {type: carrier-pigeon}\n"), 0o644)
-	cmd := exec.Command(binary, "run")
-	cmd.Env = w.env("ORDERDELAY_QUEUES_FILE="+bad, "ORDERDELAY_HTTP_ADDR="+freeAddr(t))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(out.String(), "ORDERDELAY_QUEUES_FILE") {
-		t.Fatalf("bad queues file: exit %d (%v), output:\n%s", code, err, out.String())
+	if err := os.WriteFile(bad, []byte("queues:\n  - name: x\n    action: {type: carrier-pigeon}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bd := tw.launch(t, nil, "ORDERDELAY_QUEUES_FILE="+bad)
+	if code := bd.exit(60 * time.Second); code != 2 || !strings.Contains(bd.Output(), "ORDERDELAY_QUEUES_FILE") {
+		t.Fatalf("bad queues file: exit %d, output:\n%s", code, bd.Output())
 	}
 	// With a valid file, the order queue runs exactly as before.
-	tw := newTaskWorld(t, "queues:\n  - name: side\n    key: PREFIX:side\n    action: {type: stream}\n")
-	tw.world = w
 	d := tw.start()
 	past := time.Now().Add(-time.Second)
-	w.zadd(w.createOrders("with-tasks", 100, past), float64(queue.DeadlineMillis(past)))
-	waitFor(t, "orders closed", 30*time.Second, func() bool { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 100 })
+	tw.zadd(tw.createOrders("with-tasks", 100, past), float64(queue.DeadlineMillis(past)))
+	waitFor(t, "orders closed", 30*time.Second, func() bool { return tw.closed() == 100 })
 	d.stop()
 }
 
 // A dry run changes nothing in Redis: the task queues are not served
 // either (their actions would forward, call webhooks and run SQL for real).
 func TestDryRunLeavesTaskQueuesAlone(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, "queues:\n  - name: events\n    key: PREFIX:events\n    action: {type: stream}\n")
 	ctx := context.Background()
 	ek := tw.keys("events")

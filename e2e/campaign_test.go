@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // The fault campaign (issue 11): a seeded random checkout workload and a
 // seeded random nemesis run against two daemon replicas sharing one queue,
@@ -6,8 +6,8 @@ package orderdelay_test
 // the history and the final tables and keys for contract violations, the
 // way Jepsen checks databases.
 //
-//	go test -count=1 -run TestCampaign .                         # ~45 s of workload
-//	ORDERDELAY_CAMPAIGN=30m go test -count=1 -timeout 2h -run TestCampaign .
+//	go test -count=1 -run TestCampaign ./e2e/                    # ~45 s of workload
+//	ORDERDELAY_CAMPAIGN=30m go test -count=1 -timeout 2h -run TestCampaign ./e2e/
 //	ORDERDELAY_CAMPAIGN_SEED=N ...                               # replay a seed
 //	ORDERDELAY_CAMPAIGN_FAULTS=sigkill,stall ...                 # only these faults ("none": no faults)
 //
@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -74,6 +73,9 @@ func campaignSettings() []string {
 		"ORDERDELAY_LOG_LEVEL=warn",
 	}
 }
+
+// apiTimeout bounds the checkout's calls to a daemon's API.
+const apiTimeout = 20 * time.Second
 
 // campaignSchema records every close with when its statement began, the
 // clock inside it, and the clock at commit (a deferred constraint trigger
@@ -174,7 +176,6 @@ type campaign struct {
 	db      *sqlx.DB // the checkout's own connections, never read-only
 	dbName  string
 	cli     *client.Client
-	http    *http.Client
 	redisPx *testenv.Proxy
 	pgPx    *testenv.Proxy
 
@@ -230,8 +231,8 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("campaign: not in -short")
 	}
-	// Its own database, key prefix and proxies: it runs beside the failover
-	// test, after the sequential tests (its bounds allow for a busy machine).
+	// Its own database, key prefix and proxies: it runs in parallel with
+	// the other end-to-end tests (its bounds allow for a busy machine).
 	t.Parallel()
 	duration := 45 * time.Second
 	if v := os.Getenv("ORDERDELAY_CAMPAIGN"); v != "" {
@@ -256,7 +257,7 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 	t.Logf("campaign seed %d, workload %s, faults %v (replay: ORDERDELAY_CAMPAIGN_SEED=%d)", seed, duration, campaignFaults(t), seed)
 
 	w := newWorld(t)
-	c := &campaign{t: t, w: w, seed: seed, http: &http.Client{Timeout: 20 * time.Second}}
+	c := &campaign{t: t, w: w, seed: seed}
 	u, _ := url.Parse(w.dbURL)
 	c.dbName = strings.TrimPrefix(u.Path, "/")
 	// The checkout's connections stay writable while the nemesis makes the
@@ -430,17 +431,14 @@ func (c *campaign) enqueue(serial string, deadline time.Time, path string, resch
 			body["reschedule"] = true
 		}
 		b, _ := json.Marshal(body)
-		d := c.pickDaemon()
-		req, _ := http.NewRequest(http.MethodPut, d.url("/v1/timeouts/"+serial), strings.NewReader(string(b)))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := c.http.Do(req)
+		actx, acancel := context.WithTimeout(context.Background(), apiTimeout)
+		defer acancel()
+		code, rb, err := c.pickDaemon().try(actx, http.MethodPut, "/v1/timeouts/"+serial, "", string(b))
 		if err != nil {
 			return unknown, err.Error()
 		}
-		rb, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
 		switch {
-		case resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusCreated:
+		case code == http.StatusOK || code == http.StatusCreated:
 			var got struct {
 				DeadlineMS int64 `json:"deadline_ms"`
 			}
@@ -448,10 +446,10 @@ func (c *campaign) enqueue(serial string, deadline time.Time, path string, resch
 				return acked, fmt.Sprintf("api kept deadline %s", c.rel(time.UnixMilli(got.DeadlineMS)))
 			}
 			return acked, ""
-		case resp.StatusCode >= 400 && resp.StatusCode < 500:
-			return notApplied, fmt.Sprintf("api %d %s", resp.StatusCode, strings.TrimSpace(string(rb)))
+		case code >= 400 && code < 500:
+			return notApplied, fmt.Sprintf("api %d %s", code, strings.TrimSpace(string(rb)))
 		default: // 503: Redis unreachable, but the command may have reached it
-			return unknown, fmt.Sprintf("api %d", resp.StatusCode)
+			return unknown, fmt.Sprintf("api %d", code)
 		}
 	}
 }
@@ -574,11 +572,11 @@ func (c *campaign) remove(o *corder, path string) {
 			err, op.note = nil, "not found"
 		}
 	default:
-		req, _ := http.NewRequest(http.MethodDelete, c.pickDaemon().url("/v1/timeouts/"+o.serial), nil)
-		var resp *http.Response
-		if resp, err = c.http.Do(req); err == nil {
-			resp.Body.Close()
-			op.note = fmt.Sprintf("api %d", resp.StatusCode)
+		actx, acancel := context.WithTimeout(context.Background(), apiTimeout)
+		defer acancel()
+		var code int
+		if code, _, err = c.pickDaemon().try(actx, http.MethodDelete, "/v1/timeouts/"+o.serial, "", ""); err == nil {
+			op.note = fmt.Sprintf("api %d", code)
 		}
 	}
 	if err != nil {
@@ -590,22 +588,14 @@ func (c *campaign) remove(o *corder, path string) {
 
 // scrape reads one daemon's close counters (false if it cannot be reached).
 func (c *campaign) scrape(d *daemon) (float64, bool) {
-	hc := &http.Client{Timeout: 5 * time.Second}
-	resp, err := hc.Get(d.url("/metrics"))
-	if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	code, b, err := d.try(ctx, http.MethodGet, "/metrics", "", "")
+	if err != nil || code != http.StatusOK {
 		return 0, false
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var sum float64
-	for _, line := range strings.Split(string(b), "\n") {
-		name, v, ok := strings.Cut(line, " ")
-		if ok && (name == "orderdelay_orders_closed_total" || name == "orderdelay_orders_reconciled_total") {
-			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			sum += f
-		}
-	}
-	return sum, resp.StatusCode == http.StatusOK
+	m := parseMetrics(string(b))
+	return m["orderdelay_orders_closed_total"] + m["orderdelay_orders_reconciled_total"], true
 }
 
 // nemesis injects one fault at a time until end, healing each before the
@@ -784,6 +774,16 @@ func bounds(ops []cop, b time.Time) (lower time.Time, ok bool) {
 	return lower, ok
 }
 
+// pendingUnpaid is the number of orders still pending that the daemons
+// must close (every one but the poisonous).
+func (c *campaign) pendingUnpaid() int {
+	var n int
+	if err := c.db.Get(&n, "SELECT count(*) FROM orders WHERE status = 'pending' AND serial_no NOT LIKE 'poison-%'"); err != nil {
+		c.t.Fatal(err)
+	}
+	return n
+}
+
 // final is the latest deadline the order may hold once everything is
 // quiet: the last acknowledged write's, or any later write of unknown
 // outcome, and the row's.
@@ -835,10 +835,16 @@ func (c *campaign) check(faultsEnd time.Time) {
 			}
 		}
 	}
+	// Once every unpaid order is closed nothing the checks read can change
+	// (an order closed, paid or poisonous is never closed again; what is
+	// left in Redis is waited for below), so the wait ends there; mustBy
+	// is when an unpaid order still pending is a violation.
 	mustBy := quiet.Add(cSettle)
-	t.Logf("waiting until %s (latest final deadline %s + %s) for every unpaid order to be closed",
-		c.rel(mustBy), c.rel(quiet), cSettle)
-	sleepUntil(mustBy)
+	for time.Now().Before(mustBy) && c.pendingUnpaid() > 0 {
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("checked at %s: every unpaid order was to be closed by %s (latest final deadline %s + %s)",
+		c.rel(time.Now()), c.rel(mustBy), c.rel(quiet), cSettle)
 
 	rows := loadRows()
 	var audits []auditRow
@@ -917,6 +923,34 @@ func (c *campaign) check(faultsEnd time.Time) {
 		}
 	}
 
+	// 6: nothing left in the queue for a settled order, once quiet. (Read
+	// first: until they are gone such entries may still be dead-lettered,
+	// which 5 must see.)
+	leftovers := func() map[string]string {
+		out := map[string]string{}
+		q, _ := c.w.rdb.ZRange(ctx, k.Queue, 0, -1).Result()
+		in, _ := c.w.rdb.ZRange(ctx, k.Inflight, 0, -1).Result()
+		ls, _ := c.w.rdb.HKeys(ctx, k.Lease).Result()
+		cur := loadRows()
+		for name, members := range map[string][]string{"queue": q, "inflight": in, "lease": ls} {
+			for _, s := range members {
+				if r, ok := cur[s]; ok && r.Status != "pending" {
+					out[s] += " " + name
+				}
+			}
+		}
+		return out
+	}
+	// Leftovers get as long as they had before the wait above could end
+	// early: until 30 s past mustBy.
+	end := mustBy
+	if time.Now().After(end) {
+		end = time.Now()
+	}
+	left := leftovers()
+	for end = end.Add(30 * time.Second); len(left) > 0 && time.Now().Before(end); left = leftovers() {
+		time.Sleep(500 * time.Millisecond)
+	}
 	// 5: dead letters only for poisonous orders.
 	dead, err := c.w.rdb.HGetAll(ctx, k.DeadInfo).Result()
 	if err != nil {
@@ -935,26 +969,6 @@ func (c *campaign) check(faultsEnd time.Time) {
 		if !strings.HasPrefix(s, "poison-") {
 			add("5 dead letter", s, "dead-lettered: %s", info)
 		}
-	}
-	// 6: nothing left in the queue for a settled order, once quiet.
-	leftovers := func() map[string]string {
-		out := map[string]string{}
-		q, _ := c.w.rdb.ZRange(ctx, k.Queue, 0, -1).Result()
-		in, _ := c.w.rdb.ZRange(ctx, k.Inflight, 0, -1).Result()
-		ls, _ := c.w.rdb.HKeys(ctx, k.Lease).Result()
-		cur := loadRows()
-		for name, members := range map[string][]string{"queue": q, "inflight": in, "lease": ls} {
-			for _, s := range members {
-				if r, ok := cur[s]; ok && r.Status != "pending" {
-					out[s] += " " + name
-				}
-			}
-		}
-		return out
-	}
-	left := leftovers()
-	for end := time.Now().Add(30 * time.Second); len(left) > 0 && time.Now().Before(end); left = leftovers() {
-		time.Sleep(500 * time.Millisecond)
 	}
 	for s, where := range left {
 		add("6 entry left behind", s, "settled (%s) but still in%s", rows[s].Status, where)

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"encoding/json"
@@ -31,6 +31,7 @@ queues:
 // re-added it), and put said "created" for a task that had no row and so
 // never ran.
 func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, durableConfirmQueue)
 	if _, err := tw.db.Exec(`CREATE TABLE receipts (id text PRIMARY KEY, hits int NOT NULL DEFAULT 0);
 		INSERT INTO receipts (id) VALUES ('c-1'), ('c-2'), ('c-3'), ('c-4')`); err != nil {
@@ -48,7 +49,7 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 	}
 	// c-1 and c-2 are due in 3 s: within the window, so in Redis too.
 	for _, id := range []string{"c-1", "c-2"} {
-		if code := call(t, d, http.MethodPut, "/v1/queues/confirm/tasks/"+id, `{"after":"3s","payload":{"n":1}}`, nil); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, "/v1/queues/confirm/tasks/"+id, "", `{"after":"3s","payload":{"n":1}}`, nil); code != http.StatusCreated {
 			t.Fatalf("PUT %s: %d", id, code)
 		}
 	}
@@ -94,6 +95,7 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 // the lease expires (at least once) and settles it once: one EXECUTED log
 // row, no error.
 func TestDurableTaskRunsAgainAfterAKillBetweenActionAndSettle(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var deliveries int
 	var first *daemon
@@ -123,7 +125,7 @@ queues:
 	mu.Lock()
 	first = d
 	mu.Unlock()
-	if code := call(t, d, http.MethodPut, "/v1/queues/hook/tasks/k-1", `{"after":"1s","payload":{"n":1}}`, nil); code != http.StatusCreated {
+	if code := d.call(http.MethodPut, "/v1/queues/hook/tasks/k-1", "", `{"after":"1s","payload":{"n":1}}`, nil); code != http.StatusCreated {
 		t.Fatalf("PUT: %d", code)
 	}
 	select {

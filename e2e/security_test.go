@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -21,26 +20,10 @@ const (
 	redisPassword = "r3dis-s3cret-pw-1"
 	aclPassword   = "acl-s3cret-pw-2"
 	pgPassword    = "pg-s3cret-pw-3"
-	tokenA        = "tok-aaaaaaaaaaaaaaaa-1"
-	tokenB        = "tok-bbbbbbbbbbbbbbbb-2"
 )
 
-func authed(t *testing.T, d *daemon, method, path, token, body string) int {
-	t.Helper()
-	req, _ := http.NewRequest(method, d.url(path), strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
 func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, addr := testenv.PrivateRedisWith(t, &redis.Options{Password: redisPassword}, "--requirepass", redisPassword)
 	// An ACL user with its own password, as production would use.
@@ -56,7 +39,7 @@ func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
 	}
 	dbURL = strings.Replace(dbURL, "sslmode=disable&", "", 1)
 	w := &world{t: t, rdb: rdb, redisURL: "redis://orderdelay:" + aclPassword + "@" + addr + "/0",
-		keys: queue.NewKeys("delaytask:order"), db: db, dbURL: dbURL}
+		keys: queue.NewKeys(queue.DefaultKey), db: db, dbURL: dbURL}
 	d := w.start("ORDERDELAY_API_TOKEN=" + tokenA + "," + tokenB)
 
 	serials := w.createOrders("sec", 3, time.Now().Add(200*time.Millisecond))
@@ -66,11 +49,11 @@ func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
 		want int
 	}{
 		{"", http.StatusUnauthorized},
-		{"Bearer wrong-token-wrong-token", http.StatusUnauthorized},
+		{bearer("wrong-token-wrong-token"), http.StatusUnauthorized},
 		{"Basic " + tokenA, http.StatusUnauthorized},
-		{"Bearer " + tokenA[:len(tokenA)-1], http.StatusUnauthorized},
-		{"Bearer " + tokenA, http.StatusCreated},
-		{"Bearer " + tokenB, http.StatusCreated},
+		{bearer(tokenA[:len(tokenA)-1]), http.StatusUnauthorized},
+		{bearer(tokenA), http.StatusCreated},
+		{bearer(tokenB), http.StatusCreated},
 		{"bearer " + tokenA, http.StatusCreated},
 	} {
 		serial := fmt.Sprintf("refused-%d", i)
@@ -78,17 +61,17 @@ func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
 			serial = serials[next]
 			next++
 		}
-		if got := authed(t, d, http.MethodPut, "/v1/timeouts/"+serial, tc.auth, `{"after":"200ms"}`); got != tc.want {
+		if got := d.call(http.MethodPut, "/v1/timeouts/"+serial, tc.auth, `{"after":"200ms"}`, nil); got != tc.want {
 			t.Errorf("Authorization %q: %d, want %d", tc.auth, got, tc.want)
 		}
 	}
 	waitFor(t, "orders closed through the ACL user and TLS to PostgreSQL", 30*time.Second, func() bool {
-		return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 3
+		return w.closed() == 3
 	})
 	if n := w.count("SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE application_name LIKE 'orderdelay/%' AND datname = current_database() AND NOT ssl"); n != 0 {
 		t.Errorf("%d daemon connections without TLS despite sslmode=require", n)
 	}
-	if got := authed(t, d, http.MethodPut, "/v1/timeouts/big", "Bearer "+tokenA, `{"after":"1m","x":"`+strings.Repeat("a", 20000)+`"}`); got != http.StatusRequestEntityTooLarge {
+	if got := d.call(http.MethodPut, "/v1/timeouts/big", bearer(tokenA), `{"after":"1m","x":"`+strings.Repeat("a", 20000)+`"}`, nil); got != http.StatusRequestEntityTooLarge {
 		t.Errorf("oversized body: %d, want 413", got)
 	}
 	// A slow client that never finishes its headers is cut off.
@@ -104,7 +87,7 @@ func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
 	if err != nil || time.Since(start) > 20*time.Second {
 		t.Errorf("slow request not cut off: %v after %s", err, time.Since(start))
 	}
-	metricsBody := scrape(t, d)
+	metricsBody := d.scrape()
 	if code := d.stop(); code != 0 {
 		t.Errorf("exit status %d, want 0", code)
 	}
@@ -112,14 +95,7 @@ func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
 	// Wrong credentials make the daemon log errors that carry URLs.
 	bad := *w
 	bad.redisURL = "redis://orderdelay:wrong-" + aclPassword + "@" + addr + "/0"
-	bd := &daemon{t: t, addr: freeAddr(t), done: make(chan struct{})}
-	bd.cmd = exec.Command(binary, "run")
-	bd.cmd.Env = bad.env("ORDERDELAY_HTTP_ADDR="+bd.addr, "ORDERDELAY_API_TOKEN="+tokenA)
-	bd.cmd.Stdout, bd.cmd.Stderr = bd, bd
-	if err := bd.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { bd.err = bd.cmd.Wait(); close(bd.done) }()
+	bd := bad.launch(t, nil, "ORDERDELAY_API_TOKEN="+tokenA)
 	waitFor(t, "the wrong password is reported", 30*time.Second, func() bool {
 		return strings.Contains(bd.Output(), "WRONGPASS")
 	})
@@ -134,15 +110,4 @@ func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
 	if !strings.Contains(d.Output(), "xxxxx") {
 		t.Errorf("start-up log does not show masked URLs:\n%s", lastLines(d.Output(), 5))
 	}
-}
-
-func scrape(t *testing.T, d *daemon) string {
-	t.Helper()
-	resp, err := http.Get(d.url("/metrics"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
 }

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // Scale tests (issue 8, parts 1 and 2): the real binary on a real Redis
 // Sentinel deployment through a failover, and on a real 3-master Redis
@@ -10,28 +10,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-// sum adds one metric over several replicas.
-func sum(name string, ds ...*daemon) float64 {
-	var v float64
-	for _, d := range ds {
-		v += d.metrics()[name]
-	}
-	return v
-}
 
 // noRoutingErrors fails the test if a daemon logged a Cluster routing or
 // key-slot error. (It used to demand orderdelay_errors_total == 0 too, but
@@ -73,8 +62,7 @@ func clusterWorld(t *testing.T, c *testenv.Cluster, key, node string) *world {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: node})
 	t.Cleanup(func() { rdb.Close() })
-	db, dsn := testenv.Postgres(t)
-	return &world{t: t, rdb: rdb, redisURL: c.URL(), keys: queue.NewKeys(key), db: db, dbURL: dsn}
+	return withDatabase(t, rdb, c.URL(), queue.NewKeys(key))
 }
 
 // keyOn returns a queue key (prefix plus a number) whose slot is served by
@@ -101,6 +89,7 @@ func keyOn(t *testing.T, c *testenv.Cluster, prefix string, avoid ...string) (st
 }
 
 func TestScaleClusterIntegration(t *testing.T) {
+	t.Parallel()
 	c := testenv.PrivateCluster(t)
 	ctx := context.Background()
 	crdb := c.Client(t)
@@ -138,31 +127,16 @@ func TestScaleClusterIntegration(t *testing.T) {
 	// Set up against a far deadline; it is moved near once all is in place.
 	deadline := time.Now().Add(time.Hour)
 	serials := a.createOrders("cla", 1000, deadline)
-	var wg sync.WaitGroup
-	for i, s := range serials {
-		if i%2 == 1 {
-			continue
-		}
-		d := a1
-		if i%4 == 2 {
-			d = a2
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if code := put(t, d, s, `{"at":"`+deadline.UTC().Format(time.RFC3339Nano)+`"}`); code != http.StatusCreated {
-				t.Errorf("PUT %s: status %d, want 201", s, code)
-			}
-		}()
-		if i%64 == 0 {
-			wg.Wait()
-		}
-	}
-	wg.Wait()
+	var even []string
 	var odd []redis.Z
-	for i := 1; i < len(serials); i += 2 {
-		odd = append(odd, redis.Z{Score: float64(queue.DeadlineMillis(deadline)), Member: serials[i]})
+	for i, s := range serials {
+		if i%2 == 0 {
+			even = append(even, s)
+		} else {
+			odd = append(odd, redis.Z{Score: float64(queue.DeadlineMillis(deadline)), Member: s})
+		}
 	}
+	putTimeouts(t, []*daemon{a1, a2}, even, deadline)
 	if err := crdb.ZAdd(ctx, keyA, odd...).Err(); err != nil {
 		t.Fatalf("raw ZADD through the cluster client: %v", err)
 	}
@@ -194,15 +168,8 @@ func TestScaleClusterIntegration(t *testing.T) {
 
 	// 100 of each queue are paid before their deadline; 50 of queue B's
 	// paid ones also have their timeout cancelled, as a checkout would.
-	for _, w := range []*world{a, b} {
-		ss := serials
-		if w == b {
-			ss = bSerials
-		}
-		if _, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)", pq.Array(ss[:100])); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a.pay(serials[:100])
+	b.pay(bSerials[:100])
 	for _, s := range bSerials[:50] {
 		if err := cl.Cancel(ctx, s); err != nil {
 			t.Fatalf("Cancel on a cluster client: %v", err)
@@ -221,7 +188,7 @@ func TestScaleClusterIntegration(t *testing.T) {
 		if w == b {
 			want += 50
 		}
-		if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != want {
+		if n := w.closed(); n != want {
 			t.Errorf("queue %s: %d orders closed, want %d", w.keys.Queue, n, want)
 		}
 		if n := w.count("SELECT count(*) FROM orders WHERE status = 'paid'"); n != 100 {
@@ -256,7 +223,7 @@ func TestScaleClusterIntegration(t *testing.T) {
 	if got := a.count("SELECT count(DISTINCT replica) FROM close_audit"); got != 2 {
 		t.Errorf("%d replica(s) of queue A closed orders, want both", got)
 	}
-	p50, p99 := a.lateness()
+	p50, p99 := a.lateness("%")
 	t.Logf("queue A lateness over 900 closes: p50 %s, p99 %s; replica 1 closed %v, replica 2 closed %v",
 		p50.Round(time.Millisecond), p99.Round(time.Millisecond),
 		a1.metrics()["orderdelay_orders_closed_total"], a2.metrics()["orderdelay_orders_closed_total"])
@@ -274,29 +241,24 @@ func TestScaleClusterIntegration(t *testing.T) {
 		t.Errorf("the order was touched: %s, want pending", st)
 	}
 	for _, q := range []struct {
-		key  string
+		w    *world
 		dead int64
-	}{{keyA, 1}, {keyB, 0}} {
-		out, err := exec.Command(binary, "inspect", "--json", "--redis-mode", "cluster", "--redis-url", c.URL(),
-			"--queue-key", q.key).CombinedOutput()
-		if err != nil {
-			t.Fatalf("inspect %s: %v\n%s", q.key, err, out)
-		}
+	}{{a, 1}, {b, 0}} {
+		out := q.w.cli("inspect", "--json", "--redis-mode", "cluster", "--redis-url", c.URL(), "--queue-key", q.w.keys.Queue)
 		var got struct {
 			Depth       int64 `json:"depth"`
 			DeadLetters int64 `json:"dead_letters"`
 		}
-		if err := json.Unmarshal(out, &got); err != nil {
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
 			t.Fatalf("inspect --json: %v\n%s", err, out)
 		}
 		if got.Depth != 0 || got.DeadLetters != q.dead {
-			t.Errorf("inspect %s: depth %d, dead letters %d; want 0 and %d", q.key, got.Depth, got.DeadLetters, q.dead)
+			t.Errorf("inspect %s: depth %d, dead letters %d; want 0 and %d", q.w.keys.Queue, got.Depth, got.DeadLetters, q.dead)
 		}
 	}
-	out, err := exec.Command(binary, "inspect", "--dead", "--redis-mode", "cluster", "--redis-url", c.URL(),
-		"--queue-key", keyA).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "score_out_of_range") || !strings.Contains(string(out), secs[0]) {
-		t.Errorf("inspect --dead: %v; want %s with score_out_of_range:\n%s", err, secs[0], out)
+	out := a.cli("inspect", "--dead", "--redis-mode", "cluster", "--redis-url", c.URL(), "--queue-key", keyA)
+	if !strings.Contains(out, "score_out_of_range") || !strings.Contains(out, secs[0]) {
+		t.Errorf("inspect --dead: want %s with score_out_of_range:\n%s", secs[0], out)
 	}
 	info, err := crdb.HGet(ctx, a.keys.DeadInfo, secs[0]).Result()
 	if err != nil || !strings.HasPrefix(info, "score_out_of_range|") {
@@ -318,18 +280,16 @@ type enqueueRecord struct {
 }
 
 func TestScaleSentinelFailover(t *testing.T) {
+	t.Parallel()
 	s := testenv.PrivateSentinel(t)
-	db, dsn := testenv.Postgres(t)
 	// w.rdb is a failover client: it follows the master like the daemon.
-	w := &world{t: t, rdb: s.Client(t), redisURL: s.URL(), keys: queue.NewKeys("delaytask:order"), db: db, dbURL: dsn}
+	w := withDatabase(t, s.Client(t), s.URL(), queue.NewKeys(queue.DefaultKey))
 	w.withAudit()
 	const n = 3000
 	start := time.Now().Add(time.Second)
 	const span = 6 * time.Second
 	serials := w.spread("fo", n, start, span)
-	if _, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)", pq.Array(serials[:300])); err != nil {
-		t.Fatal(err)
-	}
+	w.pay(serials[:300])
 	d := w.start("ORDERDELAY_REDIS_MODE=sentinel", "ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=100",
 		"ORDERDELAY_LEASE=1s", "ORDERDELAY_STATEMENT_TIMEOUT=500ms", "ORDERDELAY_DRAIN_TIMEOUT=500ms",
 		"ORDERDELAY_RECONCILE_INTERVAL=500ms", "ORDERDELAY_RECONCILE_GRACE=2s")
@@ -342,53 +302,23 @@ func TestScaleSentinelFailover(t *testing.T) {
 	// Both are the reconciler's job.
 	var mu sync.Mutex
 	var enqueues []enqueueRecord
-	stopProducer := make(chan struct{})
-	producerDone := make(chan struct{})
-	hc := &http.Client{Timeout: 2 * time.Second}
-	go func() {
-		defer close(producerDone)
-		for i := 0; ; i++ {
-			select {
-			case <-stopProducer:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			due := time.Now().Add(time.Second)
-			batch := make([]string, 5)
-			for j := range batch {
-				batch[j] = fmt.Sprintf("live-%04d-%d", i, j)
-			}
-			if _, err := w.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT s, $2 FROM unnest($1::text[]) s`,
-				pq.Array(batch), due); err != nil {
-				t.Error(err)
-				return
-			}
-			for _, s := range batch {
-				rec := enqueueRecord{start: time.Now()}
-				req, _ := http.NewRequest(http.MethodPut, d.url("/v1/timeouts/"+s),
-					strings.NewReader(`{"at":"`+due.UTC().Format(time.RFC3339Nano)+`"}`))
-				if resp, err := hc.Do(req); err == nil {
-					resp.Body.Close()
-					rec.ok = resp.StatusCode == http.StatusCreated
-				}
-				rec.end = time.Now()
-				mu.Lock()
-				enqueues = append(enqueues, rec)
-				mu.Unlock()
-			}
+	producer := w.startCheckout("live", 20*time.Millisecond, 5, func(serials []string, due time.Time) error {
+		body := `{"at":"` + due.UTC().Format(time.RFC3339Nano) + `"}`
+		for _, s := range serials {
+			rec := enqueueRecord{start: time.Now()}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			code, _, err := d.try(ctx, http.MethodPut, "/v1/timeouts/"+s, "", body)
+			cancel()
+			rec.ok = err == nil && code == http.StatusCreated
+			rec.end = time.Now()
+			mu.Lock()
+			enqueues = append(enqueues, rec)
+			mu.Unlock()
 		}
-	}()
-	defer func() {
-		select {
-		case <-stopProducer:
-		default:
-			close(stopProducer)
-		}
-		<-producerDone
-	}()
+		return nil
+	})
 
-	closed := func() int { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") }
-	waitFor(t, "a quarter of the backlog closed", 30*time.Second, func() bool { return closed() >= n/4 })
+	waitFor(t, "a quarter of the backlog closed", 30*time.Second, func() bool { return w.closed() >= n/4 })
 	// The replica falls behind, then the master dies: what it acknowledged
 	// meanwhile (enqueues, claims, removals) is gone after the failover.
 	s.CutReplication()
@@ -398,7 +328,7 @@ func TestScaleSentinelFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := closed()
+	before := w.closed()
 	killed := time.Now()
 	if err := s.KillMaster(); err != nil {
 		t.Fatal(err)
@@ -408,13 +338,12 @@ func TestScaleSentinelFailover(t *testing.T) {
 		t.Fatalf("no failover: %v", err)
 	}
 	failover := time.Since(killed)
-	waitFor(t, "the daemon closes orders again", 30*time.Second, func() bool { return closed() > before+50 })
+	waitFor(t, "the daemon closes orders again", 30*time.Second, func() bool { return w.closed() > before+50 })
 	resumed := time.Since(killed)
 	// Keep producing until the backlog's last deadline, then let the
 	// producer's last orders fall due.
 	time.Sleep(time.Until(start.Add(span)))
-	close(stopProducer)
-	<-producerDone
+	producer.stop()
 	waitFor(t, "every order past its deadline settled", 60*time.Second, func() bool {
 		return w.count("SELECT count(*) FROM orders WHERE status = 'pending'") == 0
 	})
@@ -435,13 +364,13 @@ func TestScaleSentinelFailover(t *testing.T) {
 	if got := w.count("SELECT count(*) FROM orders"); got != total {
 		t.Errorf("%d orders in the table, want %d", got, total)
 	}
-	if got := closed(); got != total-300 {
+	if got := w.closed(); got != total-300 {
 		t.Errorf("%d orders closed, want %d (all but the 300 paid)", got, total-300)
 	}
 	m := d.metrics()
 	fast, reconciled := m["orderdelay_orders_closed_total"], m["orderdelay_orders_reconciled_total"]
-	if int(fast+reconciled) != closed() {
-		t.Errorf("fast path %v + reconciler %v closes, want the %d in the table", fast, reconciled, closed())
+	if int(fast+reconciled) != w.closed() {
+		t.Errorf("fast path %v + reconciler %v closes, want the %d in the table", fast, reconciled, w.closed())
 	}
 	if int(reconciled) < lost {
 		t.Errorf("the reconciler closed %v orders, want at least the %d whose enqueue the failover lost", reconciled, lost)

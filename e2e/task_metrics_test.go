@@ -1,9 +1,8 @@
-package orderdelay_test
+package e2e
 
 import (
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 // equal to testdata/task_metrics.txt (what deploy/validate checks the
 // dashboard and the alerts against; ORDERDELAY_UPDATE_GOLDEN=1 rewrites it).
 func TestTaskQueueMetricsThroughTheDaemon(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: jobs
@@ -31,7 +31,7 @@ queues:
 	d := tw.start()
 	put := func(q, id, body string) {
 		t.Helper()
-		if code := call(t, d, http.MethodPut, "/v1/queues/"+q+"/tasks/"+id, body, nil); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, "/v1/queues/"+q+"/tasks/"+id, "", body, nil); code != http.StatusCreated {
 			t.Fatalf("PUT %s/%s: %d", q, id, code)
 		}
 	}
@@ -47,21 +47,21 @@ queues:
 		} `json:"tasks"`
 	}
 	waitFor(t, "poll returns late-1", 20*time.Second, func() bool {
-		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", &p)
+		d.call(http.MethodPost, "/v1/queues/jobs/poll?max=10", "", "", &p)
 		return len(p.Tasks) == 1
 	})
 	if m := d.metrics(); m[`orderdelay_task_queue_leased{queue="jobs"}`] != 1 || m[`orderdelay_task_queue_overdue{queue="jobs"}`] != 1 {
 		t.Errorf("while leased: leased %v, overdue %v; want 1 and 1 (leased tasks are overdue until done)",
 			m[`orderdelay_task_queue_leased{queue="jobs"}`], m[`orderdelay_task_queue_overdue{queue="jobs"}`])
 	}
-	if code := call(t, d, http.MethodPost, "/v1/queues/jobs/ack", `{"token":"`+p.Token+`","ids":["late-1"]}`, nil); code != http.StatusOK {
+	if code := d.call(http.MethodPost, "/v1/queues/jobs/ack", "", `{"token":"`+p.Token+`","ids":["late-1"]}`, nil); code != http.StatusOK {
 		t.Fatalf("ack: %d", code)
 	}
 	// dead-1 is polled and never acked: with max_attempts 1 the next poll
 	// after its 1 s lease dead-letters it.
 	put("jobs", "dead-1", `{"at":"`+past+`","payload":{}}`)
 	waitFor(t, "dead-1 dead-lettered", 30*time.Second, func() bool {
-		call(t, d, http.MethodPost, "/v1/queues/jobs/poll?max=10", "", nil)
+		d.call(http.MethodPost, "/v1/queues/jobs/poll?max=10", "", "", nil)
 		return d.metrics()[`orderdelay_task_queue_dead_letters{queue="jobs"}`] == 1
 	})
 
@@ -94,7 +94,7 @@ queues:
 	}
 
 	// The task families: everything exported beyond the order queue's.
-	order, err := os.ReadFile(filepath.Join("testdata", "metrics.txt"))
+	order, err := os.ReadFile(repoFile("testdata", "metrics.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,25 +104,8 @@ queues:
 			got = append(got, f)
 		}
 	}
-	checkGolden(t, filepath.Join("testdata", "task_metrics.txt"), got)
+	checkGolden(t, repoFile("testdata", "task_metrics.txt"), got)
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit status %d after SIGTERM, want 0", code)
-	}
-}
-
-// checkGolden is checkMetricGolden for another file.
-func checkGolden(t *testing.T, path string, got []string) {
-	t.Helper()
-	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" {
-		if err := os.WriteFile(path, []byte(strings.Join(got, "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := strings.Fields(string(b)); !slices.Equal(got, want) {
-		t.Errorf("exported task metric families differ from %s (rerun with ORDERDELAY_UPDATE_GOLDEN=1 if intended):\n got %v\nwant %v", path, got, want)
 	}
 }

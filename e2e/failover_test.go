@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // A real PostgreSQL failover (issue 11, "What to build" item 4): a private
 // primary and a streaming standby, the daemon behind a front proxy standing
@@ -18,45 +18,6 @@ import (
 
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-// closedSerials returns the set of closed orders in the database at dsn.
-func closedSerials(t *testing.T, dsn string) map[string]bool {
-	t.Helper()
-	db, err := sqlx.Open("postgres", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var serials []string
-	if err := db.Select(&serials, "SELECT serial_no FROM orders WHERE status = 'closed'"); err != nil {
-		t.Fatal(err)
-	}
-	out := make(map[string]bool, len(serials))
-	for _, s := range serials {
-		out[s] = true
-	}
-	return out
-}
-
-// inRedis returns the serials in the queue key or leased (queued, claimed
-// or backing off): those the fast path may still close.
-func (w *world) inRedis() map[string]bool {
-	w.t.Helper()
-	ctx := context.Background()
-	queued, err := w.rdb.ZRange(ctx, w.keys.Queue, 0, -1).Result()
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	leased, err := w.rdb.HKeys(ctx, w.keys.Lease).Result()
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	out := map[string]bool{}
-	for _, s := range append(queued, leased...) {
-		out[s] = true
-	}
-	return out
-}
 
 // logProblems returns the daemon's warn and error log lines, grouped by
 // message and error, most frequent first.
@@ -103,11 +64,12 @@ func logProblems(out string) []string {
 // promoted, or it is repointed first, so the daemons meet the standby while
 // it is still read-only (SQLSTATE 25006) until the promotion.
 func TestFailoverPostgresPromoteStandby(t *testing.T) {
-	// Private servers of its own: it runs beside the campaign, after the
-	// sequential tests, to keep the suite short.
+	// Private servers of its own, one pair per subtest: both orders of
+	// events run at once, in parallel with the other end-to-end tests.
 	t.Parallel()
-	t.Run("promote_then_repoint", func(t *testing.T) { testFailover(t, false) })
-	t.Run("repoint_then_promote", func(t *testing.T) { testFailover(t, true) })
+	together(t,
+		subtest{"promote_then_repoint", func(t *testing.T) { testFailover(t, false) }},
+		subtest{"repoint_then_promote", func(t *testing.T) { testFailover(t, true) }})
 }
 
 func testFailover(t *testing.T, readOnlyFirst bool) {
@@ -118,19 +80,11 @@ func testFailover(t *testing.T, readOnlyFirst bool) {
 		t.Fatal(err)
 	}
 	defer primary.Close()
-	w := &world{t: t, rdb: rdb, redisURL: testenv.RedisURL(), keys: keys, db: primary,
-		dbURL: pair.URL(pair.Front.Addr())}
+	w := &world{t: t, rdb: rdb, redisURL: testenv.RedisURL(), keys: keys, db: primary, dbURL: pair.URL(pair.Front.Addr())}
 	settings := []string{"ORDERDELAY_BATCH_SIZE=50", "ORDERDELAY_LEASE=2s", "ORDERDELAY_STATEMENT_TIMEOUT=1s",
 		"ORDERDELAY_DRAIN_TIMEOUT=1s", "ORDERDELAY_RECONCILE_INTERVAL=1s", "ORDERDELAY_RECONCILE_GRACE=3s",
 		"ORDERDELAY_BACKOFF_MAX=2s"}
 	ds := []*daemon{w.start(settings...), w.start(settings...)}
-	sum := func(name string) float64 {
-		var v float64
-		for _, d := range ds {
-			v += d.metrics()[name]
-		}
-		return v
-	}
 
 	const n = 1500
 	const span = 8 * time.Second
@@ -141,18 +95,15 @@ func testFailover(t *testing.T, readOnlyFirst bool) {
 	for i := 0; i < n; i += 10 {
 		paid = append(paid, serials[i])
 	}
-	if _, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)", pq.Array(paid)); err != nil {
-		t.Fatal(err)
-	}
+	w.pay(paid)
 	unpaid := n - len(paid)
-	closed := func() int { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") }
 
 	// The standby keeps up until a fifth is closed, then is cut off: what
 	// the primary closes from now on exists only there.
-	waitFor(t, "a fifth of the orders closed", 30*time.Second, func() bool { return closed() >= unpaid/5 })
+	waitFor(t, "a fifth of the orders closed", 30*time.Second, func() bool { return w.closed() >= unpaid/5 })
 	pair.CutReplication()
-	atCut := closed()
-	waitFor(t, "closes on the cut-off primary", 30*time.Second, func() bool { return closed() >= atCut+100 })
+	atCut := w.closed()
+	waitFor(t, "closes on the cut-off primary", 30*time.Second, func() bool { return w.closed() >= atCut+100 })
 	stopped := time.Now()
 	pair.StopPrimary()
 	var inherited map[string]bool
@@ -162,11 +113,11 @@ func testFailover(t *testing.T, readOnlyFirst bool) {
 		// daemons cannot write to it.
 		inherited = closedSerials(t, pair.URL(pair.StandbyAddr))
 		pair.Repoint()
-		before := sum(`orderdelay_errors_total{stage="close"}`)
+		before := sum(`orderdelay_errors_total{stage="close"}`, ds...)
 		waitFor(t, "closes refused by the read-only standby", 30*time.Second, func() bool {
-			return sum(`orderdelay_errors_total{stage="close"}`) >= before+4
+			return sum(`orderdelay_errors_total{stage="close"}`, ds...) >= before+4
 		})
-		readOnlyErrors = sum(`orderdelay_errors_total{stage="close"}`) - before
+		readOnlyErrors = sum(`orderdelay_errors_total{stage="close"}`, ds...) - before
 	}
 	// Until the daemons can write to the new primary, which orders can
 	// the fast path still close? A lost close that is not among them can
@@ -222,7 +173,7 @@ func testFailover(t *testing.T, readOnlyFirst bool) {
 	waitFor(t, "the queue empty", 30*time.Second, func() bool { return w.queueLen() == 0 })
 
 	w.checkInvariants()
-	if got := closed(); got != unpaid {
+	if got := w.closed(); got != unpaid {
 		t.Errorf("%d orders closed on the new primary, want the %d unpaid", got, unpaid)
 	}
 	if n := w.count("SELECT count(*) FROM orders WHERE serial_no = ANY($1) AND status <> 'closed'", pq.Array(lost)); n != 0 {
@@ -242,7 +193,7 @@ func testFailover(t *testing.T, readOnlyFirst bool) {
 		}
 		t.Errorf("%d orders dead-lettered by the failover, want 0; reasons: %v", dead, reasons)
 	}
-	reconciled := sum("orderdelay_orders_reconciled_total")
+	reconciled := sum("orderdelay_orders_reconciled_total", ds...)
 	if reconciled == 0 {
 		t.Errorf("orderdelay_orders_reconciled_total is 0: the %d closes lost by the failover were not found by the reconciler", len(lost))
 	}
@@ -258,9 +209,9 @@ func testFailover(t *testing.T, readOnlyFirst bool) {
 		t.Logf("the daemons met the read-only standby: %v close errors before the promotion", readOnlyErrors)
 	}
 	t.Logf("after promotion: all %d unpaid orders closed in %s; fast path closed %v, reconciler %v; dead letters %d; close errors %v, re-claims %v, settled skips %v",
-		unpaid, allClosed.Round(time.Millisecond), sum("orderdelay_orders_closed_total"), reconciled, dead,
-		sum(`orderdelay_errors_total{stage="close"}`), sum("orderdelay_reclaimed_total"),
-		sum(`orderdelay_orders_skipped_total{reason="settled"}`))
+		unpaid, allClosed.Round(time.Millisecond), sum("orderdelay_orders_closed_total", ds...), reconciled, dead,
+		sum(`orderdelay_errors_total{stage="close"}`, ds...), sum("orderdelay_reclaimed_total", ds...),
+		sum(`orderdelay_orders_skipped_total{reason="settled"}`, ds...))
 	for i, d := range ds {
 		if p := logProblems(d.Output()); len(p) > 0 {
 			t.Logf("replica %d warnings and errors:\n%s", i, strings.Join(p[:min(len(p), 15)], "\n"))

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"testing"
@@ -13,6 +13,7 @@ import (
 // made by a trigger raising 25006 while a flag row exists (a real standby is
 // TestFailoverPostgresPromoteStandby's).
 func TestIntegrationReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	// Read-only from the start, so every close meets it.
 	w.db.MustExec(`CREATE TABLE read_only (on_ boolean)`)

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // The operator's toolkit (issue "The operator's toolkit"): each tool is
 // driven through the CLI or the admin API against a running daemon, and the
@@ -6,9 +6,7 @@ package orderdelay_test
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -18,56 +16,24 @@ import (
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
-const adminToken = "adm-cccccccccccccccc-3"
-
-// cli runs an orderdelay command against the world and returns its output.
-func (w *world) cli(args ...string) string {
-	w.t.Helper()
-	cmd := exec.Command(binary, args...)
-	cmd.Env = w.env()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		w.t.Fatalf("orderdelay %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-func adminCall(t *testing.T, d *daemon, method, path, token, body string, out any) int {
-	t.Helper()
-	req, _ := http.NewRequest(method, d.url(path), strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if out != nil && resp.StatusCode < 300 {
-		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-	}
-	return resp.StatusCode
-}
-
 func TestOpsPauseAndResume(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	d := w.start("ORDERDELAY_ADMIN_TOKEN="+adminToken, "ORDERDELAY_API_TOKEN="+tokenA, "ORDERDELAY_SCAN_INTERVAL=500ms")
-	if code := adminCall(t, d, http.MethodPost, "/admin/v1/pause", tokenA, `{}`, nil); code != http.StatusUnauthorized {
+	if code := d.call(http.MethodPost, "/admin/v1/pause", bearer(tokenA), `{}`, nil); code != http.StatusUnauthorized {
 		t.Fatalf("pause with a producer token: %d, want 401", code)
 	}
 	var st struct {
 		Paused bool   `json:"paused"`
 		Reason string `json:"reason"`
 	}
-	if code := adminCall(t, d, http.MethodPost, "/admin/v1/pause", adminToken, `{"reason":"PSP outage"}`, &st); code != http.StatusOK || !st.Paused {
+	if code := d.call(http.MethodPost, "/admin/v1/pause", bearer(adminToken), `{"reason":"PSP outage"}`, &st); code != http.StatusOK || !st.Paused {
 		t.Fatalf("pause: %d %+v", code, st)
 	}
 	waitFor(t, "orderdelay_paused = 1", 10*time.Second, func() bool { return d.metrics()["orderdelay_paused"] == 1 })
 	serials := w.createOrders("paused", 50, time.Now().Add(100*time.Millisecond))
 	for _, s := range serials {
-		if code := authed(t, d, http.MethodPut, "/v1/timeouts/"+s, "Bearer "+tokenA, `{"after":"100ms"}`); code != http.StatusCreated {
+		if code := d.call(http.MethodPut, "/v1/timeouts/"+s, bearer(tokenA), `{"after":"100ms"}`, nil); code != http.StatusCreated {
 			t.Fatalf("enqueue while paused: %d, want 201", code)
 		}
 	}
@@ -75,7 +41,7 @@ func TestOpsPauseAndResume(t *testing.T) {
 	waitFor(t, "deadlines passed by three scan intervals", 10*time.Second, func() bool {
 		return w.count("SELECT count(*) FROM orders WHERE expires_at < now() - interval '1.5 seconds'") == 50
 	})
-	if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != 0 {
+	if n := w.closed(); n != 0 {
 		t.Fatalf("%d orders closed while paused", n)
 	}
 	if n := w.queueLen(); n != 50 {
@@ -86,7 +52,7 @@ func TestOpsPauseAndResume(t *testing.T) {
 	}
 	w.cli("resume", "--queue-key", w.keys.Queue)
 	waitFor(t, "backlog closed after resume", 30*time.Second, func() bool {
-		return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 50
+		return w.closed() == 50
 	})
 	if v := d.metrics()["orderdelay_paused"]; v != 0 {
 		t.Errorf("orderdelay_paused %v after resume, want 0", v)
@@ -96,6 +62,7 @@ func TestOpsPauseAndResume(t *testing.T) {
 }
 
 func TestOpsExtendMovesQueueAndRows(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	now := time.Now()
@@ -123,18 +90,18 @@ func TestOpsExtendMovesQueueAndRows(t *testing.T) {
 }
 
 func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
-	t.Run("close delay", func(t *testing.T) {
+	t.Parallel()
+	together(t, subtest{"close delay", func(t *testing.T) {
 		w := newWorld(t)
 		d := w.start("ORDERDELAY_CLOSE_DELAY=1s")
 		deadline := time.Now().Add(200 * time.Millisecond)
 		w.zadd(w.createOrders("delay", 20, deadline), float64(queue.DeadlineMillis(deadline)))
-		waitFor(t, "closed", 30*time.Second, func() bool { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 20 })
+		waitFor(t, "closed", 30*time.Second, func() bool { return w.closed() == 20 })
 		if n := w.count("SELECT count(*) FROM orders WHERE closed_at < expires_at + interval '1 second'"); n != 0 {
 			t.Errorf("%d orders closed before deadline + close delay", n)
 		}
 		d.stop()
-	})
-	t.Run("dry run", func(t *testing.T) {
+	}}, subtest{"dry run", func(t *testing.T) {
 		w := newWorld(t)
 		w.withAudit()
 		past := time.Now().Add(-time.Minute)
@@ -154,7 +121,7 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 			m := d.metrics()
 			return m["orderdelay_dry_run_would_close_total"] == 200 && m[`orderdelay_orders_skipped_total{reason="settled"}`] == 100
 		})
-		if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != 0 {
+		if n := w.closed(); n != 0 {
 			t.Errorf("%d orders closed in a dry run", n)
 		}
 		if n := w.count("SELECT count(*) FROM close_audit"); n != 0 {
@@ -173,14 +140,13 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 		if ok, _ := w.rdb.HExists(ctx, w.keys.DeadInfo, "dead-old").Result(); !ok {
 			t.Errorf("the dead letter's record was purged in a dry run")
 		}
-	})
-	t.Run("max close rate", func(t *testing.T) {
+	}}, subtest{"max close rate", func(t *testing.T) {
 		w := newWorld(t)
 		past := time.Now().Add(-time.Minute)
 		w.zadd(w.createOrders("rate", 600, past), float64(queue.DeadlineMillis(past)))
 		start := time.Now()
 		d := w.start("ORDERDELAY_MAX_CLOSE_RATE=200", "ORDERDELAY_BATCH_SIZE=100")
-		waitFor(t, "all closed", 60*time.Second, func() bool { return w.count("SELECT count(*) FROM orders WHERE status = 'closed'") == 600 })
+		waitFor(t, "all closed", 60*time.Second, func() bool { return w.closed() == 600 })
 		// A burst of 100 then 200/s: 500 more orders need 2.5 s at least.
 		if took := time.Since(start); took < 2*time.Second {
 			t.Errorf("600 orders closed in %s at 200/s", took)
@@ -189,10 +155,11 @@ func TestOpsCloseDelayDryRunAndRateLimit(t *testing.T) {
 			t.Errorf("orderdelay_close_rate_limited_total is 0 although the limit bit")
 		}
 		d.stop()
-	})
+	}})
 }
 
 func TestOpsResyncAndForensics(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	deadline := time.Now().Add(time.Hour)
@@ -233,19 +200,20 @@ func TestOpsResyncAndForensics(t *testing.T) {
 			Status string `json:"status"`
 		} `json:"row"`
 	}
-	if code := adminCall(t, d, http.MethodGet, "/admin/v1/orders/"+missing[0], adminToken, "", &rep); code != http.StatusOK {
+	if code := d.call(http.MethodGet, "/admin/v1/orders/"+missing[0], bearer(adminToken), "", &rep); code != http.StatusOK {
 		t.Fatalf("GET /admin/v1/orders: %d", code)
 	}
 	if rep.Queue == nil || rep.Queue.State != "queued" || rep.Row == nil || rep.Row.Status != "pending" {
 		t.Errorf("forensics of a queued order: %+v %+v", rep.Queue, rep.Row)
 	}
-	if code := adminCall(t, d, http.MethodGet, "/admin/v1/orders/no-such-order", adminToken, "", nil); code != http.StatusNotFound {
+	if code := d.call(http.MethodGet, "/admin/v1/orders/no-such-order", bearer(adminToken), "", nil); code != http.StatusNotFound {
 		t.Errorf("unknown order: %d, want 404", code)
 	}
 	d.stop()
 }
 
 func TestOpsStartupChecksAndRetention(t *testing.T) {
+	t.Parallel()
 	w, _ := privateWorld(t)
 	ctx := context.Background()
 	if err := w.rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil { // private server

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 )
 
 func TestCloseEventsThroughTheOutbox(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	ctx := context.Background()
 	// A close committed before a crash, whose event was never published.
@@ -58,17 +59,18 @@ func TestCloseEventsThroughTheOutbox(t *testing.T) {
 }
 
 func TestRemindersFireBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, "queues:\n  - name: remind\n    key: PREFIX:remind\n    action: {type: stream}\n")
 	d := tw.start("ORDERDELAY_REMINDER_QUEUE=remind", "ORDERDELAY_REMINDER_BEFORE=1s")
 	ctx := context.Background()
 	serials := tw.createOrders("rem", 2, time.Now().Add(2500*time.Millisecond))
-	if code := put(t, d, serials[0], `{"after":"2500ms"}`); code != http.StatusCreated {
+	if code := d.call(http.MethodPut, "/v1/timeouts/"+serials[0], "", `{"after":"2500ms"}`, nil); code != http.StatusCreated {
 		t.Fatalf("PUT: %d", code)
 	}
-	if code := put(t, d, serials[1], `{"after":"1h"}`); code != http.StatusCreated {
+	if code := d.call(http.MethodPut, "/v1/timeouts/"+serials[1], "", `{"after":"1h"}`, nil); code != http.StatusCreated {
 		t.Fatalf("PUT: %d", code)
 	}
-	if code := status(t, d, http.MethodDelete, "/v1/timeouts/"+serials[1], ""); code != http.StatusNoContent {
+	if code := d.call(http.MethodDelete, "/v1/timeouts/"+serials[1], "", "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE: %d", code)
 	}
 	stream := tw.keys("remind").Stream
@@ -101,6 +103,7 @@ func TestRemindersFireBeforeTheDeadline(t *testing.T) {
 // The CLI's enqueue and cancel go through the same producer as the API:
 // with a reminder queue configured they create and remove the reminder.
 func TestCLIEnqueueAndCancelKeepTheReminder(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, "queues:\n  - name: remind\n    key: PREFIX:remind\n    action: {type: stream}\n")
 	ctx := context.Background()
 	flags := []string{"--queue-key", tw.world.keys.Queue, "--queues-file", tw.file,

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 // opens, and then all fire on time; cancel works in both tiers; an executed
 // task re-added to Redis does not run twice.
 func TestSeed002DurableQueueLoadsOnlyTheNearFuture(t *testing.T) {
+	t.Parallel()
 	tw := newTaskWorld(t, `
 queues:
   - name: confirm
@@ -61,7 +62,7 @@ queues:
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			body := fmt.Sprintf(`{"after":"168h","payload":{"receipt":"r-%d"}}`, i)
-			if code := call(t, d, http.MethodPut, fmt.Sprintf("/v1/queues/confirm/tasks/r-%d", i), body, nil); code != http.StatusCreated {
+			if code := d.call(http.MethodPut, fmt.Sprintf("/v1/queues/confirm/tasks/r-%d", i), "", body, nil); code != http.StatusCreated {
 				t.Errorf("PUT r-%d: %d", i, code)
 			}
 		}()
@@ -74,7 +75,7 @@ queues:
 		t.Fatalf("%d scheduled rows, want %d", got, n)
 	}
 	// Cancelled while only in PostgreSQL: it never runs.
-	if code := call(t, d, http.MethodDelete, "/v1/queues/confirm/tasks/r-1", "", nil); code != http.StatusNoContent {
+	if code := d.call(http.MethodDelete, "/v1/queues/confirm/tasks/r-1", "", "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE: %d", code)
 	}
 	// The window opens: move the data, not the clock. r-2 is overdue

@@ -1,4 +1,4 @@
-package orderdelay_test
+package e2e
 
 // Sharded queues (issue 8, parts 3 and 4): ORDERDELAY_QUEUE_SHARDS on a
 // real 3-master Redis Cluster and on standalone Redis, the migration of a
@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -20,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
@@ -103,6 +101,7 @@ func (s *shardedWorld) cli(args ...string) string {
 // a shard and all its companions share one slot, the shards and the queue
 // key are in distinct slots, and the shards spread over all three masters.
 func TestShardKeysOnARealCluster(t *testing.T) {
+	t.Parallel()
 	c := testenv.PrivateCluster(t)
 	ctx := context.Background()
 	node := redis.NewClient(&redis.Options{Addr: c.Addrs[0]})
@@ -181,24 +180,7 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 	s.createOrders("never-enqueued", 30, deadline)
 	api, goClient, rawShard, rawBase := serials[:quarter], serials[quarter:2*quarter], serials[2*quarter:3*quarter], serials[3*quarter:]
 
-	var wg sync.WaitGroup
-	for i, sr := range api {
-		d := d1
-		if i%2 == 1 {
-			d = d2
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if code := put(t, d, sr, `{"at":"`+deadline.UTC().Format(time.RFC3339Nano)+`"}`); code != http.StatusCreated {
-				t.Errorf("PUT %s: status %d, want 201", sr, code)
-			}
-		}()
-		if i%32 == 0 {
-			wg.Wait()
-		}
-	}
-	wg.Wait()
+	putTimeouts(t, []*daemon{d1, d2}, api, deadline)
 	cl, err := client.New(s.rdb, s.keys.Queue, client.WithShards(testShards))
 	if err != nil {
 		t.Fatal(err)
@@ -228,10 +210,7 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 			t.Errorf("shard %d holds %d entries, want about %d", i, n, quarter*3/testShards)
 		}
 	}
-	if _, err := s.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)",
-		pq.Array(slices.Concat(api[:30], goClient[:30], rawShard[:30], rawBase[:30]))); err != nil {
-		t.Fatal(err)
-	}
+	s.pay(slices.Concat(api[:30], goClient[:30], rawShard[:30], rawBase[:30]))
 	keys := make([]string, len(s.all))
 	for i, k := range s.all {
 		keys[i] = k.Queue
@@ -244,7 +223,7 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 		return s.count("SELECT count(*) FROM orders WHERE status = 'pending'") == 0
 	})
 	s.checkInvariants()
-	if n := s.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != 4*quarter-120+30 {
+	if n := s.closed(); n != 4*quarter-120+30 {
 		t.Errorf("%d orders closed, want %d", n, 4*quarter-120+30)
 	}
 	if n := s.count("SELECT count(*) FROM orders WHERE status = 'paid'"); n != 120 {
@@ -265,14 +244,9 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 			t.Errorf("%s summed over both replicas %v, want %v", name, v, want)
 		}
 	}
-	var p50, p99 float64
-	if err := s.db.QueryRow(`SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM closed_at - expires_at)),
-	        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM closed_at - expires_at))
-	 FROM orders WHERE status = 'closed' AND serial_no LIKE 'sh-%'`).Scan(&p50, &p99); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("fast-path lateness over %d closes: p50 %.0f ms, p99 %.0f ms; replica 1 closed %v, replica 2 closed %v", 4*quarter-120,
-		p50*1000, p99*1000,
+	p50, p99 := s.lateness("sh-%")
+	t.Logf("fast-path lateness over %d closes: p50 %s, p99 %s; replica 1 closed %v, replica 2 closed %v", 4*quarter-120,
+		p50.Round(time.Millisecond), p99.Round(time.Millisecond),
 		d1.metrics()["orderdelay_orders_closed_total"], d2.metrics()["orderdelay_orders_closed_total"])
 
 	// inspect covers every key; the gauges sum them.
@@ -338,11 +312,13 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 }
 
 func TestShardIntegrationStandalone(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	runSharded(t, newShardedWorld(t, w, w.rdb, "standalone", nil), 3*time.Second)
 }
 
 func TestShardIntegrationCluster(t *testing.T) {
+	t.Parallel()
 	c := testenv.PrivateCluster(t)
 	key, node := keyOn(t, c, "shop-s:order", c.Addrs[0]) // the queue key is not on the node the daemons are given
 	w := clusterWorld(t, c, key, node)
@@ -355,6 +331,7 @@ func TestShardIntegrationCluster(t *testing.T) {
 // queue key before the switch and producers write throughout; the
 // reconciler is off, so nothing the fast path loses could be hidden.
 func TestShardLiveMigration(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	s := newShardedWorld(t, w, w.rdb, "standalone", nil)
 	s.withAudit()
@@ -370,9 +347,6 @@ func TestShardLiveMigration(t *testing.T) {
 	// The checkout keeps creating orders (1 s to pay) and enqueueing them,
 	// unsharded until told to switch.
 	var sharded atomic.Bool
-	var produced atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan struct{})
 	shardedClient, err := client.New(w.rdb, w.keys.Queue, client.WithShards(testShards))
 	if err != nil {
 		t.Fatal(err)
@@ -381,47 +355,18 @@ func TestShardLiveMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			due := time.Now().Add(time.Second)
-			batch := make([]string, 10)
-			for j := range batch {
-				batch[j] = fmt.Sprintf("live-%05d-%d", i, j)
-			}
-			if _, err := w.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT x, $2 FROM unnest($1::text[]) x`,
-				pq.Array(batch), due); err != nil {
-				t.Error(err)
-				return
-			}
-			items := make([]client.Item, len(batch))
-			for j, sr := range batch {
-				items[j] = client.Item{Serial: sr, Deadline: due}
-			}
-			cl := plainClient
-			if sharded.Load() {
-				cl = shardedClient
-			}
-			if _, err := cl.EnqueueMany(ctx, items, client.Create); err != nil {
-				t.Error(err)
-				return
-			}
-			produced.Add(int64(len(batch)))
+	producer := w.startCheckout("live", 10*time.Millisecond, 10, func(serials []string, due time.Time) error {
+		items := make([]client.Item, len(serials))
+		for j, sr := range serials {
+			items[j] = client.Item{Serial: sr, Deadline: due}
 		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
+		cl := plainClient
+		if sharded.Load() {
+			cl = shardedClient
 		}
-		<-done
-	}()
+		_, err := cl.EnqueueMany(ctx, items, client.Create)
+		return err
+	})
 
 	time.Sleep(time.Second)
 	// Step 1: the consumers. A rolling restart: a new replica with shards
@@ -432,15 +377,13 @@ func TestShardLiveMigration(t *testing.T) {
 		t.Errorf("old replica: exit status %d, want 0", code)
 	}
 	n2 := w.start(append(common, "ORDERDELAY_QUEUE_SHARDS=4")...)
-	beforeSwitch := produced.Load()
+	beforeSwitch := producer.produced.Load()
 	time.Sleep(time.Second)
 	// Step 2: the producers.
 	sharded.Store(true)
-	switched := produced.Load()
+	switched := producer.produced.Load()
 	time.Sleep(2 * time.Second)
-	close(stop)
-	<-done
-	total := produced.Load()
+	total := producer.stop()
 	if lens := s.lens(); slices.Max(lens[1:]) == 0 {
 		t.Errorf("no entry in any shard after the producers switched: %v", lens)
 	}
@@ -448,7 +391,7 @@ func TestShardLiveMigration(t *testing.T) {
 	waitFor(t, "the queue key and every shard drained", 60*time.Second, func() bool { return s.total() == 0 })
 	w.checkInvariants()
 	all := backlog + int(total)
-	if n := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); n != all {
+	if n := w.closed(); n != all {
 		t.Errorf("%d orders closed, want all %d (%d backlog + %d produced)", n, all, backlog, total)
 	}
 	if dc := w.doubleCloses(); dc != 0 {
@@ -727,8 +670,10 @@ func (r costRun) measure(t *testing.T, n int) {
 }
 
 // TestShardRedisCostPerOrder measures what one order costs Redis with
-// S = 1 and S = 4 on a private redis-server (so its CPU time and command
-// counters are the test's alone), and with S = 4 on a private 3-master
+// S = 1 and S = 4, each on a private redis-server of its own (so its CPU
+// time and command counters are the run's alone, and the runs may go side
+// by side; -parallel 1 for figures undisturbed by other tests' work on the
+// machine), and with S = 4 on a private 3-master
 // cluster (how the cost spreads over masters): enqueue through the Go
 // client and claim + remove by the daemon draining a backlog, in Redis CPU
 // microseconds per order (INFO cpu) and script time (INFO commandstats);
@@ -736,6 +681,7 @@ func (r costRun) measure(t *testing.T, n int) {
 // docs/scaling.md derives a deployment's capacity from these figures.
 // ORDERDELAY_SHARD_BENCH_N sets the orders per run (default 10000).
 func TestShardRedisCostPerOrder(t *testing.T) {
+	t.Parallel()
 	n := 10000
 	if v := os.Getenv("ORDERDELAY_SHARD_BENCH_N"); v != "" {
 		var err error
@@ -743,16 +689,16 @@ func TestShardRedisCostPerOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rdb, addr := testenv.PrivateRedis(t)
+	var runs []subtest
 	for _, shards := range []int{1, testShards} {
 		name := fmt.Sprintf("standalone S=%d", shards)
-		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-			db, dsn := testenv.Postgres(t)
-			w := &world{t: t, rdb: rdb, redisURL: "redis://" + addr + "/0", keys: queue.NewKeys(fmt.Sprintf("bench%d:order", shards)), db: db, dbURL: dsn}
+		runs = append(runs, subtest{strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			rdb, addr := testenv.PrivateRedis(t)
+			w := withDatabase(t, rdb, "redis://"+addr+"/0", queue.NewKeys(fmt.Sprintf("bench%d:order", shards)))
 			costRun{name: name, shards: shards, w: w, rdb: rdb, nodes: []*redis.Client{rdb}, mode: "standalone"}.measure(t, n)
-		})
+		}})
 	}
-	t.Run("cluster_S=4", func(t *testing.T) {
+	runs = append(runs, subtest{"cluster_S=4", func(t *testing.T) {
 		c := testenv.PrivateCluster(t)
 		key, node := keyOn(t, c, "bench:order")
 		w := clusterWorld(t, c, key, node)
@@ -763,5 +709,6 @@ func TestShardRedisCostPerOrder(t *testing.T) {
 			nodes = append(nodes, nc)
 		}
 		costRun{name: "cluster of 3 masters S=4", shards: testShards, w: w, rdb: c.Client(t), nodes: nodes, mode: "cluster"}.measure(t, n)
-	})
+	}})
+	together(t, runs...)
 }
