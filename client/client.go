@@ -63,11 +63,11 @@ const (
 func (m Mode) arg() string {
 	switch m {
 	case Reschedule:
-		return "set"
+		return queue.ModeReschedule
 	case OnlyLater:
-		return "later"
+		return queue.ModeLater
 	default:
-		return "nx"
+		return queue.ModeCreate
 	}
 }
 
@@ -75,9 +75,9 @@ func (m Mode) arg() string {
 type Result int
 
 const (
-	Unchanged Result = iota // the entry existed and kept its deadline
-	Created                 // a new entry was added
-	Moved                   // an existing entry got a new deadline
+	Unchanged Result = queue.ResultUnchanged // the entry existed and kept its deadline
+	Created   Result = queue.ResultCreated   // a new entry was added
+	Moved     Result = queue.ResultMoved     // an existing entry got a new deadline
 )
 
 func (r Result) String() string {
@@ -126,6 +126,7 @@ type Item struct {
 type Client struct {
 	rdb  redis.UniversalClient
 	keys queue.Keys
+	st   *queue.Store // the store of keys: the task scripts
 	now  func() time.Time
 	// shards is the number of shard keys order timeouts are spread over
 	// (WithShards); 1: the queue key only.
@@ -159,12 +160,20 @@ func New(rdb redis.UniversalClient, key string, opts ...Option) (*Client, error)
 		return nil, fmt.Errorf("shards: want 1 to %d, got %d", queue.MaxShards, c.shards)
 	}
 	c.shard = queue.ShardKeys(key, c.shards)
+	c.st = queue.NewStore(rdb, c.keys)
 	return c, nil
 }
 
+// Keys holds the names of every Redis key of one queue: the sorted set
+// producers write (Queue) and its companions ({Queue}:inflight, :lease,
+// :dead, :deadinfo, :payload, :meta, ...), each a string field. It is
+// declared in the module's internal store package; this alias is its name
+// for callers outside the module.
+type Keys = queue.Keys
+
 // Keys returns the Redis keys of the client's queue (its base key when
 // sharded; see AllKeys).
-func (c *Client) Keys() queue.Keys { return c.keys }
+func (c *Client) Keys() Keys { return c.keys }
 
 // maxPerCall bounds how many entries one script call writes, so a huge batch
 // never blocks Redis for long.

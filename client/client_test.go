@@ -643,3 +643,14 @@ func TestRedisDownIsAnError(t *testing.T) {
 		t.Errorf("Cancel with Redis down: error = %v, want a connection error (not ErrNotFound)", err)
 	}
 }
+
+// Keys is a type callers outside the module can name: a variable of it
+// holds the queue's key names.
+func TestKeysIsNameable(t *testing.T) {
+	c, _, _ := newClient(t)
+	var k client.Keys = c.Keys()
+	all := c.AllKeys()
+	if len(all) != 1 || all[0] != k || k.Meta != "{"+k.Queue+"}:meta" {
+		t.Errorf("Keys() = %+v, AllKeys() = %+v", k, all)
+	}
+}

@@ -13,10 +13,10 @@ import (
 // TaskKeyPrefix starts the key of every task queue whose entry in the
 // queues file names no key of its own: queue "callrecord" lives at
 // "delaytask:callrecord".
-const TaskKeyPrefix = "delaytask:"
+const TaskKeyPrefix = queue.TaskKeyPrefix
 
 // TaskQueueKey is the default key of the task queue named name.
-func TaskQueueKey(name string) string { return TaskKeyPrefix + name }
+func TaskQueueKey(name string) string { return queue.TaskQueueKey(name) }
 
 // ErrUnknownQueue: no daemon serves a task queue of that name at its
 // default key.
@@ -46,18 +46,15 @@ func ForQueue(ctx context.Context, rdb redis.UniversalClient, name string, opts 
 	if err != nil {
 		return nil, err
 	}
-	meta, err := rdb.HMGet(ctx, c.keys.Meta, queue.MetaName, queue.MetaDurable).Result()
+	got, durable, err := c.st.MetaNameDurable(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: %w", name, err)
 	}
-	if len(meta) != 2 {
-		return nil, fmt.Errorf("queue %q: meta: %d values for 2 fields", name, len(meta))
-	}
-	if got, _ := meta[0].(string); got != name {
+	if got != name {
 		return nil, fmt.Errorf("%w: %q: no daemon serves it at %s (not in the queues file, declared with a key of its own "+
 			"— then use client.New with that key — or no daemon with it has started)", ErrUnknownQueue, name, key)
 	}
-	switch durable, _ := meta[1].(string); durable {
+	switch durable {
 	case "0":
 	case "1":
 		return nil, fmt.Errorf("%w: %q: %w: its tasks are rows in PostgreSQL, which this client does not write; "+

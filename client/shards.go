@@ -36,8 +36,8 @@ func (c *Client) Shards() int { return c.shards }
 
 // AllKeys returns the keys of every sorted set of the logical queue: the
 // queue key first, then shards 0 to Shards()-1.
-func (c *Client) AllKeys() []queue.Keys {
-	return append([]queue.Keys{c.keys}, c.shard...)
+func (c *Client) AllKeys() []Keys {
+	return append([]Keys{c.keys}, c.shard...)
 }
 
 // keysFor returns the keys of the queue serial is written to.

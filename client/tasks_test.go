@@ -334,6 +334,23 @@ func TestDeleteTasksAcrossChunks(t *testing.T) {
 
 // PutTasks answers one result per item, in the items' order, each item put
 // on its own and in order: a repeated id sees the earlier item's write.
+// An item without a payload (stored as null) has its deadline checked like
+// any other: a deadline in seconds or the zero time refuses the batch.
+func TestPutTasksValidatesTheDeadlineOfAnItemWithoutPayload(t *testing.T) {
+	c, rdb, k := newClient(t)
+	ctx := ctxT(t)
+	d := base()
+	for _, bad := range []time.Time{{}, time.UnixMilli(d.Unix())} {
+		items := []client.TaskItem{{ID: "ok", Payload: json.RawMessage(`1`), Deadline: d}, {ID: "no-payload", Deadline: bad}}
+		if res, err := c.PutTasks(ctx, items, client.Create); !errors.Is(err, client.ErrInvalidDeadline) || res != nil {
+			t.Errorf("deadline %v: PutTasks = %v, %v; want ErrInvalidDeadline and nothing written", bad, res, err)
+		}
+	}
+	if n := zcard(t, rdb, k.Queue); n != 0 {
+		t.Errorf("ZCARD after refused batches = %d, want 0", n)
+	}
+}
+
 func TestPutTasksResultsInOrder(t *testing.T) {
 	c, rdb, k := newClient(t)
 	ctx := ctxT(t)

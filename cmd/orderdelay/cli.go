@@ -16,9 +16,9 @@ import (
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/config"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/producer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
 )
 
@@ -235,7 +235,7 @@ func printDead(ctx context.Context, stdout io.Writer, rdb redis.UniversalClient,
 	}
 	if asJSON {
 		if entries == nil {
-			entries = []consumer.DeadEntry{}
+			entries = []queue.DeadEntry{}
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/config"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -78,7 +77,7 @@ func cmdTaskOps(ctx context.Context, verb string, args []string, stdout, stderr 
 			return usagef("--state: want pending, inflight or dead, got %q", state)
 		}
 		if after != "" {
-			if _, err := consumer.ParseCursor(after); err != nil {
+			if _, err := queue.ParseCursor(after); err != nil {
 				return usagef("--after: %v", err)
 			}
 		}
@@ -203,7 +202,7 @@ func cmdTaskOps(ctx context.Context, verb string, args []string, stdout, stderr 
 			return nil
 		}
 	}()
-	if errors.Is(err, consumer.ErrBadCursor) || errors.Is(err, tasks.ErrBadState) {
+	if errors.Is(err, queue.ErrBadCursor) || errors.Is(err, tasks.ErrBadState) {
 		return usageError{err}
 	}
 	return redactErr(err, cfg)

@@ -11,8 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -21,17 +19,18 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/orderdelay/orderdelay/client"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // Tools operate on one queue and (optionally) its reference orders table.
+// The Redis side of every tool is a method of the queue's store
+// (internal/queue); the tools add the fan-out over a sharded queue's keys
+// and the reference schema's SQL.
 type Tools struct {
-	rdb  redis.UniversalClient
-	keys queue.Keys
-	all  []queue.Keys // keys, then the shards' keys (client.WithShards)
-	cl   *client.Client
-	db   *sqlx.DB // nil: Redis-only tools
+	// stores are the queue key's store, then its shards' (client.WithShards).
+	stores []*queue.Store
+	cl     *client.Client
+	db     *sqlx.DB // nil: Redis-only tools
 }
 
 // New returns the tools for the queue named key. db may be nil for tools
@@ -43,31 +42,28 @@ func New(rdb redis.UniversalClient, key string, db *sqlx.DB, opts ...client.Opti
 	if err != nil {
 		return nil, err
 	}
-	return &Tools{rdb: rdb, keys: cl.Keys(), all: cl.AllKeys(), cl: cl, db: db}, nil
+	t := &Tools{cl: cl, db: db}
+	for _, k := range cl.AllKeys() {
+		t.stores = append(t.stores, queue.NewStore(rdb, k))
+	}
+	return t, nil
 }
 
 // ErrNoDatabase is returned by tools that need PostgreSQL when none is set.
 var ErrNoDatabase = errors.New("this tool needs the database")
 
 // PauseState says whether closing is paused.
-type PauseState struct {
-	Paused bool      `json:"paused"`
-	Reason string    `json:"reason,omitempty"`
-	Since  time.Time `json:"since,omitzero"`
-}
+type PauseState = queue.PauseState
 
 // Pause stops every replica from claiming (each notices at its next scan,
 // within one scan interval). Producers keep enqueueing; the queue stays
 // intact. Pausing again keeps the first pause's time and reason.
 func (t *Tools) Pause(ctx context.Context, reason string) (PauseState, error) {
-	if reason == "" {
-		reason = "paused by an operator"
-	}
-	val := strconv.FormatInt(time.Now().UnixMilli(), 10) + "|" + strings.ReplaceAll(reason, "\n", " ")
+	now := time.Now()
 	// Each shard's claim script reads its own flag (one slot per script).
-	for _, k := range t.all {
-		if err := t.rdb.SetNX(ctx, k.Paused, val, 0).Err(); err != nil {
-			return PauseState{}, fmt.Errorf("pause: %w", err)
+	for _, st := range t.stores {
+		if err := st.Pause(ctx, now, reason); err != nil {
+			return PauseState{}, err
 		}
 	}
 	return t.PauseState(ctx)
@@ -75,58 +71,18 @@ func (t *Tools) Pause(ctx context.Context, reason string) (PauseState, error) {
 
 // Resume lets replicas claim again and wakes those waiting.
 func (t *Tools) Resume(ctx context.Context) error {
-	for _, k := range t.all {
-		if err := t.rdb.Del(ctx, k.Paused).Err(); err != nil {
-			return fmt.Errorf("resume: %w", err)
-		}
-		// Any deadline wakes a paused scanner; 0 is earlier than all of them.
-		if err := t.rdb.Publish(ctx, k.Wake, 0).Err(); err != nil {
-			return fmt.Errorf("resume: wake replicas: %w", err)
+	for _, st := range t.stores {
+		if err := st.Resume(ctx); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// PauseState reads the pause flag.
+// PauseState reads the pause flag (the queue key's).
 func (t *Tools) PauseState(ctx context.Context) (PauseState, error) {
-	v, err := t.rdb.Get(ctx, t.keys.Paused).Result()
-	if errors.Is(err, redis.Nil) {
-		return PauseState{}, nil
-	}
-	if err != nil {
-		return PauseState{}, fmt.Errorf("pause state: %w", err)
-	}
-	st := PauseState{Paused: true, Reason: v}
-	if at, reason, ok := strings.Cut(v, "|"); ok {
-		if ms, err := strconv.ParseInt(at, 10, 64); err == nil {
-			st.Since, st.Reason = time.UnixMilli(ms), reason
-		}
-	}
-	return st, nil
+	return t.stores[0].PauseState(ctx)
 }
-
-// extendBatch bounds one extend script call.
-const extendBatch = 500
-
-// extendScript moves entries later, each only if its deadline is still the
-// one read (compare-and-set against claims and reschedules meanwhile).
-//
-//	KEYS[1] -> queue
-//	ARGV[1] -> how much later, ms; ARGV[2k], ARGV[2k+1] -> serial, expected deadline
-//
-// Returns the serials moved.
-var extendScript = redis.NewScript(`
-local by = tonumber(ARGV[1])
-local moved = {}
-for i = 2, #ARGV, 2 do
-  local cur = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if cur and tonumber(cur) == tonumber(ARGV[i+1]) then
-    redis.call('ZADD', KEYS[1], 'XX', tonumber(cur) + by, ARGV[i])
-    moved[#moved+1] = ARGV[i]
-  end
-end
-return moved
-`)
 
 // ExtendResult reports what Extend did.
 type ExtendResult struct {
@@ -149,63 +105,29 @@ func (t *Tools) Extend(ctx context.Context, within, by time.Duration, moveRows b
 	if moveRows && t.db == nil {
 		return res, ErrNoDatabase
 	}
-	now, err := t.rdb.Time(ctx).Result()
+	now, err := t.stores[0].Now(ctx)
 	if err != nil {
 		return res, fmt.Errorf("extend: %w", err)
 	}
 	// An order can have an entry in the queue key and one in its shard
 	// (see client.WithShards): its row moves once.
 	var rowMoved map[string]struct{}
-	if len(t.all) > 1 {
+	if len(t.stores) > 1 {
 		rowMoved = map[string]struct{}{}
 	}
-	for _, k := range t.all {
-		if err := t.extend(ctx, k, now.Add(within), by, moveRows, rowMoved, &res); err != nil {
+	for _, st := range t.stores {
+		if err := t.extend(ctx, st, now.Add(within), by, moveRows, rowMoved, &res); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
 }
 
-// extend is Extend on the sorted set of k, for entries due by until.
+// extend is Extend on the sorted set of st, for entries due by until.
 // rowMoved, if not nil, holds the serials whose rows have moved already.
-func (t *Tools) extend(ctx context.Context, k queue.Keys, until time.Time, by time.Duration, moveRows bool,
+func (t *Tools) extend(ctx context.Context, st *queue.Store, until time.Time, by time.Duration, moveRows bool,
 	rowMoved map[string]struct{}, res *ExtendResult) error {
-	cursor := strconv.FormatInt(queue.DeadlineMillis(until), 10)
-	var cursorScore float64 = -1
-	seen := map[string]struct{}{}
-	for {
-		zs, err := t.rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: k.Queue, Start: cursor, Stop: "-inf",
-			ByScore: true, Rev: true, Count: int64(extendBatch + len(seen))}).Result()
-		if err != nil {
-			return fmt.Errorf("extend: %w", err)
-		}
-		args := []any{by.Milliseconds()}
-		for _, z := range zs {
-			m, _ := z.Member.(string)
-			if _, dup := seen[m]; dup && z.Score == cursorScore {
-				continue
-			}
-			if z.Score != cursorScore {
-				cursorScore = z.Score
-				clear(seen)
-			}
-			seen[m] = struct{}{}
-			args = append(args, m, int64(z.Score))
-			if len(args) > 2*extendBatch {
-				break
-			}
-		}
-		if len(args) == 1 {
-			return nil
-		}
-		cursor = strconv.FormatInt(int64(cursorScore), 10)
-		moved, err := extendScript.Run(ctx, t.rdb, []string{k.Queue}, args...).StringSlice()
-		if err != nil {
-			return fmt.Errorf("extend: %w", err)
-		}
-		res.BatchCalls++
-		res.Moved += len(moved)
+	step, err := st.ExtendDeadlines(ctx, until, by, func(moved []string) error {
 		if rowMoved != nil {
 			moved = slices.DeleteFunc(moved, func(s string) bool {
 				_, done := rowMoved[s]
@@ -222,7 +144,11 @@ func (t *Tools) extend(ctx context.Context, k queue.Keys, until time.Time, by ti
 			n, _ := r.RowsAffected()
 			res.RowsMoved += int(n)
 		}
-	}
+		return nil
+	})
+	res.BatchCalls += step.Calls
+	res.Moved += step.Moved
+	return err
 }
 
 // ResyncResult reports what Resync did.
@@ -342,38 +268,38 @@ func (t *Tools) Order(ctx context.Context, serial string) (OrderReport, error) {
 }
 
 // Dead lists up to limit dead letters, oldest first (over every shard).
-func (t *Tools) Dead(ctx context.Context, limit int64) ([]consumer.DeadEntry, error) {
-	if len(t.all) == 1 {
-		return consumer.ListDead(ctx, t.rdb, t.keys, limit)
+func (t *Tools) Dead(ctx context.Context, limit int64) ([]queue.DeadEntry, error) {
+	if len(t.stores) == 1 {
+		return t.stores[0].Dead(ctx, limit)
 	}
-	var out []consumer.DeadEntry
-	for _, k := range t.all {
-		es, err := consumer.ListDead(ctx, t.rdb, k, limit)
+	var out []queue.DeadEntry
+	for _, st := range t.stores {
+		es, err := st.Dead(ctx, limit)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, es...)
 	}
-	slices.SortStableFunc(out, func(a, b consumer.DeadEntry) int { return a.At.Compare(b.At) })
+	slices.SortStableFunc(out, func(a, b queue.DeadEntry) int { return a.At.Compare(b.At) })
 	return out[:min(int64(len(out)), limit)], nil
 }
 
 // Requeue puts the named dead letters back on the queue (the shard they
 // died in), due now.
 func (t *Tools) Requeue(ctx context.Context, serials ...string) (int, error) {
-	if len(t.all) == 1 {
-		return consumer.Requeue(ctx, t.rdb, t.keys, serials...)
+	if len(t.stores) == 1 {
+		return t.stores[0].Requeue(ctx, serials...)
 	}
 	total := 0
-	for _, k := range t.all {
-		n, err := consumer.Requeue(ctx, t.rdb, k, serials...)
+	for _, st := range t.stores {
+		n, err := st.Requeue(ctx, serials...)
 		total += n
-		if err != nil && !errors.Is(err, consumer.ErrNotDead) {
+		if err != nil && !errors.Is(err, queue.ErrNotDead) {
 			return total, err
 		}
 	}
 	if total == 0 && len(serials) == 1 {
-		return 0, fmt.Errorf("%s: %w", serials[0], consumer.ErrNotDead)
+		return 0, fmt.Errorf("%s: %w", serials[0], queue.ErrNotDead)
 	}
 	return total, nil
 }
@@ -381,8 +307,8 @@ func (t *Tools) Requeue(ctx context.Context, serials ...string) (int, error) {
 // RequeueAll puts every dead letter back on the queue, due now.
 func (t *Tools) RequeueAll(ctx context.Context) (int, error) {
 	total := 0
-	for _, k := range t.all {
-		n, err := consumer.RequeueAll(ctx, t.rdb, k)
+	for _, st := range t.stores {
+		n, err := st.RequeueAll(ctx)
 		total += n
 		if err != nil {
 			return total, err
@@ -395,13 +321,13 @@ func (t *Tools) RequeueAll(ctx context.Context) (int, error) {
 // the oldest beyond keepMax (0: no cap). A sharded queue keeps at most
 // keepMax / (shards + 1), rounded up, per key.
 func (t *Tools) PurgeDead(ctx context.Context, olderThan time.Duration, keepMax int) (int, error) {
-	if len(t.all) == 1 {
-		return consumer.PurgeDead(ctx, t.rdb, t.keys, olderThan, keepMax)
+	if len(t.stores) == 1 {
+		return t.stores[0].PurgeDead(ctx, olderThan, keepMax)
 	}
-	per := (keepMax + len(t.all) - 1) / len(t.all)
+	per := (keepMax + len(t.stores) - 1) / len(t.stores)
 	total := 0
-	for _, k := range t.all {
-		n, err := consumer.PurgeDead(ctx, t.rdb, k, olderThan, per)
+	for _, st := range t.stores {
+		n, err := st.PurgeDead(ctx, olderThan, per)
 		total += n
 		if err != nil {
 			return total, err

@@ -271,22 +271,22 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			}
 		case 10: // requeue a dead letter
 			what = "requeue " + id
-			outs, err := RequeueTasks(ctx, e.rdb, k, []string{id})
+			outs, err := e.st.RequeueTasks(ctx, []string{id})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if outs[0] == RequeueDone {
+			if outs[0] == queue.RequeueDone {
 				requeued = true
 			}
 		case 11: // purge: by id, or everything by retention
 			if rng.IntN(2) == 0 {
 				what = "purge " + id
-				if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+				if _, err := e.st.PurgeTasks(ctx, []string{id}); err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				what = "retention purge"
-				if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+				if _, err := e.st.PurgeDead(ctx, 0, 1); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -431,18 +431,18 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 			}
 		case 6:
 			what = "requeue " + id
-			if _, err := RequeueTasks(ctx, e.rdb, k, []string{id}); err != nil {
+			if _, err := e.st.RequeueTasks(ctx, []string{id}); err != nil {
 				t.Fatal(err)
 			}
 		case 7:
 			if rng.IntN(2) == 0 {
 				what = "purge " + id
-				if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+				if _, err := e.st.PurgeTasks(ctx, []string{id}); err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				what = "retention purge"
-				if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+				if _, err := e.st.PurgeDead(ctx, 0, 1); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -555,10 +555,10 @@ func comboActionRun(t *testing.T, seed uint64, steps int) {
 			id := ids[rng.IntN(len(ids))]
 			what = "requeue/purge " + id
 			if rng.IntN(2) == 0 {
-				if _, err := RequeueTasks(ctx, e.rdb, k, []string{id}); err != nil {
+				if _, err := e.st.RequeueTasks(ctx, []string{id}); err != nil {
 					t.Fatal(err)
 				}
-			} else if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+			} else if _, err := e.st.PurgeTasks(ctx, []string{id}); err != nil {
 				t.Fatal(err)
 			}
 		default:
@@ -580,10 +580,10 @@ func comboActionRun(t *testing.T, seed uint64, steps int) {
 						}
 						touched = append(touched, "deleted "+tk.ID)
 					case 2:
-						if _, err := RequeueTasks(ctx, e.rdb, k, []string{tk.ID}); err != nil {
+						if _, err := e.st.RequeueTasks(ctx, []string{tk.ID}); err != nil {
 							t.Error(err)
 						}
-						if _, err := PurgeTasks(ctx, e.rdb, k, []string{tk.ID}); err != nil {
+						if _, err := e.st.PurgeTasks(ctx, []string{tk.ID}); err != nil {
 							t.Error(err)
 						}
 						touched = append(touched, "requeue+purge "+tk.ID)
@@ -693,20 +693,20 @@ func comboStreamRun(t *testing.T, seed uint64, steps int) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				buried += sw.deadLettered
+				buried += sw.DeadLettered
 			}
 		case 5:
 			what = "requeue " + id
-			if _, err := RequeueTasks(ctx, e.rdb, k, []string{id}); err != nil {
+			if _, err := e.st.RequeueTasks(ctx, []string{id}); err != nil {
 				t.Fatal(err)
 			}
 		case 6:
 			what = "purge"
 			if rng.IntN(2) == 0 {
-				if _, err := PurgeTasks(ctx, e.rdb, k, []string{id}); err != nil {
+				if _, err := e.st.PurgeTasks(ctx, []string{id}); err != nil {
 					t.Fatal(err)
 				}
-			} else if _, err := PurgeDead(ctx, e.rdb, k, 0, 1); err != nil {
+			} else if _, err := e.st.PurgeDead(ctx, 0, 1); err != nil {
 				t.Fatal(err)
 			}
 		case 7:

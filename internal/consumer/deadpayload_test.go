@@ -57,7 +57,7 @@ func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
 				t.Fatalf("after the live x completed, the dead letter's payload is %q, want the latest {\"v\":2}", p)
 			}
 			// A requeue runs x with it.
-			if _, err := Requeue(context.Background(), e.rdb, e.keys, "x"); err != nil {
+			if _, err := e.st.Requeue(context.Background(), "x"); err != nil {
 				t.Fatal(err)
 			}
 			var got json.RawMessage
@@ -97,9 +97,9 @@ func TestOperatorPurgeWhileTheIDIsTakenLeavesNoOrphan(t *testing.T) {
 			}
 			var n int
 			if how == "ids" {
-				n, err = PurgeTasks(ctx, e.rdb, e.keys, []string{"x"})
+				n, err = e.st.PurgeTasks(ctx, []string{"x"})
 			} else {
-				n, err = PurgeTasksBefore(ctx, e.rdb, e.keys, time.Time{})
+				n, err = e.st.PurgeTasksBefore(ctx, time.Time{})
 			}
 			if err != nil || n != 1 {
 				t.Fatalf("purge: %d, %v", n, err)

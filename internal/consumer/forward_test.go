@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
 )
 
 // Stream and reliable-list queues: the queue's ack_timeout and
@@ -138,7 +139,7 @@ func TestReliableListDeadLettersAfterMaxAttempts(t *testing.T) {
 	if got := len(deliveries); got != 2 || deliveries[0] != 0 || deliveries[1] != 1 {
 		t.Fatalf("attempts seen by the consumer %v, want [0 1]: delivered exactly max_attempts times", deliveries)
 	}
-	dead, err := ListDead(ctx, e.rdb, e.keys, 10)
+	dead, err := e.st.Dead(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestReliableListDeadLettersAfterMaxAttempts(t *testing.T) {
 	if err != nil || task.State != "dead" || string(task.Payload) != `{"big":12345678901234567890,"s":"a|b"}` {
 		t.Fatalf("GetTask: %+v, %v; want dead with its payload byte for byte", task, err)
 	}
-	if _, err := Requeue(ctx, e.rdb, e.keys, "rl-1"); err != nil {
+	if _, err := e.st.Requeue(ctx, "rl-1"); err != nil {
 		t.Fatal(err)
 	}
 	e.forwardOnce(cfg)
@@ -208,6 +209,17 @@ func streamEnv(t *testing.T) (*env, Config) {
 		t.Fatal(err)
 	}
 	return e, Config{MaxAttempts: 2, Forward: &Forward{Kind: "stream", Queue: "ev", MaxLen: 1000, AckTimeout: time.Minute}}
+}
+
+// A stream queue that has forwarded nothing yet has no stream: its sweep
+// finds no groups, and neither logs nor counts an error.
+func TestStreamSweepBeforeTheFirstForwardIsNoError(t *testing.T) {
+	e := newRedisEnv(t)
+	cfg := Config{MaxAttempts: 2, Forward: &Forward{Kind: "stream", Queue: "ev", MaxLen: 1000, AckTimeout: time.Minute}}
+	e.forwardOnce(cfg)
+	if n := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClaim)); n != 0 {
+		t.Errorf("%v claim-stage errors after a sweep of a queue with no stream yet, want 0", n)
+	}
 }
 
 // idleFor makes a pending stream entry look idle for d (XCLAIM ... IDLE
@@ -261,7 +273,7 @@ func TestStreamEntriesDeadLetteredAfterMaxDeliveries(t *testing.T) {
 	}
 	e.idleFor("g", "c2", byTask["ev-1"], 2*time.Minute)
 	e.forwardOnce(cfg)
-	dead, err := ListDead(ctx, e.rdb, e.keys, 10)
+	dead, err := e.st.Dead(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

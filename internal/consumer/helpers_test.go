@@ -39,6 +39,7 @@ type env struct {
 	store *orders.Store
 	m     *metrics.Metrics
 	cl    *client.Client
+	st    *queue.Store // the store of keys
 }
 
 func newEnv(t *testing.T, stmts orders.Statements) *env {
@@ -57,7 +58,8 @@ func newRedisEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, rdb: rdb, keys: keys, m: metrics.New(prometheus.NewRegistry(), "test", "test"), cl: cl}
+	return &env{t: t, rdb: rdb, keys: keys, m: metrics.New(prometheus.NewRegistry(), "test", "test"), cl: cl,
+		st: queue.NewStore(rdb, keys)}
 }
 
 func (e *env) consumer(cfg Config) *Consumer {

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // Dead-letter retention on task queues: a purged dead letter takes its
@@ -97,7 +98,7 @@ func (e *env) assertNoOrphans(when string) {
 // purge applies the retention: by age (olderThan > 0) or by count.
 func (e *env) purge(olderThan time.Duration, keepMax int) int {
 	e.t.Helper()
-	n, err := PurgeDead(context.Background(), e.rdb, e.keys, olderThan, keepMax)
+	n, err := e.st.PurgeDead(context.Background(), olderThan, keepMax)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestPurgeDeadKeepsThePayloadOfALiveTaskOfTheSameID(t *testing.T) {
 		{"requeued", func(e *env) {
 			// A requeue removes the dead letter itself: the purge finds
 			// nothing, the requeued task keeps the dead letter's payload.
-			if _, err := Requeue(context.Background(), e.rdb, e.keys, "x"); err != nil {
+			if _, err := e.st.Requeue(context.Background(), "x"); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -210,8 +211,8 @@ func TestPurgeThenRequeueLeavesNothing(t *testing.T) {
 	if n := e.purge(time.Hour, 0); n != 1 {
 		t.Fatalf("purged %d, want 1", n)
 	}
-	if _, err := Requeue(context.Background(), e.rdb, e.keys, "x"); !errors.Is(err, ErrNotDead) {
-		t.Fatalf("requeue of a purged dead letter: %v, want ErrNotDead", err)
+	if _, err := e.st.Requeue(context.Background(), "x"); !errors.Is(err, queue.ErrNotDead) {
+		t.Fatalf("requeue of a purged dead letter: %v, want queue.ErrNotDead", err)
 	}
 	if n := e.card(e.keys.Queue); n != 0 {
 		t.Fatalf("queue holds %d after requeueing a purged id", n)
@@ -329,7 +330,7 @@ func TestRetentionWorkloadLeavesNoOrphanPayloads(t *testing.T) {
 		case 5:
 			id := pick()
 			what = "requeue " + id
-			if _, err := Requeue(ctx, e.rdb, e.keys, id); err != nil && !errors.Is(err, ErrNotDead) {
+			if _, err := e.st.Requeue(ctx, id); err != nil && !errors.Is(err, queue.ErrNotDead) {
 				t.Fatal(err)
 			}
 		case 6:
@@ -442,7 +443,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 				case 5:
 					id := pick()
 					what = "requeue " + id
-					if _, err := Requeue(ctx, e.rdb, e.keys, id); err != nil && !errors.Is(err, ErrNotDead) {
+					if _, err := e.st.Requeue(ctx, id); err != nil && !errors.Is(err, queue.ErrNotDead) {
 						t.Fatal(err)
 					}
 				case 6:

@@ -32,7 +32,7 @@ func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
 	if res := e.forwardOnce(cfg); res.forwarded != 1 {
 		t.Fatalf("forwarded %d, want 1", res.forwarded)
 	}
-	if _, err := RequeueTasks(ctx, e.rdb, e.keys, []string{"RL-X"}); err != nil {
+	if _, err := e.st.RequeueTasks(ctx, []string{"RL-X"}); err != nil {
 		t.Fatal(err)
 	}
 	e.forwardOnce(cfg)
@@ -103,7 +103,7 @@ func TestRequeueLeavesAWaitingItemsDeliveryCount(t *testing.T) {
 		e.takenAgo("RL-C", 2*time.Minute)
 		e.forwardOnce(cfg)
 	}
-	if outs, err := RequeueTasks(ctx, e.rdb, e.keys, []string{"RL-C"}); err != nil {
+	if outs, err := e.st.RequeueTasks(ctx, []string{"RL-C"}); err != nil {
 		t.Fatal(err)
 	} else {
 		t.Logf("requeue: %v", outs)

@@ -3,14 +3,10 @@ package consumer
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
@@ -62,11 +58,11 @@ func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
 	// 3. an ordinary dead letter.
 	e.buryTask("T-dead", `{"v":"only"}`)
 
-	outs, err := RequeueTasks(ctx, e.rdb, e.keys, []string{"T-queued", "T-leased", "T-dead", "T-none"})
+	outs, err := e.st.RequeueTasks(ctx, []string{"T-queued", "T-leased", "T-dead", "T-none"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{RequeueLive, RequeueLive, RequeueDone, RequeueNotDead}; !slices.Equal(outs, want) {
+	if want := []string{queue.RequeueLive, queue.RequeueLive, queue.RequeueDone, queue.RequeueNotDead}; !slices.Equal(outs, want) {
 		t.Errorf("outcomes %v, want %v", outs, want)
 	}
 	if d, err := e.rdb.ZScore(ctx, e.keys.Queue, "T-queued").Result(); err != nil || int64(d) != queue.DeadlineMillis(later) {
@@ -109,7 +105,7 @@ func TestPurgeTasksKeepsALiveTasksPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.buryTask("P-dead", `{"v":"dead"}`)
-	n, err := PurgeTasks(ctx, e.rdb, e.keys, []string{"P-live", "P-dead", "P-none"})
+	n, err := e.st.PurgeTasks(ctx, []string{"P-live", "P-dead", "P-none"})
 	if err != nil || n != 2 {
 		t.Fatalf("purged %d (%v), want 2", n, err)
 	}
@@ -122,104 +118,6 @@ func TestPurgeTasksKeepsALiveTasksPayload(t *testing.T) {
 	for _, k := range []string{e.keys.Dead, e.keys.DeadInfo} {
 		if n, _ := e.rdb.Exists(ctx, k).Result(); n != 0 {
 			t.Errorf("%s still exists after purging every dead letter", k)
-		}
-	}
-}
-
-// PurgeTasksBefore removes only dead letters older than the cutoff, in
-// steps, and all of them with a zero cutoff.
-func TestPurgeTasksBefore(t *testing.T) {
-	e := newRedisEnv(t)
-	ctx := context.Background()
-	now := e.redisNow()
-	for i := range 2500 {
-		at := now.Add(-2 * time.Hour)
-		if i%2 == 1 {
-			at = now
-		}
-		e.rdb.ZAdd(ctx, e.keys.Dead, redisZ(fmt.Sprintf("d-%d", i), float64(at.UnixMilli())))
-		e.rdb.HSet(ctx, e.keys.Payload, fmt.Sprintf("d-%d", i), "{}")
-	}
-	n, err := PurgeTasksBefore(ctx, e.rdb, e.keys, now.Add(-time.Hour))
-	if err != nil || n != 1250 {
-		t.Fatalf("purged %d (%v), want the 1250 older than an hour", n, err)
-	}
-	if left, _ := e.rdb.HLen(ctx, e.keys.Payload).Result(); left != 1250 {
-		t.Errorf("%d payloads left, want 1250", left)
-	}
-	if n, err := PurgeTasksBefore(ctx, e.rdb, e.keys, time.Time{}); err != nil || n != 1250 {
-		t.Errorf("purge all: %d (%v), want 1250", n, err)
-	}
-}
-
-// Page walks a sorted set in its own order (score, then member bytes) with
-// keyset cursors: no entry twice, none skipped, ties across page borders
-// included, and a cursor whose entry has gone meanwhile still continues
-// where it was.
-func TestPageWalksTiesAndSurvivesARemovedCursor(t *testing.T) {
-	e := newRedisEnv(t)
-	ctx := context.Background()
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
-	var want []string
-	for i := range 300 {
-		id := fmt.Sprintf("%c-%03d", 'a'+rng.IntN(26), i)
-		if i%7 == 0 {
-			id = "é" + id // multi-byte: byte order, not the locale's
-		}
-		score := float64(1_700_000_000_000 + rng.IntN(5)) // many ties
-		e.rdb.ZAdd(ctx, e.keys.Queue, redisZ(id, score))
-	}
-	all, err := e.rdb.ZRange(ctx, e.keys.Queue, 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want = all
-	for _, limit := range []int{1, 7, 1000} {
-		var got []string
-		var after *Cursor
-		for range 400 {
-			zs, err := Page(ctx, e.rdb, e.keys.Queue, after, limit)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, z := range zs {
-				got = append(got, z.Member.(string))
-			}
-			if len(zs) < limit {
-				break
-			}
-			last := zs[len(zs)-1]
-			c, err := ParseCursor(Cursor{Score: last.Score, ID: last.Member.(string)}.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			after = &c
-		}
-		if !slices.Equal(got, want) {
-			t.Fatalf("limit %d: paged %d entries, want %d in set order", limit, len(got), len(want))
-		}
-	}
-	// Remove the cursor's own entry between pages.
-	zs, err := Page(ctx, e.rdb, e.keys.Queue, nil, 50)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := zs[49]
-	e.rdb.ZRem(ctx, e.keys.Queue, last.Member)
-	next, err := Page(ctx, e.rdb, e.keys.Queue, &Cursor{Score: last.Score, ID: last.Member.(string)}, 10)
-	if err != nil || len(next) == 0 || next[0].Member != want[50] {
-		t.Errorf("after a removed cursor: %v %v, want to start at %q", err, next, want[50])
-	}
-}
-
-func redisZ(member string, score float64) redis.Z { return redis.Z{Member: member, Score: score} }
-
-func TestParseCursorRefusesGarbage(t *testing.T) {
-	for _, s := range []string{"!!", "", "bm9wZQ", Cursor{Score: 1, ID: ""}.String(), "TmFOfGE"} {
-		if _, err := ParseCursor(s); err == nil || !strings.Contains(err.Error(), "cursor") {
-			t.Errorf("ParseCursor(%q) = %v, want a bad cursor error", s, err)
 		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/admin"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/producer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -237,7 +236,7 @@ func (s *Server) dead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if entries == nil {
-		entries = []consumer.DeadEntry{}
+		entries = []queue.DeadEntry{}
 	}
 	writeJSON(w, http.StatusOK, entries)
 }
@@ -260,7 +259,7 @@ func (s *Server) requeue(w http.ResponseWriter, r *http.Request) {
 		n, err = s.admin.Tools.RequeueAll(r.Context())
 	} else {
 		n, err = s.admin.Tools.Requeue(r.Context(), body.Serials...)
-		if errors.Is(err, consumer.ErrNotDead) {
+		if errors.Is(err, queue.ErrNotDead) {
 			writeError(w, http.StatusNotFound, err.Error())
 			return
 		}

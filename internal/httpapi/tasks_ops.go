@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/admin"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
 )
@@ -99,7 +98,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request, q *tasks.Runt
 	switch {
 	case errors.Is(err, tasks.ErrBadState):
 		writeInvalid(w, "state", err.Error())
-	case errors.Is(err, consumer.ErrBadCursor):
+	case errors.Is(err, queue.ErrBadCursor):
 		writeInvalid(w, "after", "after: "+err.Error()+": give the \"next\" of the previous page")
 	case err != nil:
 		s.taskFail(w, err, q)

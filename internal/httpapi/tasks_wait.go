@@ -82,7 +82,7 @@ func (s *Server) claimPolled(ctx context.Context, q *tasks.Runtime, limit int, l
 		if left <= 0 || s.stopping.Load() {
 			return nil, "", nil
 		}
-		now, next, err := consumer.NextDue(ctx, q.Redis, q.Keys)
+		now, next, err := q.Store.NextDue(ctx)
 		if err != nil {
 			return nil, "", err
 		}

@@ -1,9 +1,29 @@
-// Package queue owns the Redis layout of an orderdelay queue and the rules
-// every producer and consumer agree on: how companion keys are named, which
-// members are valid order serials, and which scores are valid deadlines.
+// Package queue is the store: it owns the Redis layout of an orderdelay
+// queue and the rules every producer and consumer agree on — how companion
+// keys are named (Keys), which members are valid order serials and which
+// scores valid deadlines, the records kept beside entries (DeadRecord,
+// ListItem, the meta hash, PauseState) — and the Lua scripts that change them, each
+// beside the typed method of Store that runs it and returns a result
+// struct. It knows nothing of metrics or logging; callers count and log.
 //
-// It has no dependencies beyond the standard library so that the public
-// client package can share it without inheriting the daemon's.
+// Where things are: store.go (Store), dead.go (dead letters: list,
+// requeue, purge; the dead-letter record), taskops.go (task queues'
+// paging, requeue and purge), tasks.go (task put, delete, payload; the
+// reliable list's take and ack; the list item), stream.go (stream groups
+// and the bury of exhausted entries), pause.go (the pause flag),
+// extend.go (moving deadlines later), meta.go (the meta hash, task
+// queues' default keys), nextdue.go (the long poll's wait), listitem.go
+// (the Lua list-item splitter), shard.go (shard keys and hash slots).
+//
+// Not here yet: the lease protocol and the scripts that read or write the
+// lease record — claim, finish, retry, fence, later, bury, hand-back, the
+// stats and in-queue scripts, the forward and dry-run peek scripts, the
+// poll's claim, ack, extend and release (internal/consumer) — and the
+// order enqueue, get and cancel scripts, which drop or read a lease
+// (package client).
+//
+// It depends on go-redis and the standard library only, so the public
+// client package shares it without inheriting the daemon's dependencies.
 //
 // Layout of a queue whose key is Q (default "delaytask:order"):
 //
@@ -14,7 +34,7 @@
 //	{Q}:dead           sorted set: serial -> time it was dead-lettered, Unix ms
 //	{Q}:deadinfo       hash: serial -> "reason|attempts|deadline|last error"
 //	{Q}:wake           pub/sub channel: deadline of a newly added entry
-//	{Q}:paused         string: why closing is paused (absent: not paused)
+//	{Q}:paused         string: "since ms|reason" while closing is paused (absent: not paused)
 //	{Q}:events         stream: close events (ORDERDELAY_CLOSE_EVENTS)
 //
 // Task queues (named queues with payloads) add:

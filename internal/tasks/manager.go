@@ -28,7 +28,8 @@ type Runtime struct {
 	Client  *client.Client
 	Metrics *metrics.Metrics
 	Redis   redis.UniversalClient
-	Durable *Durable // nil unless the queue is durable
+	Store   *queue.Store // the queue's data: Keys on Redis
+	Durable *Durable     // nil unless the queue is durable
 }
 
 // Manager runs the task queues of a file.
@@ -49,7 +50,8 @@ func NewManager(f File, rdb redis.UniversalClient, db *sqlx.DB, fam *metrics.Tas
 		if err != nil {
 			return nil, fmt.Errorf("queue %q: %w", q.Name, err)
 		}
-		r := &Runtime{Config: q, Keys: queue.NewKeys(q.Key), Client: cl, Metrics: fam.For(q.Name), Redis: rdb}
+		k := queue.NewKeys(q.Key)
+		r := &Runtime{Config: q, Keys: k, Client: cl, Metrics: fam.For(q.Name), Redis: rdb, Store: queue.NewStore(rdb, k)}
 		if q.Durable {
 			if db == nil {
 				return nil, fmt.Errorf("queue %q: a durable queue needs the database", q.Name)

@@ -2,10 +2,8 @@ package tasks
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -33,24 +31,13 @@ const metaRefresh = 30 * time.Second
 // (a rolling update) overwrite each other until the update completes.
 func WriteMeta(ctx context.Context, rdb redis.UniversalClient, f File) error {
 	for _, q := range f.Queues {
-		durable := "0"
-		if q.Durable {
-			durable = "1"
-		}
 		k := queue.NewKeys(q.Key)
-		if err := rdb.HSet(ctx, k.Meta, queue.MetaDurable, durable, queue.MetaMaxPending, strconv.FormatInt(int64(q.MaxPending), 10),
-			queue.MetaName, q.Name).Err(); err != nil {
+		if err := queue.NewStore(rdb, k).WriteMeta(ctx, queue.Meta{Durable: q.Durable, MaxPending: int64(q.MaxPending), Name: q.Name}); err != nil {
 			return fmt.Errorf("queue %q: write meta: %w", q.Name, err)
 		}
-		if def := queue.NewKeys(client.TaskQueueKey(q.Name)).Meta; def != k.Meta {
-			got, err := rdb.HGet(ctx, def, queue.MetaName).Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				return fmt.Errorf("queue %q: read meta at its default key: %w", q.Name, err)
-			}
-			if got == q.Name {
-				if err := rdb.HDel(ctx, def, queue.MetaName).Err(); err != nil {
-					return fmt.Errorf("queue %q: unname its default key: %w", q.Name, err)
-				}
+		if def := queue.NewKeys(queue.TaskQueueKey(q.Name)); def.Meta != k.Meta {
+			if err := queue.NewStore(rdb, def).Unname(ctx, q.Name); err != nil {
+				return fmt.Errorf("queue %q: %w", q.Name, err)
 			}
 		}
 	}
@@ -62,15 +49,8 @@ func WriteMeta(ctx context.Context, rdb redis.UniversalClient, f File) error {
 // now lives in the meta hash), where they hold the name of a queue of f.
 func dropLegacyNames(ctx context.Context, rdb redis.UniversalClient, f File) error {
 	for _, q := range f.Queues {
-		old := queue.NewKeys(client.TaskQueueKey(q.Name)).Name
-		got, err := rdb.Get(ctx, old).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return fmt.Errorf("queue %q: read %s: %w", q.Name, old, err)
-		}
-		if got == q.Name {
-			if err := rdb.Del(ctx, old).Err(); err != nil {
-				return fmt.Errorf("queue %q: delete %s: %w", q.Name, old, err)
-			}
+		if err := queue.NewStore(rdb, queue.NewKeys(queue.TaskQueueKey(q.Name))).DropLegacyName(ctx, q.Name); err != nil {
+			return fmt.Errorf("queue %q: %w", q.Name, err)
 		}
 	}
 	return nil

@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"github.com/lib/pq"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // Operating a queue: list its tasks and dead letters, requeue and purge
@@ -74,15 +73,15 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 	default:
 		return TaskPage{}, ErrBadState
 	}
-	var after *consumer.Cursor
+	var after *queue.Cursor
 	if cursor != "" {
-		c, err := consumer.ParseCursor(cursor)
+		c, err := queue.ParseCursor(cursor)
 		if err != nil {
 			return TaskPage{}, err
 		}
 		after = &c
 	}
-	zs, err := consumer.Page(ctx, r.Redis, key, after, limit)
+	zs, err := r.Store.Page(ctx, key, after, limit)
 	if err != nil {
 		return TaskPage{}, err
 	}
@@ -94,29 +93,19 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 	for i, z := range zs {
 		ids[i], _ = z.Member.(string) // Page returns strings
 	}
-	pipe := r.Redis.Pipeline()
-	var recs *redis.SliceCmd
-	if state == ListDead {
-		recs = pipe.HMGet(ctx, r.Keys.DeadInfo, ids...)
-	} else {
-		recs = pipe.HMGet(ctx, r.Keys.Lease, ids...)
-	}
-	var payloads *redis.SliceCmd
-	if withPayload {
-		payloads = pipe.HMGet(ctx, r.Keys.Payload, ids...)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	recs, err := r.Store.Records(ctx, ids, state == ListDead, withPayload)
+	if err != nil {
 		return TaskPage{}, fmt.Errorf("list %s: %w", state, err)
 	}
 	for i, z := range zs {
 		t := TaskInfo{ID: ids[i]}
-		rec, _ := recs.Val()[i].(string)
+		rec := recs[i].Rec
 		switch state {
 		case ListDead:
 			t.State = "dead"
 			at := time.UnixMilli(int64(z.Score)).UTC()
 			t.DeadAt = &at
-			if d, ok := consumer.ParseDeadRecord(rec); ok {
+			if d, ok := queue.ParseDeadRecord(rec); ok {
 				t.Reason, t.Attempts, t.LastError = d.Reason, d.Attempts, d.LastError
 				if ms, err := strconv.ParseFloat(d.Deadline, 64); err == nil {
 					t.Due = time.UnixMilli(int64(ms)).UTC()
@@ -142,19 +131,17 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 				}
 			}
 		}
-		if payloads != nil {
-			if p, ok := payloads.Val()[i].(string); ok {
-				t.Payload = json.RawMessage(p)
-				if !json.Valid(t.Payload) { // only a raw HSET can store this
-					t.Payload, _ = json.Marshal(p)
-				}
+		if p := recs[i]; p.HasPayload {
+			t.Payload = json.RawMessage(p.Payload)
+			if !json.Valid(t.Payload) { // only a raw HSET can store this
+				t.Payload, _ = json.Marshal(p.Payload)
 			}
 		}
 		page.Tasks[i] = t
 	}
 	if len(zs) == limit {
 		last := zs[len(zs)-1]
-		page.Next = consumer.Cursor{Score: last.Score, ID: ids[len(ids)-1]}.String()
+		page.Next = queue.Cursor{Score: last.Score, ID: ids[len(ids)-1]}.String()
 	}
 	return page, nil
 }
@@ -182,49 +169,32 @@ func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	pipe := r.Redis.Pipeline()
-	pending := pipe.ZCard(ctx, r.Keys.Queue)
-	inflight := pipe.ZCard(ctx, r.Keys.Inflight)
-	if _, err := pipe.Exec(ctx); err != nil {
+	pending, inflight, err := r.Store.Sizes(ctx)
+	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
-	t, err := r.tools()
-	if err != nil {
-		return Stats{}, err
-	}
-	ps, err := t.PauseState(ctx)
+	ps, err := r.Store.PauseState(ctx)
 	if err != nil {
 		return Stats{}, err
 	}
 	return Stats{Queue: r.Config.Name, Action: r.Config.Action.Type, Durable: r.Durable != nil,
-		Pending: pending.Val(), Due: s.Overdue, Inflight: inflight.Val(), Dead: s.DeadLetters,
+		Pending: pending, Due: s.Overdue, Inflight: inflight, Dead: s.DeadLetters,
 		OldestOverdueSeconds: s.OldestDue.Seconds(), Paused: ps.Paused, PausedReason: ps.Reason}, nil
-}
-
-// tools are the admin package's tools on this queue's keys (pause and
-// resume work on any queue).
-func (r *Runtime) tools() (*admin.Tools, error) {
-	return admin.New(r.Redis, r.Keys.Queue, nil)
 }
 
 // Pause stops the queue: no task is claimed, forwarded or polled until
 // Resume (each replica notices at its next claim). Producers keep adding
 // tasks. Pausing again keeps the first pause's time and reason.
-func (r *Runtime) Pause(ctx context.Context, reason string) (admin.PauseState, error) {
-	t, err := r.tools()
-	if err != nil {
-		return admin.PauseState{}, err
+func (r *Runtime) Pause(ctx context.Context, reason string) (queue.PauseState, error) {
+	if err := r.Store.Pause(ctx, time.Now(), reason); err != nil {
+		return queue.PauseState{}, err
 	}
-	return t.Pause(ctx, reason)
+	return r.Store.PauseState(ctx)
 }
 
 // Resume lets the queue run again and wakes its consumers.
 func (r *Runtime) Resume(ctx context.Context) error {
-	t, err := r.tools()
-	if err != nil {
-		return err
-	}
-	return t.Resume(ctx)
+	return r.Store.Resume(ctx)
 }
 
 // RequeueResult reports a requeue.
@@ -269,13 +239,13 @@ func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, err
 		}
 		ids = keep
 	}
-	outs, err := consumer.RequeueTasks(ctx, r.Redis, r.Keys, ids)
+	outs, err := r.Store.RequeueTasks(ctx, ids)
 	if err != nil {
 		return res, err
 	}
 	for i, o := range outs {
 		switch {
-		case o == consumer.RequeueDone:
+		case o == queue.RequeueDone:
 			res.Requeued++
 		case r.Durable != nil:
 			// The row decides: it is SCHEDULED again, due now, under a new
@@ -286,7 +256,7 @@ func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, err
 			// run, else the loader brings it in once it is gone. Either
 			// way the task runs again, so it is not "left alone".
 			res.Requeued++
-		case o == consumer.RequeueLive:
+		case o == queue.RequeueLive:
 			res.Skipped = append(res.Skipped, Skipped{ID: ids[i], Why: WhyLive})
 		default:
 			res.Skipped = append(res.Skipped, Skipped{ID: ids[i], Why: WhyNotDead})
@@ -298,7 +268,7 @@ func (r *Runtime) Requeue(ctx context.Context, ids []string) (RequeueResult, err
 // RequeueAll requeues the oldest dead letters, at most MaxRequeue, as
 // Requeue does, and says how many dead letters remain.
 func (r *Runtime) RequeueAll(ctx context.Context) (RequeueResult, int64, error) {
-	ids, err := r.Redis.ZRange(ctx, r.Keys.Dead, 0, MaxRequeue-1).Result()
+	ids, err := r.Store.DeadIDs(ctx, MaxRequeue)
 	if err != nil {
 		return RequeueResult{}, 0, fmt.Errorf("requeue: %w", err)
 	}
@@ -306,7 +276,7 @@ func (r *Runtime) RequeueAll(ctx context.Context) (RequeueResult, int64, error) 
 	if err != nil {
 		return res, 0, err
 	}
-	left, err := r.Redis.ZCard(ctx, r.Keys.Dead).Result()
+	left, err := r.Store.DeadCount(ctx)
 	if err != nil {
 		return res, 0, fmt.Errorf("requeue: %w", err)
 	}
@@ -317,7 +287,7 @@ func (r *Runtime) RequeueAll(ctx context.Context) (RequeueResult, int64, error) 
 // task has the same id, and returns how many there were. A durable
 // queue's rows stay FAILED (the record of what happened).
 func (r *Runtime) Purge(ctx context.Context, ids []string) (int, error) {
-	return consumer.PurgeTasks(ctx, r.Redis, r.Keys, ids)
+	return r.Store.PurgeTasks(ctx, ids)
 }
 
 // PurgeOlder removes the dead letters dead-lettered more than olderThan
@@ -331,7 +301,7 @@ func (r *Runtime) PurgeOlder(ctx context.Context, olderThan time.Duration) (int,
 		}
 		cutoff = now.Add(-olderThan)
 	}
-	return consumer.PurgeTasksBefore(ctx, r.Redis, r.Keys, cutoff)
+	return r.Store.PurgeTasksBefore(ctx, cutoff)
 }
 
 // resetFailed moves the FAILED rows of ids back to SCHEDULED, due now,

@@ -13,6 +13,7 @@ import (
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +36,7 @@ func TestDurableRequeueOfALeasedTaskLeavesTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := &Durable{DB: db, Queue: "dq", Window: time.Hour, Client: cl, Log: zaptest.NewLogger(t)}
-	r := &Runtime{Config: Queue{Name: "dq", Key: keys.Queue, Durable: true}, Keys: keys, Client: cl, Redis: rdb, Durable: d}
+	r := &Runtime{Config: Queue{Name: "dq", Key: keys.Queue, Durable: true}, Keys: keys, Client: cl, Redis: rdb, Store: queue.NewStore(rdb, keys), Durable: d}
 	if _, _, err := d.Put(ctx, "D-1", json.RawMessage(`{"n":1}`), time.Now().Add(-time.Second), client.Create); err != nil {
 		t.Fatal(err)
 	}

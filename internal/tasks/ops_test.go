@@ -12,6 +12,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ func TestDurableRequeueResetsTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := &Durable{DB: db, Queue: "dq", Window: time.Hour, Client: cl, Log: zaptest.NewLogger(t)}
-	r := &Runtime{Config: Queue{Name: "dq", Key: keys.Queue, Durable: true}, Keys: keys, Client: cl, Redis: rdb, Durable: d}
+	r := &Runtime{Config: Queue{Name: "dq", Key: keys.Queue, Durable: true}, Keys: keys, Client: cl, Redis: rdb, Store: queue.NewStore(rdb, keys), Durable: d}
 	due := time.Now().Add(-time.Second)
 	for _, id := range []string{"D-1", "D-exec"} {
 		if _, _, err := d.Put(ctx, id, json.RawMessage(`{"id":"`+id+`"}`), due, client.Create); err != nil {
@@ -99,11 +100,11 @@ func TestDurableRequeueResetsTheRow(t *testing.T) {
 
 func TestListRefusesBadStateAndCursor(t *testing.T) {
 	rdb, keys := testenv.Redis(t)
-	r := &Runtime{Config: Queue{Name: "q", Key: keys.Queue}, Keys: keys, Redis: rdb}
+	r := &Runtime{Config: Queue{Name: "q", Key: keys.Queue}, Keys: keys, Redis: rdb, Store: queue.NewStore(rdb, keys)}
 	if _, err := r.List(context.Background(), "done", "", 10, false); !errors.Is(err, ErrBadState) {
 		t.Errorf("state done: %v, want ErrBadState", err)
 	}
-	if _, err := r.List(context.Background(), ListDead, "%%%", 10, false); !errors.Is(err, consumer.ErrBadCursor) {
+	if _, err := r.List(context.Background(), ListDead, "%%%", 10, false); !errors.Is(err, queue.ErrBadCursor) {
 		t.Errorf("bad cursor: %v, want ErrBadCursor", err)
 	}
 }
@@ -115,7 +116,7 @@ func redisZ(m string, s float64) redis.Z { return redis.Z{Member: m, Score: s} }
 func TestListInflightShowsLeasesAndBackoffs(t *testing.T) {
 	ctx := context.Background()
 	rdb, keys := testenv.Redis(t)
-	r := &Runtime{Config: Queue{Name: "q", Key: keys.Queue}, Keys: keys, Redis: rdb}
+	r := &Runtime{Config: Queue{Name: "q", Key: keys.Queue}, Keys: keys, Redis: rdb, Store: queue.NewStore(rdb, keys)}
 	due := time.UnixMilli(1_800_000_000_000).UTC()
 	rdb.ZAdd(ctx, keys.Inflight, redisZ("b", 1_800_000_060_000), redisZ("l", 1_800_000_030_000))
 	rdb.HSet(ctx, keys.Lease, "b", "1800000000000|2|-|webhook https://x.example: status 503", "l", "1800000000000|0|poll.X")

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/orderdelay/orderdelay/internal/consumer"
 )
 
 // PurgeDead applies each queue's dead-letter retention (Queue.Retention of
@@ -22,7 +20,7 @@ func (m *Manager) PurgeDead(ctx context.Context, globalAge time.Duration, global
 		if age == 0 && keep == 0 {
 			continue
 		}
-		n, err := consumer.PurgeDead(ctx, r.Redis, r.Keys, age, keep)
+		n, err := r.Store.PurgeDead(ctx, age, keep)
 		if n > 0 {
 			out[name] = n
 		}

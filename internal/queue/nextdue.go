@@ -1,12 +1,10 @@
-package consumer
+package queue
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // nextDueScript tells a waiting poll when to look again.
@@ -15,7 +13,7 @@ import (
 //
 // Returns {Redis's clock in Unix ms, the earliest of the queue's head and
 // the first lease to expire (-1: neither, or the queue is paused)}.
-var nextDueScript = redis.NewScript(luaHelpers + `
+var nextDueScript = redis.NewScript(luaNowMS + `
 local now = now_ms()
 if redis.call('EXISTS', KEYS[3]) == 1 then return {now, -1} end
 local next = -1
@@ -33,13 +31,14 @@ return {now, next}
 // becomes claimable (its due time, or the end of a lease that a poll may
 // take over), both in Unix ms; next is -1 when nothing is queued or leased,
 // or the queue is paused.
-func NextDue(ctx context.Context, rdb redis.Scripter, k queue.Keys) (now, next int64, err error) {
-	v, err := nextDueScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Paused}).Int64Slice()
+func (s *Store) NextDue(ctx context.Context) (now, next int64, err error) {
+	k := s.keys
+	v, err := nextDueScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Paused}).Int64Slice()
 	if err != nil {
 		return 0, 0, fmt.Errorf("next due: %w", err)
 	}
 	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("next due: %w: %d fields, want 2", errReply, len(v))
+		return 0, 0, fmt.Errorf("next due: %w: %d fields, want 2", ErrReply, len(v))
 	}
 	return v[0], v[1], nil
 }

@@ -1,4 +1,4 @@
-package consumer
+package queue
 
 import (
 	"context"
@@ -9,9 +9,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/orderdelay/orderdelay/internal/queue"
 )
+
+// Dead letters: an entry the daemon gave up on leaves the queue for
+// {Q}:dead (scored by when it died) with a record in {Q}:deadinfo (see
+// DeadRecord). Operators list, requeue and purge them here; the order
+// queue's requeue and purge are these, a task queue's are in taskops.go.
 
 // DeadEntry is one dead-lettered entry with its record.
 type DeadEntry struct {
@@ -23,9 +26,31 @@ type DeadEntry struct {
 	At        time.Time `json:"dead_lettered_at"`
 }
 
-// ListDead returns up to limit dead-lettered entries, oldest first.
-func ListDead(ctx context.Context, rdb redis.Cmdable, k queue.Keys, limit int64) ([]DeadEntry, error) {
-	zs, err := rdb.ZRangeWithScores(ctx, k.Dead, 0, limit-1).Result()
+// DeadRecord is a dead letter's record ({queue}:deadinfo), written by the
+// scripts that dead-letter as "reason|attempts|deadline|last error".
+type DeadRecord struct {
+	Reason    string
+	Attempts  int
+	Deadline  string // as the producer wrote it (may be garbage)
+	LastError string
+}
+
+// ParseDeadRecord splits "reason|attempts|deadline|last error"; ok is
+// false for anything else.
+func ParseDeadRecord(rec string) (r DeadRecord, ok bool) {
+	parts := strings.SplitN(rec, "|", 4)
+	if len(parts) != 4 {
+		return DeadRecord{}, false
+	}
+	r.Reason, r.Deadline, r.LastError = parts[0], parts[2], parts[3]
+	r.Attempts, _ = strconv.Atoi(parts[1]) // a damaged count shows as 0
+	return r, true
+}
+
+// Dead returns up to limit dead-lettered entries, oldest first.
+func (s *Store) Dead(ctx context.Context, limit int64) ([]DeadEntry, error) {
+	k := s.keys
+	zs, err := s.rdb.ZRangeWithScores(ctx, k.Dead, 0, limit-1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
@@ -34,13 +59,13 @@ func ListDead(ctx context.Context, rdb redis.Cmdable, k queue.Keys, limit int64)
 	}
 	serials := make([]string, len(zs))
 	for i, z := range zs {
-		s, ok := z.Member.(string)
+		m, ok := z.Member.(string)
 		if !ok {
-			return nil, fmt.Errorf("list dead letters: %w: member of type %T", errReply, z.Member)
+			return nil, fmt.Errorf("list dead letters: %w: member of type %T", ErrReply, z.Member)
 		}
-		serials[i] = s
+		serials[i] = m
 	}
-	infos, err := rdb.HMGet(ctx, k.DeadInfo, serials...).Result()
+	infos, err := s.rdb.HMGet(ctx, k.DeadInfo, serials...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
@@ -48,10 +73,8 @@ func ListDead(ctx context.Context, rdb redis.Cmdable, k queue.Keys, limit int64)
 	for i, z := range zs {
 		e := DeadEntry{Serial: serials[i], At: time.UnixMilli(int64(z.Score))}
 		if rec, ok := infos[i].(string); ok {
-			parts := strings.SplitN(rec, "|", 4)
-			if len(parts) == 4 {
-				e.Reason, e.Deadline, e.LastError = parts[0], parts[2], parts[3]
-				e.Attempts, _ = strconv.Atoi(parts[1]) // a damaged count shows as 0
+			if r, ok := ParseDeadRecord(rec); ok {
+				e.Reason, e.Attempts, e.Deadline, e.LastError = r.Reason, r.Attempts, r.Deadline, r.LastError
 			}
 		}
 		out[i] = e
@@ -67,7 +90,7 @@ func ListDead(ctx context.Context, rdb redis.Cmdable, k queue.Keys, limit int64)
 //
 // ZADD NX keeps an entry a producer wrote meanwhile. Returns the number
 // moved.
-var requeueScript = redis.NewScript(luaHelpers + `
+var requeueScript = redis.NewScript(luaNowMS + `
 local now = now_ms()
 local n = 0
 for i = 1, #ARGV do
@@ -84,9 +107,12 @@ return n
 // ErrNotDead is returned by Requeue when a named serial is not dead-lettered.
 var ErrNotDead = errors.New("not in the dead-letter set")
 
-// Requeue puts the named dead-lettered serials back on the queue.
-func Requeue(ctx context.Context, rdb redis.Scripter, k queue.Keys, serials ...string) (int, error) {
-	n, err := requeueScript.Run(ctx, rdb, []string{k.Queue, k.Dead, k.DeadInfo}, anys(serials)...).Int()
+// Requeue puts the named dead-lettered serials back on the queue, due
+// now, and returns how many it moved. One serial that is not dead is
+// ErrNotDead.
+func (s *Store) Requeue(ctx context.Context, serials ...string) (int, error) {
+	k := s.keys
+	n, err := requeueScript.Run(ctx, s.rdb, []string{k.Queue, k.Dead, k.DeadInfo}, anys(serials)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("requeue: %w", err)
 	}
@@ -97,17 +123,17 @@ func Requeue(ctx context.Context, rdb redis.Scripter, k queue.Keys, serials ...s
 }
 
 // RequeueAll puts every dead-lettered entry back, 1,000 per script call.
-func RequeueAll(ctx context.Context, rdb redis.UniversalClient, k queue.Keys) (int, error) {
+func (s *Store) RequeueAll(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		serials, err := rdb.ZRange(ctx, k.Dead, 0, 999).Result()
+		serials, err := s.rdb.ZRange(ctx, s.keys.Dead, 0, 999).Result()
 		if err != nil {
 			return total, fmt.Errorf("requeue: %w", err)
 		}
 		if len(serials) == 0 {
 			return total, nil
 		}
-		n, err := Requeue(ctx, rdb, k, serials...)
+		n, err := s.Requeue(ctx, serials...)
 		total += n
 		if err != nil && !errors.Is(err, ErrNotDead) {
 			return total, err
@@ -158,10 +184,11 @@ return #victims
 // (0: none by age) and the oldest beyond keepMax (0: no cap), in steps of
 // 1,000, and returns how many it removed. On a task queue each one's
 // payload goes with it unless a live task of the same id owns it.
-func PurgeDead(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, olderThan time.Duration, keepMax int) (int, error) {
+func (s *Store) PurgeDead(ctx context.Context, olderThan time.Duration, keepMax int) (int, error) {
+	k := s.keys
 	cutoff := int64(-1)
 	if olderThan > 0 {
-		now, err := rdb.Time(ctx).Result()
+		now, err := s.rdb.Time(ctx).Result()
 		if err != nil {
 			return 0, fmt.Errorf("purge dead letters: %w", err)
 		}
@@ -169,7 +196,7 @@ func PurgeDead(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, old
 	}
 	total := 0
 	for {
-		n, err := purgeScript.Run(ctx, rdb, []string{k.Dead, k.DeadInfo, k.Payload, k.Queue, k.Lease}, cutoff, keepMax, 1000).Int()
+		n, err := purgeScript.Run(ctx, s.rdb, []string{k.Dead, k.DeadInfo, k.Payload, k.Queue, k.Lease}, cutoff, keepMax, 1000).Int()
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("purge dead letters: %w", err)

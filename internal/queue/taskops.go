@@ -1,4 +1,4 @@
-package consumer
+package queue
 
 import (
 	"context"
@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // Operators' tools for task queues: page through a queue's sorted sets,
@@ -88,49 +86,30 @@ end
 return redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[3]) - 1, 'WITHSCORES')
 `)
 
-// Page returns up to limit entries of the sorted set key after the
-// position after (nil: from the start).
-func Page(ctx context.Context, rdb redis.Scripter, key string, after *Cursor, limit int) ([]redis.Z, error) {
+// Page returns up to limit entries of the sorted set key (one of the
+// store's: Keys().Queue, Inflight or Dead) after the position after (nil:
+// from the start).
+func (s *Store) Page(ctx context.Context, key string, after *Cursor, limit int) ([]redis.Z, error) {
 	score, id := "", ""
 	if after != nil {
 		score, id = strconv.FormatFloat(after.Score, 'g', -1, 64), after.ID
 	}
-	raw, err := pageScript.Run(ctx, rdb, []string{key}, score, id, limit).StringSlice()
+	raw, err := pageScript.Run(ctx, s.rdb, []string{key}, score, id, limit).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("page %s: %w", key, err)
 	}
 	if len(raw)%2 != 0 {
-		return nil, fmt.Errorf("page %s: %w: odd reply", key, errReply)
+		return nil, fmt.Errorf("page %s: %w: odd reply", key, ErrReply)
 	}
 	out := make([]redis.Z, 0, len(raw)/2)
 	for i := 0; i < len(raw); i += 2 {
 		f, err := strconv.ParseFloat(raw[i+1], 64)
 		if err != nil {
-			return nil, fmt.Errorf("page %s: %w: score %q", key, errReply, raw[i+1])
+			return nil, fmt.Errorf("page %s: %w: score %q", key, ErrReply, raw[i+1])
 		}
 		out = append(out, redis.Z{Member: raw[i], Score: f})
 	}
 	return out, nil
-}
-
-// DeadRecord is a dead letter's record ({queue}:deadinfo).
-type DeadRecord struct {
-	Reason    string
-	Attempts  int
-	Deadline  string // as the producer wrote it (may be garbage)
-	LastError string
-}
-
-// ParseDeadRecord splits "reason|attempts|deadline|last error"; ok is
-// false for anything else.
-func ParseDeadRecord(rec string) (r DeadRecord, ok bool) {
-	parts := strings.SplitN(rec, "|", 4)
-	if len(parts) != 4 {
-		return DeadRecord{}, false
-	}
-	r.Reason, r.Deadline, r.LastError = parts[0], parts[2], parts[3]
-	r.Attempts, _ = strconv.Atoi(parts[1]) // a damaged count shows as 0
-	return r, true
 }
 
 // Outcomes of RequeueTasks, per id.
@@ -157,7 +136,7 @@ const (
 // alone: dead-lettering cleared the dead item's, so a count there belongs
 // to a newer item of the id waiting in the ready list. Returns per id 1
 // (requeued), 2 (live) or 0 (no dead letter).
-var requeueTasksScript = redis.NewScript(luaHelpers + `
+var requeueTasksScript = redis.NewScript(luaNowMS + `
 local now = now_ms()
 local out, n = {}, 0
 for i = 1, #ARGV do
@@ -182,17 +161,18 @@ return out
 // RequeueTasks puts the dead letters ids (at most 1,000) back on the
 // queue, due now, with their payloads, and returns each id's outcome
 // (RequeueDone, RequeueLive or RequeueNotDead).
-func RequeueTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, ids []string) ([]string, error) {
+func (s *Store) RequeueTasks(ctx context.Context, ids []string) ([]string, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	v, err := requeueTasksScript.Run(ctx, rdb,
+	k := s.keys
+	v, err := requeueTasksScript.Run(ctx, s.rdb,
 		[]string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Wake}, anys(ids)...).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("requeue: %w", err)
 	}
 	if len(v) != len(ids) {
-		return nil, fmt.Errorf("requeue: %w: %d answers for %d ids", errReply, len(v), len(ids))
+		return nil, fmt.Errorf("requeue: %w: %d answers for %d ids", ErrReply, len(v), len(ids))
 	}
 	out := make([]string, len(v))
 	for i, x := range v {
@@ -235,17 +215,17 @@ end
 return n
 `)
 
-func purgeTaskKeys(k queue.Keys) []string {
+func purgeTaskKeys(k Keys) []string {
 	return []string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Payload}
 }
 
 // PurgeTasks removes the dead letters ids (at most 1,000) and returns how
 // many there were. A live task of the same id keeps its payload.
-func PurgeTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, ids []string) (int, error) {
+func (s *Store) PurgeTasks(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := purgeTasksScript.Run(ctx, rdb, purgeTaskKeys(k), append([]any{"ids"}, anys(ids)...)...).Int()
+	n, err := purgeTasksScript.Run(ctx, s.rdb, purgeTaskKeys(s.keys), append([]any{"ids"}, anys(ids)...)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("purge: %w", err)
 	}
@@ -257,14 +237,14 @@ const purgeStep = 1000
 
 // PurgeTasksBefore removes dead letters dead-lettered before cutoff (the
 // zero time: all of them), 1,000 per script call, and returns how many.
-func PurgeTasksBefore(ctx context.Context, rdb redis.Scripter, k queue.Keys, cutoff time.Time) (int, error) {
+func (s *Store) PurgeTasksBefore(ctx context.Context, cutoff time.Time) (int, error) {
 	until := "+inf"
 	if !cutoff.IsZero() {
 		until = "(" + strconv.FormatInt(cutoff.UnixMilli(), 10)
 	}
 	total := 0
 	for {
-		n, err := purgeTasksScript.Run(ctx, rdb, purgeTaskKeys(k), "before", until, purgeStep).Int()
+		n, err := purgeTasksScript.Run(ctx, s.rdb, purgeTaskKeys(s.keys), "before", until, purgeStep).Int()
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("purge: %w", err)
@@ -273,4 +253,60 @@ func PurgeTasksBefore(ctx context.Context, rdb redis.Scripter, k queue.Keys, cut
 			return total, nil
 		}
 	}
+}
+
+// Record is what a listing shows beside an id of a page: its record in a
+// hash (DeadInfo or Lease; "" when it has none) and its payload.
+type Record struct {
+	Rec        string
+	Payload    string
+	HasPayload bool // false: no payload field (Payload is "")
+}
+
+// Records reads, in one pipeline, the dead-letter records (dead) or lease
+// records of ids and, with withPayload, their payloads.
+func (s *Store) Records(ctx context.Context, ids []string, dead, withPayload bool) ([]Record, error) {
+	hash := s.keys.Lease
+	if dead {
+		hash = s.keys.DeadInfo
+	}
+	pipe := s.rdb.Pipeline()
+	recs := pipe.HMGet(ctx, hash, ids...)
+	var payloads *redis.SliceCmd
+	if withPayload {
+		payloads = pipe.HMGet(ctx, s.keys.Payload, ids...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]Record, len(ids))
+	for i := range out {
+		out[i].Rec, _ = recs.Val()[i].(string)
+		if payloads != nil {
+			out[i].Payload, out[i].HasPayload = payloads.Val()[i].(string)
+		}
+	}
+	return out, nil
+}
+
+// Sizes counts the entries of the queue key (waiting, or due and not yet
+// claimed) and the inflight set (leased or backing off), in one pipeline.
+func (s *Store) Sizes(ctx context.Context) (queued, inflight int64, err error) {
+	pipe := s.rdb.Pipeline()
+	q := pipe.ZCard(ctx, s.keys.Queue)
+	f := pipe.ZCard(ctx, s.keys.Inflight)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, 0, err
+	}
+	return q.Val(), f.Val(), nil
+}
+
+// DeadIDs returns the ids of the oldest limit dead letters.
+func (s *Store) DeadIDs(ctx context.Context, limit int64) ([]string, error) {
+	return s.rdb.ZRange(ctx, s.keys.Dead, 0, limit-1).Result()
+}
+
+// DeadCount returns how many dead letters there are.
+func (s *Store) DeadCount(ctx context.Context) (int64, error) {
+	return s.rdb.ZCard(ctx, s.keys.Dead).Result()
 }

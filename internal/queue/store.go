@@ -1,0 +1,60 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Store is one queue's data in Redis: its keys (see Keys) and the typed
+// operations on them, each Lua script beside the method that runs it. A
+// method returns what happened as values and result structs; counting it
+// in metrics or logging it is the caller's business.
+//
+// A Store is cheap (a client and a Keys value) and safe for concurrent
+// use; a sharded queue has one Store per key (ShardKeys).
+type Store struct {
+	rdb  redis.UniversalClient
+	keys Keys
+}
+
+// NewStore returns the store of the queue whose keys are k, on rdb.
+func NewStore(rdb redis.UniversalClient, k Keys) *Store {
+	return &Store{rdb: rdb, keys: k}
+}
+
+// Keys returns the store's keys.
+func (s *Store) Keys() Keys { return s.keys }
+
+// Now reads Redis's clock, the clock every script goes by.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redis time: %w", err)
+	}
+	return t, nil
+}
+
+// ErrReply is wrapped by the errors of a script reply of the wrong shape.
+var ErrReply = errors.New("unexpected reply")
+
+// luaNowMS is the Lua function now_ms(): Redis's clock in integer
+// milliseconds.
+const luaNowMS = `
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+`
+
+// anys converts script arguments.
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}

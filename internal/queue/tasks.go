@@ -1,0 +1,359 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Task queues' producer writes (put, delete) and the reliable list's take
+// and ack. Package client validates and wraps them for outside callers;
+// the daemon's durable tier writes through the same methods as its own
+// writer.
+
+// Write modes of the put script (and of package client's enqueue script).
+const (
+	ModeCreate     = "nx"    // add only if absent
+	ModeReschedule = "set"   // set the deadline whether or not it exists
+	ModeLater      = "later" // set it only if later (or absent)
+)
+
+// Writers of a task queue, as the put and delete scripts know them.
+const (
+	WriterClient  = "client"
+	WriterDurable = "durable" // the daemon's durable tier (internal/durabletier)
+)
+
+// Results of a write, as the put and enqueue scripts answer them.
+const (
+	ResultUnchanged = 0 // the task existed and kept its deadline (and payload)
+	ResultCreated   = 1
+	ResultMoved     = 2
+)
+
+// Script replies that refuse a write (see putTaskScript, deleteTasksScript).
+const (
+	replyDurable = -1
+	replyFull    = -2
+)
+
+// ErrDurable: the queue is durable and the writer is not its durable
+// tier; nothing was written.
+var ErrDurable = errors.New("durable queue")
+
+// putTaskScript adds or moves a task and writes its payload, atomically,
+// unless the queue's meta hash (written by the daemon from its queues
+// file) forbids it.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
+//	KEYS[4] -> {queue}:deadlines  KEYS[5] -> {queue}:wake  KEYS[6] -> {queue}:payload
+//	KEYS[7] -> {queue}:meta
+//	ARGV[1] -> mode "nx" | "set" | "later"; ARGV[2] id; ARGV[3] deadline ms; ARGV[4] payload
+//	ARGV[5] -> writer: "client", or "durable" for the daemon's durable tier
+//
+// Returns {result, n}: result 0 unchanged, 1 created, 2 moved, with n the
+// deadline; or, with nothing written, -1: the queue is durable and the
+// writer is not its durable tier (n 0); -2: the task is new and the queue
+// already holds max_pending pending tasks, queued plus inflight (n the
+// cap). An unchanged task keeps its payload too. A task that exists
+// (queued, leased or backing off) is never refused for the cap, so an
+// idempotent retry or a reschedule always goes through.
+var putTaskScript = redis.NewScript(`
+local meta = redis.call('HMGET', KEYS[7], 'durable', 'max_pending')
+if meta[1] == '1' and ARGV[5] ~= 'durable' then return {-1, 0} end
+local mode, id, d = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local cur = redis.call('ZSCORE', KEYS[1], id)
+local leased = false
+if not cur then
+  local rec = redis.call('HGET', KEYS[2], id)
+  if rec then cur = string.match(rec, '^([^|]*)'); leased = true end
+end
+if cur then cur = tonumber(cur) end
+local res = 0
+if not cur then
+  local cap = tonumber(meta[2])
+  if cap and redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[3]) >= cap then return {-2, cap} end
+  res = 1
+elseif (mode == 'set' and d ~= cur) or (mode == 'later' and d > cur) then
+  res = 2
+  if leased then
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('ZREM', KEYS[4], id)
+  end
+else
+  return {0, cur}
+end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+redis.call('ZADD', KEYS[1], d, id)
+redis.call('HSET', KEYS[6], id, ARGV[4])
+if not head[2] or d < tonumber(head[2]) then redis.call('PUBLISH', KEYS[5], d) end
+return {res, d}
+`)
+
+// TaskWrite is one task for PutTask and PutTasks.
+type TaskWrite struct {
+	ID         string
+	DeadlineMS int64
+	Payload    string // JSON; "" is stored as null
+}
+
+// Put is what the put script did with one task.
+type Put struct {
+	Result   int   // ResultUnchanged, ResultCreated or ResultMoved; Unchanged when refused
+	Deadline int64 // the task's deadline after the call, Unix ms (0 when refused)
+	// Durable: refused, the queue is durable and the writer not its tier.
+	Durable bool
+	// Full: refused, the task is new and the queue holds MaxPending
+	// pending tasks.
+	Full       bool
+	MaxPending int64
+}
+
+func putKeys(k Keys) []string {
+	return []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Payload, k.Meta}
+}
+
+func putArgs(mode, writer string, t TaskWrite) []any {
+	payload := t.Payload
+	if payload == "" {
+		payload = "null"
+	}
+	return []any{mode, t.ID, t.DeadlineMS, payload, writer}
+}
+
+func parsePut(v []int64) Put {
+	switch v[0] {
+	case replyDurable:
+		return Put{Durable: true}
+	case replyFull:
+		return Put{Full: true, MaxPending: v[1]}
+	}
+	return Put{Result: int(v[0]), Deadline: v[1]}
+}
+
+// PutTask adds or moves task t (mode: ModeCreate, ModeReschedule or
+// ModeLater) with its payload, atomically, as writer (WriterClient or
+// WriterDurable), unless the queue's meta hash refuses it (Put.Durable,
+// Put.Full).
+func (s *Store) PutTask(ctx context.Context, mode, writer string, t TaskWrite) (Put, error) {
+	v, err := putTaskScript.Run(ctx, s.rdb, putKeys(s.keys), putArgs(mode, writer, t)...).Int64Slice()
+	if err != nil {
+		return Put{}, fmt.Errorf("put task %q: %w", t.ID, err)
+	}
+	if len(v) != 2 {
+		return Put{}, fmt.Errorf("put task %q: reply of %d fields", t.ID, len(v))
+	}
+	return parsePut(v), nil
+}
+
+// PutTasks is PutTask for a batch, pipelined in one round trip; each task
+// is put on its own, atomically, in order.
+func (s *Store) PutTasks(ctx context.Context, mode, writer string, ts []TaskWrite) ([]Put, error) {
+	if err := putTaskScript.Load(ctx, s.rdb).Err(); err != nil {
+		return nil, fmt.Errorf("put tasks: %w", err)
+	}
+	keys := putKeys(s.keys)
+	cmds := make([]*redis.Cmd, len(ts))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range ts {
+			cmds[i] = putTaskScript.EvalSha(ctx, p, keys, putArgs(mode, writer, t)...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("put tasks: %w", err)
+	}
+	out := make([]Put, len(ts))
+	for i, cmd := range cmds {
+		v, err := cmd.Int64Slice()
+		if err != nil || len(v) != 2 {
+			return nil, fmt.Errorf("put tasks: reply %d: %v", i, err)
+		}
+		out[i] = parsePut(v)
+	}
+	return out, nil
+}
+
+// Payload returns task id's payload, "" when it has none.
+func (s *Store) Payload(ctx context.Context, id string) (string, error) {
+	p, err := s.rdb.HGet(ctx, s.keys.Payload, id).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", err
+	}
+	return p, nil
+}
+
+// deleteTasksScript removes tasks wherever they are (queued, leased,
+// backing off, dead) with their payloads, unless the queue is durable and
+// the writer is not its durable tier.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
+//	KEYS[4] -> {queue}:deadlines  KEYS[5] -> {queue}:payload
+//	KEYS[6] -> {queue}:dead  KEYS[7] -> {queue}:deadinfo  KEYS[8] -> {queue}:meta
+//	ARGV[1] -> writer: "client" | "durable"; ARGV[2..] -> ids
+//
+// Returns how many existed, or -1 (nothing removed) when the queue is
+// durable and the writer is not its durable tier.
+var deleteTasksScript = redis.NewScript(`
+if ARGV[1] ~= 'durable' and redis.call('HGET', KEYS[8], 'durable') == '1' then return -1 end
+local n = 0
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local found = redis.call('ZREM', KEYS[1], id) + redis.call('HDEL', KEYS[2], id) + redis.call('ZREM', KEYS[6], id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('HDEL', KEYS[7], id)
+  if found > 0 then n = n + 1 end
+end
+return n
+`)
+
+// deleteStep bounds the ids of one delete script call.
+const deleteStep = 1000
+
+// DeleteTasks removes tasks ids wherever they are, with their payloads,
+// up to 1,000 per script call, as writer, and returns how many existed.
+// On a durable queue whose writer is not its tier it removes nothing more
+// and returns ErrDurable with the count of earlier calls.
+func (s *Store) DeleteTasks(ctx context.Context, writer string, ids []string) (int, error) {
+	k := s.keys
+	total := 0
+	for start := 0; start < len(ids); start += deleteStep {
+		chunk := ids[start:min(start+deleteStep, len(ids))]
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, writer)
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		n, err := deleteTasksScript.Run(ctx, s.rdb,
+			[]string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Payload, k.Dead, k.DeadInfo, k.Meta}, args...).Int()
+		if err != nil {
+			return total, fmt.Errorf("delete tasks: %w", err)
+		}
+		if n == replyDurable {
+			return total, ErrDurable
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// ListItem is an item of a list action's ready list, as the forward script
+// writes it (see LuaSplitListItem).
+type ListItem struct {
+	ID         string          `json:"id"`
+	DeadlineMS int64           `json:"deadline_ms"`
+	Payload    json.RawMessage `json:"payload"`
+	// Attempts is how many times the item was taken before this Take and
+	// not acknowledged in time (0 on the first delivery). It is not part
+	// of the item in Redis: Take fills it in from the delivery count.
+	Attempts int `json:"attempts"`
+}
+
+// ErrNothingToTake: the ready list is empty or holds only items whose ids
+// are taken.
+var ErrNothingToTake = errors.New("nothing to take")
+
+// takeScript takes the oldest item of a reliable list queue: it moves it to
+// the processing list, records when it was taken and counts the delivery,
+// atomically. The daemon returns an item not acknowledged within the
+// queue's ack_timeout of being taken to the ready list, or dead-letters it
+// once it has been taken max_attempts times.
+//
+//	KEYS[1] -> {queue}:ready  KEYS[2] -> {queue}:processing
+//	KEYS[3] -> {queue}:unacked  KEYS[4] -> {queue}:taken
+//	KEYS[5] -> {queue}:deliveries
+//
+// One delivery of an id at a time: a taken item is tracked by its id
+// (KEYS[3], KEYS[4]), so an item whose id is taken already (a producer or
+// a requeue wrote the id again while it waited or was held) is not taken
+// beside it: it goes to the back of the ready list and waits until the
+// first is acknowledged or returned. Taking it as well would make the
+// first consumer's Ack remove the second delivery's records, losing it.
+// At most takeSkips such items are passed over per call.
+//
+// Returns {item, deliveries including this one}, or nil when the list is
+// empty or holds only items whose ids are taken. The id is read without
+// decoding the payload (see LuaSplitListItem); an item of another
+// shape is keyed by its whole body.
+var takeScript = redis.NewScript(LuaSplitListItem + `
+for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
+  local item = redis.call('LINDEX', KEYS[1], -1)
+  local id = split_item(item) or item
+  if redis.call('HEXISTS', KEYS[4], id) == 0 then
+    redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+    local now = redis.call('TIME')
+    local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    redis.call('ZADD', KEYS[3], at, id)
+    redis.call('HSET', KEYS[4], id, item)
+    local n = redis.call('HINCRBY', KEYS[5], id, 1)
+    return {item, n}
+  end
+  redis.call('LMOVE', KEYS[1], KEYS[1], 'RIGHT', 'LEFT')
+end
+return nil
+`)
+
+// takeSkips bounds the items of taken ids one Take passes over.
+const takeSkips = 100
+
+// Take takes the next item of a reliable list queue (see takeScript), or
+// returns ErrNothingToTake.
+func (s *Store) Take(ctx context.Context) (ListItem, error) {
+	k := s.keys
+	v, err := takeScript.Run(ctx, s.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries}, takeSkips).Slice()
+	if errors.Is(err, redis.Nil) {
+		return ListItem{}, ErrNothingToTake
+	}
+	if err != nil {
+		return ListItem{}, fmt.Errorf("take: %w", err)
+	}
+	if len(v) != 2 {
+		return ListItem{}, fmt.Errorf("take: reply of %d fields, want 2", len(v))
+	}
+	item, ok1 := v[0].(string)
+	n, ok2 := v[1].(int64)
+	if !ok1 || !ok2 {
+		return ListItem{}, fmt.Errorf("take: reply of types %T, %T", v[0], v[1])
+	}
+	var it ListItem
+	if err := json.Unmarshal([]byte(item), &it); err != nil {
+		return ListItem{}, fmt.Errorf("take: malformed item %q: %w", item, err)
+	}
+	it.Attempts = int(n) - 1
+	return it, nil
+}
+
+// ackScript acknowledges a taken item.
+//
+//	KEYS[1] -> {queue}:processing KEYS[2] -> {queue}:unacked KEYS[3] -> {queue}:taken
+//	KEYS[4] -> {queue}:deliveries
+//	ARGV[1] -> id
+//
+// Returns 1 if the item was still taken, 0 if it had already returned to
+// the ready list (acknowledged too late) or was dead-lettered.
+var ackScript = redis.NewScript(`
+local item = redis.call('HGET', KEYS[3], ARGV[1])
+if not item then return 0 end
+redis.call('LREM', KEYS[1], 1, item)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return 1
+`)
+
+// AckTaken acknowledges the taken item of task id; false when it was not
+// (or no longer) taken.
+func (s *Store) AckTaken(ctx context.Context, id string) (bool, error) {
+	k := s.keys
+	n, err := ackScript.Run(ctx, s.rdb, []string{k.Processing, k.Unacked, k.Taken, k.Deliveries}, id).Int()
+	if err != nil {
+		return false, fmt.Errorf("ack: %w", err)
+	}
+	return n == 1, nil
+}
