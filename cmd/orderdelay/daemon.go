@@ -220,9 +220,9 @@ func liveness(cfg config.Config) time.Duration { return 3*cfg.ScanInterval + 30*
 
 // runDaemon runs until ctx ends or one of its actors fails. Unreachable
 // Redis or PostgreSQL is not fatal: the daemon reports it (readiness,
-// dependency_up) and retries. A statement that fails verification is (exit
-// 2), and so is a port that cannot be bound; an HTTP server that fails
-// mid-run ends the run (exit 1).
+// dependency_up) and retries. A statement that fails verification is
+// (exit 2); so is a port that cannot be bound at start, and an HTTP server
+// that fails mid-run ends the run (both exit 1).
 func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts daemonOptions) error {
 	log.Info("starting orderdelay", zap.String("version", version), zap.String("revision", revision),
 		zap.String("redis_url", config.Mask(cfg.RedisURL)), zap.String("redis_mode", cfg.RedisMode),
@@ -252,8 +252,9 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 }
 
 // actors is the daemon: its stages in start order. Shutdown — on the
-// signal, or when any actor fails — runs them backwards, each stage only
-// after every actor of the stage listed below it has returned:
+// signal (main's NotifyContext ends ctx), or when any actor fails — goes
+// through them backwards, a stage stopped only once every actor of the
+// stage after it has returned:
 //
 //  1. /readyz answers 503 (Stopping, before anything stops), so load
 //     balancers move producers away;

@@ -9,8 +9,9 @@
 // after it.
 //
 // The run ends when the parent context ends or when any actor fails: a
-// Start or a Run that returns an error. Stopping then calls Stopping (if
-// set), and stops the stages that started in reverse order: it cancels the
+// Start or a Run that returns an error. Stopping (if set) is called at
+// once — even while a Start is still on its way out — and then the stages
+// that started are stopped in reverse order: it cancels the
 // context of every actor of a stage at once and waits until all of them
 // have returned before it stops the stage listed before. The last stage is
 // the first stopped, the first (typically the listeners) the last.
@@ -81,6 +82,19 @@ func (g Group) Run(parent context.Context) error {
 		}
 		end()
 	}
+	// Stopping runs as soon as the run ends, even while a Start is still
+	// on its way out (a migration cannot be interrupted).
+	stoppingDone := make(chan struct{})
+	go func() {
+		defer close(stoppingDone)
+		<-runCtx.Done()
+		if g.Stopping != nil {
+			mu.Lock()
+			cause := first
+			mu.Unlock()
+			g.Stopping(cause)
+		}
+	}()
 	type running struct {
 		name   string
 		cancel context.CancelFunc
@@ -115,13 +129,7 @@ start:
 			}
 		}
 	}
-	<-runCtx.Done()
-	if g.Stopping != nil {
-		mu.Lock()
-		cause := first
-		mu.Unlock()
-		g.Stopping(cause)
-	}
+	<-stoppingDone
 	for i := len(started) - 1; i >= 0; i-- {
 		started[i].cancel()
 		started[i].wg.Wait()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -177,6 +178,61 @@ func TestAFinishedRunEndsNothing(t *testing.T) {
 	default:
 	}
 	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAFailureWhileStoppingIsReported: an actor that cannot stop cleanly
+// (a hand-back that failed) makes the run's result an error even when
+// the signal ended it; a plain context.Canceled does not.
+func TestAFailureWhileStoppingIsReported(t *testing.T) {
+	handBack := errors.New("hand back: redis down")
+	for _, tc := range []struct {
+		stopErr error
+		want    error
+	}{{handBack, handBack}, {context.Canceled, nil}} {
+		ctx, cancel := context.WithCancel(context.Background())
+		running := make(chan struct{})
+		g := Group{Stages: []Stage{{Name: "work", Actors: []Actor{{Name: "consumer", Run: func(ctx context.Context) error {
+			close(running)
+			<-ctx.Done()
+			return tc.stopErr
+		}}}}}}
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		<-running
+		cancel()
+		if err := <-done; !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("stop error %v: Run returned %v, want %v", tc.stopErr, err, tc.want)
+		}
+	}
+}
+
+// TestStoppingRunsWhileAStartCannotBeInterrupted: readiness must turn 503
+// on the signal even while a Start that ignores its context (a migration)
+// is still running.
+func TestStoppingRunsWhileAStartCannotBeInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	inStart, release, stopping := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	g := Group{
+		Stages: []Stage{{Name: "work", Actors: []Actor{{Name: "migrate", Start: func(context.Context) error {
+			close(inStart)
+			<-release
+			return nil
+		}}}}},
+		Stopping: func(error) { close(stopping) },
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-inStart
+	cancel()
+	select {
+	case <-stopping:
+	case <-time.After(time.Minute):
+		t.Error("Stopping was not called while the Start ran")
+	}
+	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
