@@ -9,14 +9,15 @@ import (
 	"github.com/orderdelay/orderdelay/internal/tasks"
 )
 
-// Defaults of a Queue's zero fields; they match the queues file's.
+// Defaults of a Queue's zero fields; they are the queues file's
+// (internal/tasks), so the two cannot drift apart.
 const (
-	DefaultLease       = 60 * time.Second
-	DefaultMaxAttempts = 10
+	DefaultLease       = tasks.DefaultLease
+	DefaultMaxAttempts = tasks.DefaultMaxAttempts
 	DefaultConcurrency = 10
-	DefaultInitial     = time.Second
-	DefaultMax         = 5 * time.Minute
-	DefaultMultiplier  = 2.0
+	DefaultInitial     = tasks.DefaultRetryInitial
+	DefaultMax         = tasks.DefaultRetryMax
+	DefaultMultiplier  = tasks.DefaultRetryMultiplier
 )
 
 // MinLease is the shortest lease a Queue accepts: the heartbeat extends it

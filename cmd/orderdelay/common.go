@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -181,10 +180,6 @@ func redactErr(err error, cfg config.Config) error {
 		return usageError{redacted}
 	}
 	return redacted
-}
-
-func pingRedis(ctx context.Context, rdb redis.UniversalClient) error {
-	return rdb.Ping(ctx).Err()
 }
 
 // redisZ is a sorted-set member scored by deadline in integer Unix ms,

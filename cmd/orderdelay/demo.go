@@ -11,12 +11,11 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/producer"
 )
 
@@ -96,23 +95,10 @@ func withDatabase(dsn, name string) string {
 // ensureDemoDatabase creates the demo database if it is missing, connecting
 // to the server's "postgres" database with the configured credentials.
 func ensureDemoDatabase(ctx context.Context, dsn string) (string, error) {
-	admin, err := sqlx.Open("postgres", withDatabase(dsn, "postgres"))
-	if err != nil {
-		return "", err
-	}
-	defer admin.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var exists bool
-	if err := admin.GetContext(ctx, &exists, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", demoDatabase); err != nil {
+	if err := orders.EnsureDatabase(ctx, withDatabase(dsn, "postgres"), demoDatabase); err != nil {
 		return "", err
-	}
-	if !exists {
-		_, err := admin.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(demoDatabase))
-		var pqErr *pq.Error
-		if err != nil && !(errors.As(err, &pqErr) && pqErr.Code == "42P04") { // created meanwhile
-			return "", err
-		}
 	}
 	return withDatabase(dsn, demoDatabase), nil
 }
@@ -142,7 +128,7 @@ func checkout(ctx context.Context, d *daemon, rate float64) {
 		serial := fmt.Sprintf("%s%05d", prefix, n)
 		timeout := 2*time.Second + rand.N(6*time.Second)
 		deadline := time.Now().Add(timeout)
-		if _, err := d.db.ExecContext(ctx, "INSERT INTO orders (serial_no, expires_at) VALUES ($1, $2)", serial, deadline); err != nil {
+		if err := orders.Create(ctx, d.db, serial, deadline); err != nil {
 			log.Warn("create order", zap.Error(err))
 			continue
 		}
@@ -172,12 +158,12 @@ func pay(ctx context.Context, d *daemon, log *zap.Logger, serial string) {
 	if ctx.Err() != nil {
 		return
 	}
-	res, err := d.db.ExecContext(ctx, "UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1 AND status = 'pending'", serial)
+	paid, err := orders.Pay(ctx, d.db, serial)
 	if err != nil {
 		log.Warn("pay", zap.Error(err))
 		return
 	}
-	if n, _ := res.RowsAffected(); n == 1 {
+	if paid {
 		log.Info("order paid", zap.String("serial", serial))
 		if err := d.prod.Cancel(ctx, serial); err != nil && !errors.Is(err, client.ErrNotFound) {
 			log.Warn("cancel timeout", zap.Error(err))
@@ -188,11 +174,8 @@ func pay(ctx context.Context, d *daemon, log *zap.Logger, serial string) {
 // demoReport logs what the orders table says of this run's orders (the
 // demo database keeps earlier runs' orders too).
 func demoReport(ctx context.Context, d *daemon, log *zap.Logger, prefix string) {
-	var counts []struct {
-		Status string `db:"status"`
-		N      int    `db:"n"`
-	}
-	if err := d.db.SelectContext(ctx, &counts, "SELECT status, count(*) AS n FROM orders WHERE starts_with(serial_no, $1) GROUP BY status ORDER BY status", prefix); err != nil {
+	counts, err := orders.CountByStatus(ctx, d.db, prefix)
+	if err != nil {
 		return
 	}
 	fields := make([]zap.Field, 0, len(counts))

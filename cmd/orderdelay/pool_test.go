@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
@@ -19,19 +18,7 @@ import (
 func TestSharedPoolSaturatedOrdersStillClose(t *testing.T) {
 	rdb, keys := testenv.Redis(t)
 	db, dsn := testenv.Postgres(t)
-	env := map[string]string{
-		"ORDERDELAY_REDIS_URL":     testenv.RedisURL(),
-		"ORDERDELAY_DATABASE_URL":  dsn,
-		"ORDERDELAY_QUEUE_KEY":     keys.Queue,
-		"ORDERDELAY_HTTP_ADDR":     "",
-		"ORDERDELAY_WORKERS":       "2",
-		"ORDERDELAY_SCAN_INTERVAL": "100ms",
-		"ORDERDELAY_LOG_LEVEL":     "error",
-	}
-	cfg, _, err := parse("run", nil, testWriter{t}, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := daemonConfig(t, keys, dsn, map[string]string{"ORDERDELAY_WORKERS": "2"})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	held := make(chan *daemon)
@@ -53,13 +40,12 @@ func TestSharedPoolSaturatedOrdersStillClose(t *testing.T) {
 		held <- d
 		<-ctx.Done()
 	}
-	done := make(chan error, 1)
-	go func() { done <- runDaemon(ctx, cfg, zap.NewNop(), daemonOptions{started: started}) }()
+	run := startDaemon(t, cfg, daemonOptions{started: started})
 	var d *daemon
 	select {
 	case d = <-held:
-	case err := <-done:
-		t.Fatalf("daemon stopped: %v", err)
+	case <-run.done:
+		t.Fatalf("daemon stopped: %v", run.err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("the daemon never started")
 	}
@@ -106,11 +92,11 @@ func TestSharedPoolSaturatedOrdersStillClose(t *testing.T) {
 	if s := d.db.Stats(); s.InUse != s.MaxOpenConnections {
 		t.Errorf("the shared pool was released during the test (%d of %d in use)", s.InUse, s.MaxOpenConnections)
 	}
-	cancel()
+	run.cancel()
 	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("runDaemon: %v", err)
+	case <-run.done:
+		if run.err != nil {
+			t.Errorf("runDaemon: %v", run.err)
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("the daemon did not stop")

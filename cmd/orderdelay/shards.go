@@ -6,7 +6,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
-	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/config"
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -30,15 +29,6 @@ func shardOpts(cfg config.Config) []client.Option {
 // queue key, then shards 0 to ORDERDELAY_QUEUE_SHARDS-1.
 func queueKeys(cfg config.Config) []queue.Keys {
 	return append([]queue.Keys{queue.NewKeys(cfg.QueueKey)}, queue.ShardKeys(cfg.QueueKey, cfg.QueueShards)...)
-}
-
-// purgeDead applies the dead-letter retention to every key of the queue.
-func purgeDead(ctx context.Context, rdb redis.UniversalClient, cfg config.Config) (int, error) {
-	tools, err := admin.New(rdb, cfg.QueueKey, nil, shardOpts(cfg)...)
-	if err != nil {
-		return 0, err
-	}
-	return tools.PurgeDead(ctx, cfg.DeadRetention, cfg.DeadMax)
 }
 
 // shardJSON is one key of a sharded queue in `inspect --json`.

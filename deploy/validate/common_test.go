@@ -25,6 +25,20 @@ func repoPath(elem ...string) string {
 	return filepath.Join(append([]string{repoRoot}, elem...)...)
 }
 
+// settingDefault is the daemon's default for a setting, from
+// testdata/defaults.txt (generated from internal/config and kept equal to
+// it by TestDefaultsGolden there): this module never writes one again.
+func settingDefault(t testing.TB, name string) string {
+	t.Helper()
+	for line := range readList(t, repoPath("testdata", "defaults.txt")) {
+		if v, ok := strings.CutPrefix(line, name+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("testdata/defaults.txt has no %s", name)
+	return ""
+}
+
 // readList reads a checked-in list: one entry per line, blank lines and
 // '#' comments ignored.
 func readList(t testing.TB, path string) map[string]bool {

@@ -289,7 +289,7 @@ func checkComposePrometheus(t *testing.T, p *composeProject, mounts map[string]s
 				}
 				addr, _ := p.Services[h].Environment["ORDERDELAY_HTTP_ADDR"].(string)
 				if addr == "" {
-					addr = defaultHTTPAddr
+					addr = settingDefault(t, "ORDERDELAY_HTTP_ADDR")
 				}
 				if _, want, _ := net.SplitHostPort(addr); want != port {
 					t.Errorf("scrape target %q: %s listens on %s", tg, h, addr)

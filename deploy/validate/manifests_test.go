@@ -23,10 +23,6 @@ const (
 	livenessPath     = "/healthz"
 	readinessPath    = "/readyz"
 	metricsPath      = "/metrics"
-	defaultHTTPAddr  = "127.0.0.1:8080"
-	defaultAdminAddr = "127.0.0.1:8081"
-	defaultDrain     = 20 * time.Second
-	defaultLease     = 60 * time.Second
 	daemonContainer  = "orderdelay"
 	migrateSubcmd    = "migrate"
 	runSubcmd        = "run"
@@ -130,8 +126,14 @@ func checkFlags(t *testing.T, r *rendered, c *corev1.Container, extra ...string)
 	}
 }
 
-func durationSetting(t *testing.T, env map[string]envVar, name string, def time.Duration) time.Duration {
+// durationSetting is the duration a container sets for name, or the
+// daemon's default.
+func durationSetting(t *testing.T, env map[string]envVar, name string) time.Duration {
 	t.Helper()
+	def, err := time.ParseDuration(settingDefault(t, name))
+	if err != nil {
+		t.Fatalf("default of %s: %v", name, err)
+	}
 	v, ok := env[name]
 	if !ok || v.Value == "" {
 		return def
@@ -241,7 +243,7 @@ func TestDeploymentMatchesDaemon(t *testing.T) {
 			}
 
 			// Probes and the port the daemon listens on.
-			addr := defaultHTTPAddr
+			addr := settingDefault(t, "ORDERDELAY_HTTP_ADDR")
 			if v, ok := env["ORDERDELAY_HTTP_ADDR"]; ok && v.Value != "" {
 				addr = v.Value
 			}
@@ -297,8 +299,8 @@ func TestDeploymentMatchesDaemon(t *testing.T) {
 
 			// Shutdown: preStop, then the drain, inside the grace period;
 			// the drain inside the lease.
-			drain := durationSetting(t, env, "ORDERDELAY_DRAIN_TIMEOUT", defaultDrain)
-			lease := durationSetting(t, env, "ORDERDELAY_LEASE", defaultLease)
+			drain := durationSetting(t, env, "ORDERDELAY_DRAIN_TIMEOUT")
+			lease := durationSetting(t, env, "ORDERDELAY_LEASE")
 			if drain >= lease {
 				t.Errorf("ORDERDELAY_DRAIN_TIMEOUT %v must be below ORDERDELAY_LEASE %v", drain, lease)
 			}

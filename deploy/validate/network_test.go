@@ -65,9 +65,9 @@ func TestExposure(t *testing.T) {
 			pods := deps[0].Spec.Template.Labels
 			c := findContainer(&deps[0].Spec.Template.Spec, daemonContainer)
 			env := containerEnv(t, r, c)
-			httpAddr := setting(env, "ORDERDELAY_HTTP_ADDR", defaultHTTPAddr)
-			adminAddr := setting(env, "ORDERDELAY_ADMIN_ADDR", defaultAdminAddr)
-			auth := setting(env, "ORDERDELAY_API_AUTH", "token")
+			httpAddr := setting(env, "ORDERDELAY_HTTP_ADDR", settingDefault(t, "ORDERDELAY_HTTP_ADDR"))
+			adminAddr := setting(env, "ORDERDELAY_ADMIN_ADDR", settingDefault(t, "ORDERDELAY_ADMIN_ADDR"))
+			auth := setting(env, "ORDERDELAY_API_AUTH", settingDefault(t, "ORDERDELAY_API_AUTH"))
 
 			// Protected mode.
 			if auth != "token" {

@@ -3,6 +3,12 @@
 // deadlines of a time window, resync the queue from PostgreSQL, look at one
 // order in both stores, and purge old dead letters. Each tool works in
 // bounded steps, so none blocks Redis or holds long transactions.
+//
+// The Janitor is the daemon's background use of them: it applies the
+// dead-letter retention to the order queue and the task queues once a
+// minute, shaped like the consumer's Reconciler and Relay (a config with
+// defaults, RunOnce under its own deadline, Run looping until its context
+// ends).
 package admin
 
 import (

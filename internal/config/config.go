@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -88,7 +89,10 @@ func (s Setting) Flag() string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.Env, "ORDERDELAY_")), "_", "-")
 }
 
-// Settings lists every setting, in the order the README shows them.
+// Settings lists every setting, in the order the README shows them. The
+// defaults of the order path's settings are the consumer's own (its
+// Default* constants, which apply where its Config is left zero): each
+// number is written once, there.
 var Settings = []Setting{
 	{Env: "ORDERDELAY_REDIS_URL", Group: GroupConnection, Default: "redis://127.0.0.1:6379/0", Secret: true,
 		Help: "Redis URL (`redis://` or `rediss://`, user and password in the URL); for sentinel and cluster see `ORDERDELAY_REDIS_MODE`",
@@ -104,25 +108,25 @@ var Settings = []Setting{
 		set:  func(c *Config, v string) error { c.QueueKey = v; return queue.ValidateKey(v) }},
 	{Env: "ORDERDELAY_QUEUE_SHARDS", Group: GroupConnection, Kind: KindInt, Default: "1", Help: "spread the order queue over this many shard keys (`KEY#<n>.<k>`, each in a Redis Cluster slot of its own; an order goes to shard CRC-32(serial) mod this number); the queue key itself is still served (`1`: the queue key only; see `docs/scaling.md`)",
 		set: intIn(func(c *Config) *int { return &c.QueueShards }, 1, queue.MaxShards)},
-	{Env: "ORDERDELAY_SCAN_INTERVAL", Group: GroupClosing, Kind: KindDuration, Default: "5s", Help: "longest sleep between scans",
+	{Env: "ORDERDELAY_SCAN_INTERVAL", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultScanInterval), Help: "longest sleep between scans",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ScanInterval }, 10*time.Millisecond, time.Hour)},
-	{Env: "ORDERDELAY_WORKERS", Group: GroupClosing, Kind: KindInt, Default: "4", Help: "batches closed concurrently (= connections of the order path's own pool, plus one for the reconciler)",
+	{Env: "ORDERDELAY_WORKERS", Group: GroupClosing, Kind: KindInt, Default: strconv.Itoa(consumer.DefaultWorkers), Help: "batches closed concurrently (= connections of the order path's own pool, plus one for the reconciler)",
 		set: intIn(func(c *Config) *int { return &c.Workers }, 1, 256)},
-	{Env: "ORDERDELAY_BATCH_SIZE", Group: GroupClosing, Kind: KindInt, Default: "500", Help: "serials per claim and per close",
+	{Env: "ORDERDELAY_BATCH_SIZE", Group: GroupClosing, Kind: KindInt, Default: strconv.Itoa(consumer.DefaultBatchSize), Help: "serials per claim and per close",
 		set: intIn(func(c *Config) *int { return &c.BatchSize }, 1, 5000)},
-	{Env: "ORDERDELAY_LEASE", Group: GroupClosing, Kind: KindDuration, Default: "60s", Help: "how long a claim is held before another replica may take it",
+	{Env: "ORDERDELAY_LEASE", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultLease), Help: "how long a claim is held before another replica may take it",
 		set: durationIn(func(c *Config) *time.Duration { return &c.Lease }, time.Second, 24*time.Hour)},
-	{Env: "ORDERDELAY_STATEMENT_TIMEOUT", Group: GroupClosing, Kind: KindDuration, Default: "10s", Help: "deadline of one batch; must be below the lease. Also the server's statement_timeout on the order path's connections, with lock_timeout a quarter of it (at least 10 ms)",
+	{Env: "ORDERDELAY_STATEMENT_TIMEOUT", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultStatementTimeout), Help: "deadline of one batch; must be below the lease. Also the server's statement_timeout on the order path's connections, with lock_timeout a quarter of it (at least 10 ms)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.StatementTimeout }, 10*time.Millisecond, 24*time.Hour)},
-	{Env: "ORDERDELAY_DRAIN_TIMEOUT", Group: GroupClosing, Kind: KindDuration, Default: "20s", Help: "how long in-flight batches may finish on SIGTERM (at least 10ms; `0` is refused, not a default); must be below the lease",
+	{Env: "ORDERDELAY_DRAIN_TIMEOUT", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultDrainTimeout), Help: "how long in-flight batches may finish on SIGTERM (at least 10ms; `0` is refused, not a default); must be below the lease",
 		set: durationIn(func(c *Config) *time.Duration { return &c.DrainTimeout }, 10*time.Millisecond, 24*time.Hour)},
-	{Env: "ORDERDELAY_MAX_ATTEMPTS", Group: GroupClosing, Kind: KindInt, Default: "10", Help: "attempts before an order without a row is dead-lettered",
+	{Env: "ORDERDELAY_MAX_ATTEMPTS", Group: GroupClosing, Kind: KindInt, Default: strconv.Itoa(consumer.DefaultMaxAttempts), Help: "attempts before an order without a row is dead-lettered",
 		set: intIn(func(c *Config) *int { return &c.MaxAttempts }, 1, 1000)},
-	{Env: "ORDERDELAY_BACKOFF_MAX", Group: GroupClosing, Kind: KindDuration, Default: "5m", Help: "cap of the exponential retry backoff (with jitter); also caps the wait after a failed Redis or PostgreSQL call (at most 10s)",
+	{Env: "ORDERDELAY_BACKOFF_MAX", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultBackoffMax), Help: "cap of the exponential retry backoff (with jitter); also caps the wait after a failed Redis or PostgreSQL call (at most 10s)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.BackoffMax }, time.Second, 24*time.Hour)},
-	{Env: "ORDERDELAY_RECONCILE_INTERVAL", Group: GroupReconciler, Kind: KindDuration, Default: "1m", Help: "reconciler period (`0` disables it)",
+	{Env: "ORDERDELAY_RECONCILE_INTERVAL", Group: GroupReconciler, Kind: KindDuration, Default: duration(consumer.DefaultReconcileInterval), Help: "reconciler period (`0` disables it)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileInterval }, 0, 24*time.Hour)},
-	{Env: "ORDERDELAY_RECONCILE_GRACE", Group: GroupReconciler, Kind: KindDuration, Default: "5m", Help: "how long past its deadline a pending order missing from the queue must be before the reconciler closes it; must exceed the lease",
+	{Env: "ORDERDELAY_RECONCILE_GRACE", Group: GroupReconciler, Kind: KindDuration, Default: duration(consumer.DefaultReconcileGrace), Help: "how long past its deadline a pending order missing from the queue must be before the reconciler closes it; must exceed the lease",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileGrace }, time.Second, 30*24*time.Hour)},
 	{Env: "ORDERDELAY_HTTP_ADDR", Group: GroupHTTP, Default: "127.0.0.1:8080", Help: "listener of the producer API `/v1`, `/metrics` and the health checks (empty: off); loopback by default: any other address, such as `:8080` in a container, needs `ORDERDELAY_API_TOKEN` or `ORDERDELAY_API_AUTH=none` (protected mode, see `docs/security.md`)",
 		set: addr(func(c *Config) *string { return &c.HTTPAddr })},
@@ -316,6 +320,18 @@ func (c *Config) validate() []error {
 // Statements returns the configured SQL statements (empty: defaults).
 func (c *Config) Statements() orders.Statements {
 	return orders.Statements{Close: c.CloseSQL, Lookup: c.LookupSQL, Overdue: c.OverdueSQL}
+}
+
+// duration formats a default as people write it: "5s", "1m", "168h".
+func duration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 func intIn(field func(*Config) *int, lo, hi int) func(*Config, string) error {

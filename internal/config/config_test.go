@@ -623,3 +623,29 @@ func TestMaskKeepsOtherQueryParameters(t *testing.T) {
 		t.Fatalf("Mask = %q", got)
 	}
 }
+
+// TestDefaultsGolden keeps testdata/defaults.txt — NAME=default per
+// setting, read by the deploy checks (a module of their own, which cannot
+// import this one) — equal to the defaults the code has, so those checks
+// never write a default again. ORDERDELAY_UPDATE_GOLDEN=1 rewrites it.
+func TestDefaultsGolden(t *testing.T) {
+	const path = "testdata/defaults.txt"
+	var want strings.Builder
+	want.WriteString("# Generated from internal/config.Settings (TestDefaultsGolden): NAME=default.\n")
+	for _, s := range config.Settings {
+		fmt.Fprintf(&want, "%s=%s\n", s.Env, s.Default)
+	}
+	b, err := os.ReadFile(repoFile(path))
+	if os.Getenv("ORDERDELAY_UPDATE_GOLDEN") == "1" && string(b) != want.String() {
+		if err := os.WriteFile(repoFile(path), []byte(want.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b, err = []byte(want.String()), nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != want.String() {
+		t.Errorf("%s is\n%s\nwant\n%s(regenerate with ORDERDELAY_UPDATE_GOLDEN=1 go test -run TestDefaultsGolden ./internal/config)", path, b, want.String())
+	}
+}

@@ -186,7 +186,7 @@ func TestWriteHelp(t *testing.T) {
 	}
 	for _, want := range []string{`--workers int  (ORDERDELAY_WORKERS, default 4)`, `--dry-run  (ORDERDELAY_DRY_RUN, default false)`,
 		`--log-format string  (ORDERDELAY_LOG_FORMAT, default "json")`, `--pprof-addr string  (ORDERDELAY_PPROF_ADDR)`,
-		`--lease duration  (ORDERDELAY_LEASE, default 60s)`, `--max-close-rate float  (ORDERDELAY_MAX_CLOSE_RATE, default 0)`} {
+		`--lease duration  (ORDERDELAY_LEASE, default 1m)`, `--max-close-rate float  (ORDERDELAY_MAX_CLOSE_RATE, default 0)`} {
 		if !strings.Contains(help, want) {
 			t.Errorf("help does not show %q", want)
 		}

@@ -31,7 +31,9 @@ import (
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
-// Defaults of Config; each applies when its field is zero.
+// Defaults of Config; each applies when its field is zero. They are the
+// one source of these numbers: the daemon's settings (internal/config) and
+// the task queues' (internal/tasks) take their defaults from here.
 const (
 	DefaultWorkers          = 4
 	DefaultBatchSize        = 500
@@ -45,9 +47,11 @@ const (
 	// deadlines written by raw ZADD producers (about 4 commands a second).
 	DefaultHeadCheck = 250 * time.Millisecond
 
-	// retryBase is the first delay before an order without a row is looked
-	// for again; it doubles per attempt up to BackoffMax.
-	retryBase = time.Second
+	// DefaultRetryBase is the first delay of a retry: an order without a
+	// row is looked for again after it, doubling per attempt up to
+	// BackoffMax (task queues start their backoff from it too).
+	DefaultRetryBase = time.Second
+	retryBase        = DefaultRetryBase
 	// dependencyBackoffMax caps the wait after a failed Redis or PostgreSQL
 	// call, so the daemon catches up quickly when the dependency returns.
 	dependencyBackoffMax = 10 * time.Second

@@ -21,6 +21,9 @@ const (
 	DefaultReconcileInterval = time.Minute
 	DefaultReconcileGrace    = 5 * time.Minute
 	DefaultReconcilePage     = 500
+	// DefaultReconcilePassTimeout bounds one pass (at most maxPagesPerRun
+	// pages, each statement bounded by the server's statement_timeout too).
+	DefaultReconcilePassTimeout = 5 * time.Minute
 	// maxPagesPerRun bounds one pass, so a huge backlog is worked off over
 	// several passes instead of one long transaction chain.
 	maxPagesPerRun = 20
@@ -35,7 +38,9 @@ type ReconcilerConfig struct {
 	Interval time.Duration // time between passes (jittered ±20%)
 	Grace    time.Duration // how long past its deadline an order must be
 	PageSize int           // orders per transaction
-	Outbox   bool          // record a close event per reconciled order
+	// PassTimeout bounds one pass; what it did not reach waits for the next.
+	PassTimeout time.Duration
+	Outbox      bool // record a close event per reconciled order
 }
 
 // Reconciler closes pending orders that are past their deadline by more
@@ -100,6 +105,9 @@ func NewReconciler(cfg ReconcilerConfig, rdb redis.Cmdable, store *orders.Store,
 	if cfg.PageSize <= 0 {
 		cfg.PageSize = DefaultReconcilePage
 	}
+	if cfg.PassTimeout <= 0 {
+		cfg.PassTimeout = DefaultReconcilePassTimeout
+	}
 	h := fnv.New64a()
 	h.Write([]byte("orderdelay reconcile " + cfg.Keys.Queue))
 	return &Reconciler{cfg: cfg, rdb: rdb, store: store, m: m, log: log, lock: int64(h.Sum64()), now: time.Now}
@@ -128,8 +136,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // starting after the last row of the one before, so overdue orders that are
 // legitimately still in Redis (a backlog, a reschedule that did not move the
 // row's deadline) never hide the lost ones behind them. At most
-// maxPagesPerRun pages; the next pass starts from the beginning again.
+// maxPagesPerRun pages, within PassTimeout; the next pass starts from the
+// beginning again.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PassTimeout)
+	defer cancel()
 	// A pause means nobody is closed (the payment provider is down, say):
 	// the safety net waits too.
 	if n, err := r.rdb.Exists(ctx, r.cfg.Keys.Paused).Result(); err != nil || n == 1 {

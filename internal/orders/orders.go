@@ -589,3 +589,44 @@ type WithOutbox struct{ *Store }
 func (o WithOutbox) Close(ctx context.Context, serials []string, fence Fence) ([]string, error) {
 	return o.closeTx(ctx, serials, fence, "timeout", false)
 }
+
+// CloseEvent is one close event of the outbox.
+type CloseEvent struct {
+	ID       int64     `db:"id"`
+	Serial   string    `db:"serial_no"`
+	Reason   string    `db:"reason"`
+	ClosedAt time.Time `db:"closed_at"`
+}
+
+// RelayOutbox locks up to limit close events, oldest first, skipping rows
+// another replica holds (SKIP LOCKED), hands them to publish and, once
+// publish succeeded, deletes them in the same transaction. A crash or
+// error after publish leaves them for the next call: delivery is at least
+// once. It returns how many events it relayed.
+func RelayOutbox(ctx context.Context, db *sqlx.DB, limit int, publish func(ctx context.Context, events []CloseEvent) error) (int, error) {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit this is a no-op
+	var events []CloseEvent
+	err = tx.SelectContext(ctx, &events, `SELECT id, serial_no, reason, closed_at FROM `+OutboxTable+`
+		ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
+	if err != nil || len(events) == 0 {
+		return 0, err
+	}
+	if err := publish(ctx, events); err != nil {
+		return 0, fmt.Errorf("publish: %w", err)
+	}
+	ids := make([]int64, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	if _, err := tx.ExecContext(ctx, "DELETE FROM "+OutboxTable+" WHERE id = ANY($1)", pq.Array(ids)); err != nil {
+		return 0, fmt.Errorf("prune outbox: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return len(events), nil
+}

@@ -21,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -78,6 +79,23 @@ type Queue struct {
 	DeadRetention Duration `yaml:"dead_retention"`
 	DeadMax       int      `yaml:"dead_max"`
 }
+
+// Defaults of a queue's fields left out of the file. Those a task queue
+// shares with the order queue are the consumer's (internal/consumer), so
+// each number is written once.
+const (
+	DefaultLease           = consumer.DefaultLease
+	DefaultWorkers         = consumer.DefaultWorkers
+	DefaultBatchSize       = 100
+	DefaultWindow          = 5 * time.Minute // durable queues: how far ahead Redis holds tasks
+	DefaultWebhookTimeout  = 10 * time.Second
+	DefaultAckTimeout      = consumer.DefaultAckTimeout
+	DefaultStreamMaxLen    = DefaultListMaxLen
+	DefaultMaxAttempts     = consumer.DefaultMaxAttempts
+	DefaultRetryInitial    = consumer.DefaultRetryBase
+	DefaultRetryMax        = consumer.DefaultBackoffMax
+	DefaultRetryMultiplier = 2.0
+)
 
 // DefaultMaxPending is a queue's cap on pending tasks when the file sets
 // none: generous (about 1 GB of Redis at 1 KiB payloads), there to stop a
@@ -240,16 +258,16 @@ func (f *File) setDefaults() error {
 		}
 		keys[q.Key] = true
 		if q.Lease == 0 {
-			q.Lease = Duration(60 * time.Second)
+			q.Lease = Duration(DefaultLease)
 		}
 		if q.Lease < Duration(time.Second) {
 			return fmt.Errorf("%s: lease must be at least 1s", where)
 		}
 		if q.BatchSize == 0 {
-			q.BatchSize = 100
+			q.BatchSize = DefaultBatchSize
 		}
 		if q.Workers == 0 {
-			q.Workers = 4
+			q.Workers = DefaultWorkers
 		}
 		if q.BatchSize < 1 || q.BatchSize > 5000 || q.Workers < 1 || q.Workers > 256 {
 			return fmt.Errorf("%s: batch_size must be 1-5000 and workers 1-256", where)
@@ -264,7 +282,7 @@ func (f *File) setDefaults() error {
 			return err
 		}
 		if q.Window == 0 {
-			q.Window = Duration(5 * time.Minute)
+			q.Window = Duration(DefaultWindow)
 		}
 		if q.MaxPending == 0 {
 			q.MaxPending = DefaultMaxPending
@@ -297,7 +315,7 @@ func (a *Action) check(where string, lease Duration) error {
 		}
 	case ActionStream:
 		if a.MaxLen == 0 {
-			a.MaxLen = 100000
+			a.MaxLen = DefaultStreamMaxLen
 		}
 		if a.MaxLen < 0 {
 			return fmt.Errorf("%s: action.max_len must be positive", where)
@@ -318,7 +336,7 @@ func (a *Action) check(where string, lease Duration) error {
 			return fmt.Errorf("%s: a webhook action's %w", where, err)
 		}
 		if a.Timeout == 0 {
-			a.Timeout = Duration(10 * time.Second)
+			a.Timeout = Duration(DefaultWebhookTimeout)
 		}
 		if a.Timeout >= lease {
 			return fmt.Errorf("%s: action.timeout must be below the lease", where)
@@ -353,7 +371,7 @@ func (a *Action) check(where string, lease Duration) error {
 	switch {
 	case a.Type == ActionStream || a.Type == ActionList && a.Reliable:
 		if a.AckTimeout == 0 {
-			a.AckTimeout = Duration(5 * time.Minute)
+			a.AckTimeout = Duration(DefaultAckTimeout)
 		}
 	case a.AckTimeout != 0 && a.Type != ActionList:
 		return fmt.Errorf("%s: ack_timeout applies to stream and reliable list actions only", where)
@@ -385,16 +403,16 @@ func (r Retry) checkRedelivery(where string, a Action) error {
 
 func (r *Retry) check(where string) error {
 	if r.Initial == 0 {
-		r.Initial = Duration(time.Second)
+		r.Initial = Duration(DefaultRetryInitial)
 	}
 	if r.Max == 0 {
-		r.Max = Duration(5 * time.Minute)
+		r.Max = Duration(DefaultRetryMax)
 	}
 	if r.Multiplier == 0 {
-		r.Multiplier = 2
+		r.Multiplier = DefaultRetryMultiplier
 	}
 	if r.MaxAttempts == 0 {
-		r.MaxAttempts = max(10, len(r.Backoff)+1)
+		r.MaxAttempts = max(DefaultMaxAttempts, len(r.Backoff)+1)
 	}
 	if r.Multiplier < 1 || r.MaxAttempts < 1 || r.Max < r.Initial {
 		return fmt.Errorf("%s: retry needs multiplier >= 1, max_attempts >= 1 and max >= initial", where)

@@ -1,0 +1,143 @@
+// Package lifecycle runs a daemon's actors — listeners, loops, one-off
+// start-up steps — and stops them in an order written down in one place.
+//
+// A Group is a list of stages in start order. Starting walks the stages in
+// that order and, within a stage, the actors in theirs: an actor's Start,
+// if it has one, runs to completion (a listener binding its port, a wait
+// for the database) before the next actor starts, and then its Run goes on
+// in a goroutine of its own. So everything listed after a Start happens
+// after it.
+//
+// The run ends when the parent context ends or when any actor fails: a
+// Start or a Run that returns an error. Stopping (if set) is called at
+// once — even while a Start is still on its way out — and then the stages
+// that started are stopped in reverse order: it cancels the
+// context of every actor of a stage at once and waits until all of them
+// have returned before it stops the stage listed before. The last stage is
+// the first stopped, the first (typically the listeners) the last.
+//
+// Run returns the first failure, named by its actor, or nil when the parent
+// context ended the run. A Run that returns nil before it is stopped has
+// simply finished (a one-shot check): that ends nothing. Errors that say
+// only "context canceled" once stopping has begun are not failures.
+//
+// Why not github.com/oklog/run: it starts every actor at once and calls
+// the interrupts one after the other without waiting for each actor to
+// return, so neither "the consumer starts after the database is ready" nor
+// "HTTP stops only after the consumer has drained" can be said with it.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Actor is one part of the daemon.
+type Actor struct {
+	Name string
+	// Start, if set, runs before Run and before any later actor starts;
+	// its context ends when the run does. An error ends the run.
+	Start func(ctx context.Context) error
+	// Run, if set, works until ctx ends and then returns nil (after
+	// finishing or handing back its work). An error ends the run.
+	Run func(ctx context.Context) error
+}
+
+// Stage is a set of actors stopped together.
+type Stage struct {
+	Name   string
+	Actors []Actor
+}
+
+// Group is the daemon: its stages in start order.
+type Group struct {
+	Stages []Stage
+	// Stopping, if set, runs once when the run begins to stop, before any
+	// stage is stopped; cause is the failure, or nil when the parent
+	// context ended the run.
+	Stopping func(cause error)
+	// Stopped, if set, is told each stage's name once all of its actors
+	// have returned (logs, tests).
+	Stopped func(stage string)
+}
+
+// Run starts the stages, waits for the parent context to end or an actor
+// to fail, stops what started in reverse order and returns the first
+// failure.
+func (g Group) Run(parent context.Context) error {
+	runCtx, end := context.WithCancel(parent)
+	defer end()
+	var (
+		mu    sync.Mutex
+		first error
+	)
+	fail := func(name string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		stopping := runCtx.Err() != nil
+		if first == nil && !(stopping && errors.Is(err, context.Canceled)) {
+			first = fmt.Errorf("%s: %w", name, err)
+		}
+		end()
+	}
+	// Stopping runs as soon as the run ends, even while a Start is still
+	// on its way out (a migration cannot be interrupted).
+	stoppingDone := make(chan struct{})
+	go func() {
+		defer close(stoppingDone)
+		<-runCtx.Done()
+		if g.Stopping != nil {
+			mu.Lock()
+			cause := first
+			mu.Unlock()
+			g.Stopping(cause)
+		}
+	}()
+	type running struct {
+		name   string
+		cancel context.CancelFunc
+		wg     *sync.WaitGroup
+	}
+	var started []running
+start:
+	for _, st := range g.Stages {
+		// A stage's actors stop when the run stops them, not when the
+		// parent context ends: that is what keeps the order.
+		ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+		r := running{name: st.Name, cancel: cancel, wg: new(sync.WaitGroup)}
+		started = append(started, r)
+		for _, a := range st.Actors {
+			if runCtx.Err() != nil {
+				break start
+			}
+			if a.Start != nil {
+				if err := a.Start(runCtx); err != nil {
+					fail(a.Name, err)
+					break start
+				}
+			}
+			if a.Run != nil {
+				r.wg.Add(1)
+				go func() {
+					defer r.wg.Done()
+					if err := a.Run(ctx); err != nil {
+						fail(a.Name, err)
+					}
+				}()
+			}
+		}
+	}
+	<-stoppingDone
+	for i := len(started) - 1; i >= 0; i-- {
+		started[i].cancel()
+		started[i].wg.Wait()
+		if g.Stopped != nil {
+			g.Stopped(started[i].name)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return first
+}

@@ -1,0 +1,239 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// journal records events from several goroutines.
+type journal struct {
+	mu sync.Mutex
+	ev []string
+}
+
+func (j *journal) add(s string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.ev = append(j.ev, s)
+}
+
+func (j *journal) events() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.ev)
+}
+
+// loop is an actor that records its start and stop and, when it is told
+// to stop, closes draining (if set) and waits for release (work still in
+// flight).
+func loop(j *journal, name string, draining chan<- struct{}, release <-chan struct{}) Actor {
+	return Actor{Name: name, Run: func(ctx context.Context) error {
+		j.add("run " + name)
+		<-ctx.Done()
+		if draining != nil {
+			close(draining)
+			<-release
+		}
+		j.add("stopped " + name)
+		return nil
+	}}
+}
+
+// TestStagesStartInOrderAndStopInReverseEachAwaited: the parent context
+// ending stops the last stage first, and a stage is stopped only after
+// every actor of the stage after it has returned — a slow drain included.
+func TestStagesStartInOrderAndStopInReverseEachAwaited(t *testing.T) {
+	j := &journal{}
+	ctx, cancel := context.WithCancel(context.Background())
+	draining, release := make(chan struct{}), make(chan struct{})
+	ready := make(chan struct{})
+	g := Group{
+		Stages: []Stage{
+			{Name: "http", Actors: []Actor{
+				{Name: "listen", Start: func(context.Context) error { j.add("start listen"); return nil }},
+				loop(j, "serve", nil, nil),
+			}},
+			{Name: "work", Actors: []Actor{
+				{Name: "db", Start: func(context.Context) error { j.add("start db"); return nil }},
+				loop(j, "consumer", draining, release),
+				{Name: "last", Run: func(ctx context.Context) error { close(ready); <-ctx.Done(); return nil }},
+			}},
+		},
+		Stopping: func(cause error) { j.add("stopping") },
+		Stopped:  func(stage string) { j.add("stage " + stage + " stopped") },
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-ready
+	cancel()
+	<-draining
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v, want nil after the parent context ended", err)
+	}
+	ev := j.events()
+	idx := func(s string) int {
+		i := slices.Index(ev, s)
+		if i < 0 {
+			t.Fatalf("no %q in %q", s, ev)
+		}
+		return i
+	}
+	order := []string{"start listen", "start db", "stopping", "stopped consumer", "stage work stopped", "stopped serve", "stage http stopped"}
+	for i := 1; i < len(order); i++ {
+		if idx(order[i-1]) > idx(order[i]) {
+			t.Errorf("%q came after %q; events: %q", order[i-1], order[i], ev)
+		}
+	}
+}
+
+// TestAFailingRunEndsTheRun: an actor whose Run fails (an HTTP server
+// whose listener broke) stops everything, and Run returns its error, named.
+func TestAFailingRunEndsTheRun(t *testing.T) {
+	j := &journal{}
+	broken := errors.New("accept tcp: use of closed network connection")
+	var cause error
+	g := Group{
+		Stages: []Stage{
+			{Name: "http", Actors: []Actor{{Name: "http server", Run: func(ctx context.Context) error { return broken }}}},
+			{Name: "work", Actors: []Actor{loop(j, "consumer", nil, nil)}},
+		},
+		Stopping: func(err error) { cause = err },
+	}
+	err := g.Run(context.Background())
+	if !errors.Is(err, broken) || !strings.HasPrefix(err.Error(), "http server: ") {
+		t.Fatalf("Run: %v, want the server's error named by its actor", err)
+	}
+	if !errors.Is(cause, broken) {
+		t.Errorf("Stopping was told %v, want the failure", cause)
+	}
+	if ev := j.events(); len(ev) > 0 && !slices.Contains(ev, "stopped consumer") {
+		t.Errorf("the consumer was not stopped: %q", ev)
+	}
+}
+
+// TestAFailingStartStopsWhatStartedAndStartsNothingAfter: a start-up step
+// that fails (a statement that does not verify) ends the run; what started
+// before it is stopped, what comes after never starts.
+func TestAFailingStartStopsWhatStartedAndStartsNothingAfter(t *testing.T) {
+	j := &journal{}
+	bad := errors.New("close statement: wrong result type")
+	g := Group{Stages: []Stage{
+		{Name: "http", Actors: []Actor{loop(j, "serve", nil, nil)}},
+		{Name: "work", Actors: []Actor{
+			{Name: "postgres", Start: func(context.Context) error { return bad }},
+			loop(j, "consumer", nil, nil),
+		}},
+	}}
+	if err := g.Run(context.Background()); !errors.Is(err, bad) {
+		t.Fatalf("Run: %v, want %v", err, bad)
+	}
+	if ev := j.events(); slices.Contains(ev, "run consumer") || !slices.Contains(ev, "stopped serve") {
+		t.Errorf("events %q: want serve stopped and the consumer never run", ev)
+	}
+}
+
+// TestCancelDuringAStartIsNoFailure: a signal while a Start still waits
+// (for the database, say) ends the run cleanly.
+func TestCancelDuringAStartIsNoFailure(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	waiting := make(chan struct{})
+	g := Group{Stages: []Stage{{Name: "work", Actors: []Actor{
+		{Name: "postgres", Start: func(ctx context.Context) error { close(waiting); <-ctx.Done(); return ctx.Err() }},
+	}}}}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-waiting
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v, want nil", err)
+	}
+}
+
+// TestAFinishedRunEndsNothing: a one-shot actor returning nil does not
+// stop the others.
+func TestAFinishedRunEndsNothing(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	j := &journal{}
+	g := Group{Stages: []Stage{{Name: "work", Actors: []Actor{
+		{Name: "check", Run: func(context.Context) error { close(finished); return nil }},
+		loop(j, "consumer", nil, nil),
+	}}}}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-finished
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v after a one-shot actor finished", err)
+	default:
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAFailureWhileStoppingIsReported: an actor that cannot stop cleanly
+// (a hand-back that failed) makes the run's result an error even when
+// the signal ended it; a plain context.Canceled does not.
+func TestAFailureWhileStoppingIsReported(t *testing.T) {
+	handBack := errors.New("hand back: redis down")
+	for _, tc := range []struct {
+		stopErr error
+		want    error
+	}{{handBack, handBack}, {context.Canceled, nil}} {
+		ctx, cancel := context.WithCancel(context.Background())
+		running := make(chan struct{})
+		g := Group{Stages: []Stage{{Name: "work", Actors: []Actor{{Name: "consumer", Run: func(ctx context.Context) error {
+			close(running)
+			<-ctx.Done()
+			return tc.stopErr
+		}}}}}}
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		<-running
+		cancel()
+		if err := <-done; !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("stop error %v: Run returned %v, want %v", tc.stopErr, err, tc.want)
+		}
+	}
+}
+
+// TestStoppingRunsWhileAStartCannotBeInterrupted: readiness must turn 503
+// on the signal even while a Start that ignores its context (a migration)
+// is still running.
+func TestStoppingRunsWhileAStartCannotBeInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	inStart, release, stopping := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	g := Group{
+		Stages: []Stage{{Name: "work", Actors: []Actor{{Name: "migrate", Start: func(context.Context) error {
+			close(inStart)
+			<-release
+			return nil
+		}}}}},
+		Stopping: func(error) { close(stopping) },
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-inStart
+	cancel()
+	select {
+	case <-stopping:
+	case <-time.After(time.Minute):
+		t.Error("Stopping was not called while the Start ran")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
