@@ -507,6 +507,11 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// batchLeases reports whether this consumer's claims lease per batch (the
+// order queue; see claimScript). Task queues lease per member: their
+// workers and polls extend, ack and check single tasks.
+func (c *Consumer) batchLeases() bool { return c.cfg.Process == nil && c.cfg.Forward == nil }
+
 func (c *Consumer) token() string {
 	return c.cfg.Owner + ":" + c.nonce + "." + strconv.FormatUint(c.seq.Add(1), 36)
 }
@@ -529,9 +534,10 @@ func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
 func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int) (claimResult, error) {
 	k := c.cfg.Keys
 	raw, err := claimScript.Run(ctx, c.rdb,
-		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload},
+		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
 		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
-		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries), maxBytes, TaskOverheadBytes).Slice()
+		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries), maxBytes, TaskOverheadBytes,
+		boolArg(c.batchLeases() && maxBytes <= 0)).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim: %w", err)
 	}

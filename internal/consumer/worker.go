@@ -467,7 +467,7 @@ func (c *Consumer) finish(items []item) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	k := c.cfg.Keys
-	keys := []string{k.Inflight, k.Deadlines, k.Lease}
+	keys := []string{k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}
 	if c.cfg.Process != nil {
 		keys = append(keys, k.Payload, k.Dead, k.Queue)
 	}
@@ -494,7 +494,7 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	}
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok, delay.Milliseconds(), sp, reason}, anys(serials)...)
-		res, err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease}, args...).Int64Slice()
+		res, err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
 		if err != nil || len(res) != 2 {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
@@ -530,7 +530,7 @@ func (c *Consumer) buryAs(items []item, reason, lastErr string, countRun bool) {
 	k := c.cfg.Keys
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok, reason, lastErr, boolArg(countRun)}, anys(serials)...)
-		n, err := buryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
+		n, err := buryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
@@ -552,7 +552,7 @@ func (c *Consumer) handBack(items []item) {
 	total := 0
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok}, anys(serials)...)
-		n, err := handBackScript.Run(ctx, c.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease}, args...).Int()
+		n, err := handBackScript.Run(ctx, c.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}, args...).Int()
 		if err != nil {
 			c.log.Warn("hand-back failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
