@@ -560,27 +560,36 @@ func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes 
 
 var errReply = errors.New("unexpected reply")
 
+// parseClaim reads a claim's reply (claimScript), or the first six fields
+// of a peek's or a forward's, which have no fresh list.
 func parseClaim(raw []any) (claimResult, error) {
 	var r claimResult
-	if len(raw) != 6 {
-		return r, fmt.Errorf("%w: %d fields, want 6", errReply, len(raw))
+	if len(raw) == 6 {
+		raw = append(raw[:6:6], []any{})
+	}
+	if len(raw) != 7 {
+		return r, fmt.Errorf("%w: %d fields, want 6 or 7", errReply, len(raw))
 	}
 	var paused int64
-	ints := map[int]*int64{0: &r.now, 1: &r.nextQueue, 2: &r.nextExpiry, 5: &paused}
-	for i, p := range ints {
-		v, ok := raw[i].(int64)
+	ints := [...]struct {
+		i int
+		p *int64
+	}{{0, &r.now}, {1, &r.nextQueue}, {2, &r.nextExpiry}, {5, &paused}}
+	for _, f := range ints {
+		v, ok := raw[f.i].(int64)
 		if !ok {
-			return r, fmt.Errorf("%w: field %d is %T", errReply, i, raw[i])
+			return r, fmt.Errorf("%w: field %d is %T", errReply, f.i, raw[f.i])
 		}
-		*p = v
+		*f.p = v
 	}
 	r.paused = paused == 1
 	claimed, ok1 := raw[3].([]any)
 	dead, ok2 := raw[4].([]any)
-	if !ok1 || !ok2 || len(claimed)%4 != 0 || len(dead)%2 != 0 {
-		return r, fmt.Errorf("%w: malformed claimed or dead list", errReply)
+	fresh, ok3 := raw[6].([]any)
+	if !ok1 || !ok2 || !ok3 || len(claimed)%4 != 0 || len(dead)%2 != 0 || len(fresh)%2 != 0 {
+		return r, fmt.Errorf("%w: malformed claimed, dead or fresh list", errReply)
 	}
-	r.items = make([]item, 0, len(claimed)/4)
+	r.items = make([]item, 0, len(claimed)/4+len(fresh)/2)
 	for i := 0; i < len(claimed); i += 4 {
 		s, ok := claimed[i].(string)
 		d, ok2 := claimed[i+1].(int64)
@@ -593,6 +602,14 @@ func parseClaim(raw []any) (claimResult, error) {
 		if again == 1 {
 			r.reclaimed++
 		}
+	}
+	for i := 0; i < len(fresh); i += 2 {
+		s, ok := fresh[i].(string)
+		d, ok2 := fresh[i+1].(int64)
+		if !ok || !ok2 {
+			return r, fmt.Errorf("%w: malformed fresh entry %d", errReply, i/2)
+		}
+		r.items = append(r.items, item{serial: s, deadline: d})
 	}
 	if len(dead) > 0 {
 		r.dead = map[string]int{}

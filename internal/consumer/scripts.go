@@ -107,17 +107,12 @@ local function bulk(cmd, key, args)
     redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
   end
 end
--- carries reports whether lease record rec carries token: its third field,
--- found with plain searches (the first two fields are numbers, so the first
--- "|token|" after the first "|" is that field when it is there at all).
-local function carries(rec, token)
-  if not rec then return false end
-  local p = string.find(rec, '|', 1, true)
-  if not p then return false end
-  local q = string.find(rec, '|', p + 1, true)
-  if not q then return false end
-  local e = q + #token + 1
-  return string.sub(rec, q + 1, e - 1) == token and (e > #rec or string.byte(rec, e) == 124)
+-- carries reports whether lease record rec ("deadline|attempts|token|last
+-- error") carries the token of needle, "|" .. token .. "|", with one plain
+-- search: a daemon's token has a ':' (Consumer.token), so it never equals
+-- the numbers before it, and the last error has no '|' to end a match in.
+local function carries(rec, needle)
+  return rec and string.find(rec, needle, 1, true) ~= nil
 end
 -- release takes k members off the batch lease token (leases: the batch
 -- expiries, info: the batch records) and drops the batch with the last
@@ -180,9 +175,11 @@ end
 // changes nothing.
 //
 // Returns {now, next queue deadline or -1, next expiry or -1, claimed, dead,
-// paused (1 or 0)}
+// paused (1 or 0), fresh}
 // where claimed is a flat array of serial, deadline, attempts, re-claimed
-// (1 if a lease of a replica expired, else 0) and dead a flat array of
+// (1 if a lease of a replica expired, else 0), fresh a flat array of
+// serial, deadline of entries leased for the first time with no attempt
+// spent (most of a claim: half the reply), and dead a flat array of
 // serial, reason.
 var claimScript = redis.NewScript(luaValidSerial + luaHelpers + `
 local now = now_ms()
@@ -197,7 +194,7 @@ local function nextExpiry()
   return a
 end
 if redis.call('EXISTS', KEYS[7]) == 1 then
-  return {now, head(KEYS[1]), nextExpiry(), {}, {}, 1}
+  return {now, head(KEYS[1]), nextExpiry(), {}, {}, 1, {}}
 end
 local limit = tonumber(ARGV[1])
 local expiry = now + tonumber(ARGV[2])
@@ -206,12 +203,12 @@ local maxScore = now + tonumber(ARGV[4])
 local cutoff = now - tonumber(ARGV[5])
 local batch = ARGV[9] == '1'
 local sfx = '|' .. token .. '|'
-local claimed, dead = {}, {}
+local claimed, dead, fresh = {}, {}, {}
 local inflightArgs, deadlineArgs, leaseArgs = {}, {}, {}
 local members, oldest = {}, nil
 local unmember = {}
 local deadArgs, deadInfoArgs = {}, {}
-local n = 0
+local n, nla, nia, nmem, nf = 0, 0, 0, 0, 0
 local budget, overhead = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
 local spent, full = 0, false
 
@@ -229,18 +226,19 @@ local function fits(s)
   return true
 end
 
--- lease records s (deadline d, a string or number, attempts a) as leased
--- by this claim.
-local function lease(s, d, a)
+-- lease records s (deadline d, attempts a) as leased by this claim; rec
+-- is its lease record when the caller has built it. Tables grow by
+-- counters: Lua's # is a search.
+local function lease(s, d, a, rec)
   n = n + 1
-  leaseArgs[#leaseArgs+1] = s; leaseArgs[#leaseArgs+1] = d .. '|' .. a .. sfx
+  nla = nla + 1; leaseArgs[nla] = s
+  nla = nla + 1; leaseArgs[nla] = rec or (d .. '|' .. a .. sfx)
   if batch then
-    members[#members+1] = s
-    local dn = tonumber(d)
-    if not oldest or dn < oldest then oldest = dn end
+    nmem = nmem + 1; members[nmem] = s
+    if not oldest or d < oldest then oldest = d end
   else
-    inflightArgs[#inflightArgs+1] = expiry; inflightArgs[#inflightArgs+1] = s
-    deadlineArgs[#deadlineArgs+1] = d; deadlineArgs[#deadlineArgs+1] = s
+    nia = nia + 1; inflightArgs[nia] = expiry; deadlineArgs[nia] = d
+    nia = nia + 1; inflightArgs[nia] = s; deadlineArgs[nia] = s
   end
 end
 -- drop forgets the leases of serials (records read already: recs[i] is
@@ -333,9 +331,10 @@ if batch and n < limit and not full then
       for j = 1, #part do recs[i + j - 1] = part[j]; queued[i + j - 1] = qs[j] end
     end
     local stale, rest = {}, {}
+    local needle = '|' .. t .. '|'
     for i = 1, #list do
       local s = list[i]
-      if carries(recs[i], t) then
+      if carries(recs[i], needle) then
         if queued[i] then
           stale[#stale+1] = s
         elseif n >= limit then
@@ -358,40 +357,45 @@ if batch and n < limit and not full then
   end
 end
 
--- 2. due entries of the queue
+-- 2. due entries of the queue. Most have no lease record: they are
+-- leased with their score as Redis prints it (an integer below 2^53 prints
+-- in full) and answered in fresh, two fields each.
 local room = limit - n
 if room > 0 and not full then
   local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
-  local rem = {}
+  local rem, nrem = {}, 0
   -- Lease records left by earlier attempts (or held by a lease this entry
   -- takes over), read in one call per 500.
   local list = {}
-  for i = 1, #due, 2 do list[#list+1] = due[i] end
+  for i = 1, #due, 2 do list[(i + 1) / 2] = due[i] end
   local recs = hmget(KEYS[4], list)
   local over, overRecs = {}, {}
+  local zsfx = '|0' .. sfx
   for i = 1, #due, 2 do
     local s, raw = due[i], due[i+1]
     local d = tonumber(raw)
-    local rec = recs[(i + 1) / 2]
     if not valid_serial(s) or d ~= math.floor(d) then
-      rem[#rem+1] = s
+      nrem = nrem + 1; rem[nrem] = s
       bury(s, 'malformed', raw)
     elseif d < 946684800000 then
-      rem[#rem+1] = s
+      nrem = nrem + 1; rem[nrem] = s
       bury(s, 'score_out_of_range', raw)
     elseif not fits(s) then
       break
     else
-      rem[#rem+1] = s
-      local a = 0
+      nrem = nrem + 1; rem[nrem] = s
+      local rec = recs[(i + 1) / 2]
       if rec then
-        local _
-        _, a = parse(rec)
+        local _, a = parse(rec)
         over[#over+1] = s; overRecs[#over] = rec
+        lease(s, d, a or 0)
+        claimed[#claimed+1] = s; claimed[#claimed+1] = d
+        claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
+      else
+        lease(s, d, 0, raw .. zsfx)
+        nf = nf + 1; fresh[nf] = s
+        nf = nf + 1; fresh[nf] = d
       end
-      lease(s, d, a or 0)
-      claimed[#claimed+1] = s; claimed[#claimed+1] = d
-      claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
     end
   end
   if #rem > 0 then bulk('ZREM', KEYS[1], rem) end
@@ -447,7 +451,7 @@ if #deadArgs > 0 then
   bulk('HSET', KEYS[6], deadInfoArgs)
 end
 
-return {now, head(KEYS[1]), nextExpiry(), claimed, dead, 0}
+return {now, head(KEYS[1]), nextExpiry(), claimed, dead, 0, fresh}
 `)
 
 // finishScript removes settled entries (closed, or paid/closed already).
@@ -469,12 +473,13 @@ return {now, head(KEYS[1]), nextExpiry(), claimed, dead, 0}
 // Returns the number removed.
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]
-local rem = {}
+local needle = '|' .. token .. '|'
+local rem, k = {}, 0
 for i = 2, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)
   local recs = redis.call('HMGET', KEYS[3], unpack(ARGV, i, last))
   for j = 1, #recs do
-    if carries(recs[j], token) then rem[#rem+1] = ARGV[i + j - 1] end
+    if carries(recs[j], needle) then k = k + 1; rem[k] = ARGV[i + j - 1] end
   end
 end
 if #rem > 0 then
@@ -536,6 +541,7 @@ return {#mine, at}
 var fenceScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local cutoff = now - tonumber(ARGV[2])
+local needle = '|' .. ARGV[1] .. '|'
 local drop = {}
 for i = 3, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)
@@ -543,7 +549,7 @@ for i = 3, #ARGV, 500 do
   local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
   for j = 1, #recs do
     local q = qs[j]
-    if not carries(recs[j], ARGV[1]) or (q and tonumber(q) > cutoff) then drop[#drop+1] = ARGV[i + j - 1] end
+    if not carries(recs[j], needle) or (q and tonumber(q) > cutoff) then drop[#drop+1] = ARGV[i + j - 1] end
   end
 end
 return drop
@@ -717,6 +723,7 @@ if batched > 0 and batched <= 2000 then
   -- token, once, at the producer's deadline when the queue key has them.
   batched, oldest = 0, -1
   for _, t in ipairs(toks) do
+    local needle = '|' .. t .. '|'
     local list = {}
     for m in string.gmatch(redis.call('HGET', KEYS[6], t) or '', '[^\n]+') do list[#list+1] = m end
     for i = 1, #list, 500 do
@@ -724,7 +731,7 @@ if batched > 0 and batched <= 2000 then
       local recs = redis.call('HMGET', KEYS[7], unpack(list, i, last))
       local qs = redis.call('ZMSCORE', KEYS[1], unpack(list, i, last))
       for j = 1, #recs do
-        if carries(recs[j], t) and not qs[j] then
+        if carries(recs[j], needle) and not qs[j] then
           batched = batched + 1
           local d = parse(recs[j])
           if d and d >= 946684800000 and (oldest == -1 or d < oldest) then oldest = d end
