@@ -268,7 +268,8 @@ func BenchmarkClaimFinish(b *testing.B) {
 	for {
 		n1, _ := rdb.ZCard(ctx, keys.Queue).Result()
 		n2, _ := rdb.ZCard(ctx, keys.Inflight).Result()
-		if n1 == 0 && n2 == 0 {
+		n3, _ := rdb.ZCard(ctx, keys.Leases).Result()
+		if n1 == 0 && n2 == 0 && n3 == 0 {
 			break
 		}
 		time.Sleep(time.Millisecond)
