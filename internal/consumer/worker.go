@@ -153,15 +153,25 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
 	if c.cfg.DryRun {
 		return nil, dropped
 	}
-	tokens := make(map[string]string, len(items))
-	for _, it := range items {
-		tokens[it.serial] = it.token
+	// A batch is one claim's, under one token (splits keep it); only
+	// items from several claims need the map of serial to token.
+	var tokens map[string]string
+	if _, one := oneToken(items); !one {
+		tokens = make(map[string]string, len(items))
+		for _, it := range items {
+			tokens[it.serial] = it.token
+		}
 	}
 	k := c.cfg.Keys
 	return func(ctx context.Context, closed []string) ([]string, error) {
-		byTok := map[string][]string{}
-		for _, s := range closed {
-			byTok[tokens[s]] = append(byTok[tokens[s]], s)
+		var byTok map[string][]string
+		if tokens == nil {
+			byTok = map[string][]string{items[0].token: closed}
+		} else {
+			byTok = map[string][]string{}
+			for _, s := range closed {
+				byTok[tokens[s]] = append(byTok[tokens[s]], s)
+			}
 		}
 		var drop []string
 		for tok, serials := range byTok {
@@ -437,11 +447,27 @@ func (c *Consumer) pgBackReset() {
 // byToken groups items by the claim that leased them (a split batch keeps
 // one token, but the scripts take one token per call).
 func byToken(items []item) map[string][]string {
+	if tok, one := oneToken(items); one {
+		return map[string][]string{tok: serialsOf(items)}
+	}
 	g := map[string][]string{}
 	for _, it := range items {
 		g[it.token] = append(g[it.token], it.serial)
 	}
 	return g
+}
+
+// oneToken reports whether every item has the same lease token, and it.
+func oneToken(items []item) (string, bool) {
+	if len(items) == 0 {
+		return "", false
+	}
+	for _, it := range items[1:] {
+		if it.token != items[0].token {
+			return "", false
+		}
+	}
+	return items[0].token, true
 }
 
 func serialsOf(items []item) []string {
