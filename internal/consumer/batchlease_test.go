@@ -286,3 +286,22 @@ func TestPerMemberLeasesOfAnOlderDaemon(t *testing.T) {
 	c.finish(res.items)
 	e.assertNoLeaseKeys(t)
 }
+
+// The claim reads the queue's head first and skips the due-entries query
+// when nothing is due: a head at -1 or -inf (a raw producer's junk) is
+// still due, and dead-lettered, not taken for an empty queue.
+func TestClaimHeadCheckKeepsNegativeScoresDue(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: -1, Member: "neg-one"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := e.consumer(Config{})
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 0 || res.dead["score_out_of_range"] != 1 {
+		t.Fatalf("claim: %v, %+v, want neg-one dead-lettered", err, res)
+	}
+	if n := e.card(e.keys.Dead); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+}

@@ -183,19 +183,26 @@ end
 // serial, reason.
 var claimScript = redis.NewScript(luaValidSerial + luaHelpers + `
 local now = now_ms()
+-- head is the lowest score of key, nil when it is empty.
 local function head(key)
   local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
-  return -1
+  return nil
 end
-local function nextExpiry()
-  local a, b = head(KEYS[2]), head(KEYS[9])
-  if a < 0 or (b >= 0 and b < a) then return b end
+-- answer is the reply's form of a head: -1 for none.
+local function answer(x) return x or -1 end
+local function earlier(a, b)
+  if not a or (b and b < a) then return answer(b) end
   return a
 end
+-- The heads, read once: an idle claim (nothing due, nothing expired) reads
+-- nothing else but the far end of the queue and changes nothing, so they
+-- are its answer too.
+local qHead, infHead, batHead = head(KEYS[1]), head(KEYS[2]), head(KEYS[9])
 if redis.call('EXISTS', KEYS[7]) == 1 then
-  return {now, head(KEYS[1]), nextExpiry(), {}, {}, 1, {}}
+  return {now, answer(qHead), earlier(infHead, batHead), {}, {}, 1, {}}
 end
+local changed = false
 local limit = tonumber(ARGV[1])
 local expiry = now + tonumber(ARGV[2])
 local token = ARGV[3]
@@ -277,8 +284,12 @@ end
 -- ZADD during the lease or backoff): the queue key's deadline decides, so
 -- the stale companion is dropped here and the queue entry is claimed below
 -- when it is due, never twice in one batch.
-local exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local exp = {}
+if infHead and infHead <= now then
+  exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+end
 if #exp > 0 then
+  changed = true
   local list = {}
   for i = 1, #exp, 2 do list[#list+1] = exp[i] end
   local recs, queued = {}, {}
@@ -317,7 +328,8 @@ end
 -- producer since). A batch is taken whole while there is room; the
 -- members there is no room for stay in it, still expired, for the next
 -- claim.
-if batch and n < limit and not full then
+if batch and n < limit and not full and batHead and batHead <= now then
+  changed = true
   local exb = redis.call('ZRANGE', KEYS[9], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
   for _, t in ipairs(exb) do
     if n >= limit then break end
@@ -361,7 +373,8 @@ end
 -- leased with their score as Redis prints it (an integer below 2^53 prints
 -- in full) and answered in fresh, two fields each.
 local room = limit - n
-if room > 0 and not full then
+if room > 0 and not full and qHead and qHead <= cutoff then
+  changed = true
   local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
   local rem, nrem = {}, 0
   -- Lease records left by earlier attempts (or held by a lease this entry
@@ -419,6 +432,7 @@ end
 -- 3. deadlines too far ahead never become due: dead-letter them now
 local far = redis.call('ZRANGE', KEYS[1], '(' .. maxScore, '+inf', 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 if #far > 0 then
+  changed = true
   local rem = {}
   for i = 1, #far, 2 do
     rem[#rem+1] = far[i]
@@ -451,7 +465,8 @@ if #deadArgs > 0 then
   bulk('HSET', KEYS[6], deadInfoArgs)
 end
 
-return {now, head(KEYS[1]), nextExpiry(), claimed, dead, 0, fresh}
+if not changed then return {now, answer(qHead), earlier(infHead, batHead), claimed, dead, 0, fresh} end
+return {now, answer(head(KEYS[1])), earlier(head(KEYS[2]), head(KEYS[9])), claimed, dead, 0, fresh}
 `)
 
 // finishScript removes settled entries (closed, or paid/closed already).
