@@ -453,13 +453,14 @@ func drainOrderdelay(s Settings, profileDir string) func(context.Context, drainC
 			c, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				p.ZCard(ctx, keys.Queue)
 				p.ZCard(ctx, keys.Inflight)
+				p.ZCard(ctx, keys.Leases) // batch leases: one entry per claim
 				return nil
 			})
 			if err != nil {
 				probe.stop()
 				return out, err
 			}
-			left := int(c[0].(*redis.IntCmd).Val() + c[1].(*redis.IntCmd).Val())
+			left := int(c[0].(*redis.IntCmd).Val() + c[1].(*redis.IntCmd).Val() + c[2].(*redis.IntCmd).Val())
 			if left == 0 {
 				out.elapsed = time.Since(start)
 				out.handled = dc.set.Len()

@@ -264,11 +264,39 @@ func startProbe(addr string, every time.Duration) *apiProbe {
 
 func (p *apiProbe) stop() { close(p.stopc); <-p.done }
 
-// scriptNames tells the daemon's scripts apart in SLOWLOG by their number
-// of keys (the sha is not exported; the key counts are distinct).
-var scriptNames = map[string]string{
-	"7": "claim script", "6": "claim script", "3": "finish script", "2": "retry script",
-	"5": "bury/enqueue script", "4": "hand-back/stats script",
+// scriptName tells the daemon's scripts apart in SLOWLOG by their number
+// of keys and, where two share a count, by a key's suffix (the sha is not
+// exported). keys are the script's KEYS as SLOWLOG logged them.
+func scriptName(keys []string) (string, bool) {
+	suffix := func(i int) string {
+		if i >= len(keys) {
+			return ""
+		}
+		_, s, _ := strings.Cut(keys[i], "}:")
+		return s
+	}
+	switch len(keys) {
+	case 10:
+		return "claim script", true
+	case 5:
+		if suffix(1) == "lease" {
+			return "retry script", true
+		}
+		return "finish script", true
+	case 2:
+		return "fence script", true
+	case 7:
+		switch {
+		case suffix(0) == "inflight":
+			return "bury script", true
+		case suffix(1) == "lease":
+			return "client enqueue script", true
+		}
+		return "stats script", true
+	case 6:
+		return "hand-back script", true
+	}
+	return "", false
 }
 
 // slowStats summarizes SLOWLOG: while an orderdelay drain runs the private
@@ -292,8 +320,10 @@ func commandName(args []string) string {
 	}
 	name := strings.ToLower(args[0])
 	if (name == "evalsha" || name == "eval") && len(args) > 2 {
-		if n, ok := scriptNames[args[2]]; ok {
-			return n
+		if n, err := strconv.Atoi(args[2]); err == nil && len(args) >= 3+n {
+			if name, ok := scriptName(args[3 : 3+n]); ok {
+				return name
+			}
 		}
 		return name + "/" + args[2] + " keys"
 	}

@@ -381,8 +381,9 @@ func startCPU(redisPid, appPid int) *cpuMeter {
 	return m
 }
 
-// CPU is CPU time in microseconds.
-type CPU struct{ PG, Redis, App float64 }
+// CPU is CPU time in microseconds. Daemon is the orderdelay process alone
+// (App includes it, with the harness).
+type CPU struct{ PG, Redis, App, Daemon float64 }
 
 func (c CPU) Total() float64 { return c.PG + c.Redis + c.App }
 
@@ -392,7 +393,8 @@ func (m *cpuMeter) stop(pgOnly map[int]bool) CPU {
 	c.Redis = delta(m.redisStart, snapshot([]int{m.redisPid}), nil)
 	c.App = selfCPU() - m.selfStart
 	if m.appPid > 0 {
-		c.App += delta(m.appStart, snapshot([]int{m.appPid}), nil)
+		c.Daemon = delta(m.appStart, snapshot([]int{m.appPid}), nil)
+		c.App += c.Daemon
 	}
 	return c
 }

@@ -88,8 +88,10 @@ type MemoryResult struct {
 	BytesPerOrder float64 `json:"bytes_per_order"`
 }
 
-// Target is one of issue 4's targets and whether this run met it.
+// Target is one of issue 4's or issue 13's targets and whether this run
+// met it.
 type Target struct {
+	Issue    int    `json:"issue"`
 	What     string `json:"what"`
 	Measured string `json:"measured"`
 	Met      bool   `json:"met"`
@@ -140,15 +142,16 @@ func (r *Report) summarizeDrains() {
 		by[d.Contender] = append(by[d.Contender], d)
 	}
 	for name, ds := range by {
-		var rates, pg, rd, app []float64
+		var rates, pg, rd, app, dm []float64
 		s := Summary{Rounds: len(ds), Orders: ds[0].Orders}
 		for _, d := range ds {
 			rates = append(rates, d.Rate)
 			pg, rd, app = append(pg, d.CPU.PG), append(rd, d.CPU.Redis), append(app, d.CPU.App)
+			dm = append(dm, d.CPU.Daemon)
 			s.TimeBoxed = s.TimeBoxed || d.TimeBoxed
 		}
 		s.Median, s.Min, s.Max = median(rates), slices.Min(rates), slices.Max(rates)
-		s.CPU = CPU{PG: median(pg), Redis: median(rd), App: median(app)}
+		s.CPU = CPU{PG: median(pg), Redis: median(rd), App: median(app), Daemon: median(dm)}
 		r.DrainSummary[name] = s
 	}
 }
@@ -203,8 +206,9 @@ func (r *Report) steady(name string) *SteadyResult {
 func (r *Report) evaluate() {
 	r.Targets = nil
 	add := func(what, measured string, met bool) {
-		r.Targets = append(r.Targets, Target{What: what, Measured: measured, Met: met})
+		r.Targets = append(r.Targets, Target{Issue: 4, What: what, Measured: measured, Met: met})
 	}
+	defer r.evaluate13()
 	if m, lo, hi, ok := r.ratio(COrderdelay, CCeiling); ok {
 		add("drain ≥ 60% of the PostgreSQL batched-UPDATE ceiling (defaults)",
 			fmt.Sprintf("%.0f%% (rounds %.0f–%.0f%%)", 100*m, 100*lo, 100*hi), m >= 0.6)
@@ -270,8 +274,8 @@ func (r *Report) Markdown() string {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	o := r.Options
 	w("### Backlog drain: %d expired orders, 10%% paid, %d round(s), contenders interleaved\n\n", o.N, o.Rounds)
-	w("| contender | orders/s (median) | min–max | × PG ceiling | × naive-16 | × asynq | CPU µs/order: PostgreSQL | Redis | app | total |\n")
-	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| contender | orders/s (median) | min–max | × PG ceiling | × naive-16 | × asynq | CPU µs/order: PostgreSQL | Redis | app | of which daemon | total |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, name := range []string{CCeiling, COrderdelay, CTuned, CNaive16, CNaive1, CAsynq} {
 		s, ok := r.DrainSummary[name]
 		if !ok {
@@ -300,16 +304,20 @@ func (r *Report) Markdown() string {
 			}
 			return fmt.Sprintf("%.0f", m)
 		}
-		w("| %s | %s | %s–%s | %s | %s | %s | %.1f | %.1f | %.1f | %.1f |\n", label, num(s.Median), num(s.Min), num(s.Max),
-			rat(CCeiling), rat(CNaive16), rat(CAsynq), s.CPU.PG, s.CPU.Redis, s.CPU.App, s.CPU.Total())
+		dm := "–"
+		if s.CPU.Daemon > 0 {
+			dm = fmt.Sprintf("%.1f", s.CPU.Daemon)
+		}
+		w("| %s | %s | %s–%s | %s | %s | %s | %.1f | %.1f | %.1f | %s | %.1f |\n", label, num(s.Median), num(s.Min), num(s.Max),
+			rat(CCeiling), rat(CNaive16), rat(CAsynq), s.CPU.PG, s.CPU.Redis, s.CPU.App, dm, s.CPU.Total())
 	}
 	w("\n¹ time-boxed: given min(N, %d) orders and at most %s; rate = orders handled / time.\n", o.SlowCap, o.TimeBox)
-	w("Ratios are medians of same-round ratios. CPU is machine CPU time per order handled, from /proc: PostgreSQL = backends of the run's database + background processes; Redis = the private redis-server; app = the harness process (+ the daemon process for orderdelay).\n")
+	w("Ratios are medians of same-round ratios. CPU is machine CPU time per order handled, from /proc: PostgreSQL = backends of the run's database + background processes; Redis = the private redis-server; app = the harness process (+ the daemon process for orderdelay, also shown alone).\n")
 
 	if len(r.Sweep) > 0 {
 		w("\n### orderdelay drain throughput vs settings (1 round each)\n\n| workers | batch | orders/s | CPU µs/order PG / Redis / daemon |\n|---:|---:|---:|---|\n")
 		for _, s := range r.Sweep {
-			w("| %d | %d | %s | %.1f / %.1f / %.1f |\n", s.Settings.Workers, s.Settings.BatchSize, num(s.Rate), s.CPU.PG, s.CPU.Redis, s.CPU.App)
+			w("| %d | %d | %s | %.1f / %.1f / %.1f |\n", s.Settings.Workers, s.Settings.BatchSize, num(s.Rate), s.CPU.PG, s.CPU.Redis, s.CPU.Daemon)
 		}
 	}
 	if b := r.Big; b != nil {
@@ -321,7 +329,7 @@ func (r *Report) Markdown() string {
 	}
 	r.redisBreakdown(w)
 	if len(r.Steady) > 0 {
-		w("\n### Steady arrival: %d orders/s for %s; timeouts %s (mixed: every other order %s)\n\n", o.SteadyRate, o.SteadyFor, o.ShortTimeout, o.LongTimeout)
+		w("\n### Steady arrival: %d orders/s (unless the scenario says) for %s; timeouts %s (mixed: every other order %s)\n\n", o.SteadyRate, o.SteadyFor, o.ShortTimeout, o.LongTimeout)
 		w("| scenario | orders | lateness p50 | p99 | max | min | closed early | keeps up (last close after last deadline) |\n|---|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, s := range r.Steady {
 			keep := "no"
@@ -352,7 +360,7 @@ func (r *Report) Markdown() string {
 		}
 	}
 	if len(r.Memory) > 0 {
-		w("\n### Redis memory per pending order (20-byte serials)\n\n| what | orders | bytes/order |\n|---|---:|---:|\n")
+		w("\n### Redis memory per pending and per leased order (20-byte serials)\n\n| what | orders | bytes/order |\n|---|---:|---:|\n")
 		for _, m := range r.Memory {
 			w("| %s | %d | %.0f |\n", m.What, m.Orders, m.BytesPerOrder)
 		}
@@ -368,9 +376,16 @@ func (r *Report) Markdown() string {
 			w("| %s | %.1f | %s |\n", i.What, i.CommandsPerSec, strings.Join(parts, ", "))
 		}
 	}
-	if len(r.Targets) > 0 {
-		w("\n### Targets (issue 4)\n\n| target | measured | met |\n|---|---|---|\n")
+	for _, issue := range []int{13, 4} {
+		head := false
 		for _, t := range r.Targets {
+			if t.Issue != issue {
+				continue
+			}
+			if !head {
+				w("\n### Targets (issue %d)\n\n| target | measured | met |\n|---|---|---|\n", issue)
+				head = true
+			}
 			met := "**not met**"
 			if t.Met {
 				met = "met"
@@ -486,4 +501,64 @@ func (r *Report) redisBreakdown(w func(string, ...any)) {
 		w(" %.2f |", c.CPU.Redis)
 	}
 	w("\n\nExecution times come from SLOWLOG with the threshold at 50 µs during the drain, which catches every batch script and no single-key command; scripts are told apart by their number of keys. The rest of redis-server's CPU is network I/O, protocol parsing and the commands under 50 µs (the harness's ZCARD polls among them).\n")
+}
+
+// evaluate13 adds issue 13's targets: drain at 0.6× the ceiling (aim
+// 0.75×), Redis and daemon CPU per order, PostgreSQL CPU per order against
+// the ceiling's, lateness at 500 and 5,000 orders/s (mixed), never early,
+// the big drain, idle commands, and memory per pending and leased order.
+func (r *Report) evaluate13() {
+	add := func(what, measured string, met bool) {
+		r.Targets = append(r.Targets, Target{Issue: 13, What: what, Measured: measured, Met: met})
+	}
+	if m, lo, hi, ok := r.ratio(COrderdelay, CCeiling); ok {
+		add("drain ≥ 0.6× the lib/pq batched ceiling, defaults (aim 0.75×)",
+			fmt.Sprintf("%.2f× (rounds %.2f–%.2f×)", m, lo, hi), m >= 0.6)
+	}
+	od, okD := r.DrainSummary[COrderdelay]
+	ceil, okC := r.DrainSummary[CCeiling]
+	if okD {
+		add("Redis CPU ≤ 2.5 µs per order (drain, defaults)", fmt.Sprintf("%.1f µs", od.CPU.Redis), od.CPU.Redis <= 2.5)
+		add("daemon CPU ≤ 2 µs per order (drain, defaults)", fmt.Sprintf("%.1f µs", od.CPU.Daemon), od.CPU.Daemon <= 2)
+	}
+	if okD && okC && ceil.CPU.PG > 0 {
+		x := od.CPU.PG / ceil.CPU.PG
+		add("PostgreSQL CPU per order ≤ 1.15× the ceiling's",
+			fmt.Sprintf("%.2f× (%.1f vs %.1f µs)", x, od.CPU.PG, ceil.CPU.PG), x <= 1.15)
+	}
+	early := 0
+	for _, s := range r.Steady {
+		if s.Contender == COrderdelay {
+			early += s.Verdict.Early
+		}
+	}
+	for _, name := range []string{"orderdelay mixed 500/s (Go client)", "orderdelay mixed 5000/s (Go client)"} {
+		if s := r.steady(name); s != nil {
+			add("lateness p99 ≤ 10 ms, "+strings.TrimPrefix(name, "orderdelay "),
+				fmt.Sprintf("p99 %.1f ms (p50 %.1f, max %.1f), %d early", s.P99, s.P50, s.Max, s.Verdict.Early),
+				s.P99 <= 10 && s.KeepsUp && s.Verdict.Early == 0)
+		}
+	}
+	if len(r.Steady) > 0 {
+		add("none early (every orderdelay steady scenario)", fmt.Sprintf("%d early", early), early == 0)
+	}
+	if b := r.Big; b != nil {
+		add(fmt.Sprintf("%d-order drain: daemon RSS < 150 MB", b.Orders),
+			fmt.Sprintf("%.0f MB, %.1f s", float64(b.RSSKB)/1024, b.Seconds), b.RSSKB < 150*1024 && b.Verdict.OK())
+		add(fmt.Sprintf("%d-order drain: no Redis command > 10 ms", b.Orders),
+			fmt.Sprintf("slowest %.2f ms (%s), %d over 10 ms", float64(b.SlowMaxMicros)/1000, b.SlowestCmd, b.SlowOver10ms),
+			b.SlowOver10ms == 0)
+	}
+	for _, i := range r.Idle {
+		if strings.HasPrefix(i.What, "orderdelay") {
+			add("idle ≤ 5 Redis commands/s: "+strings.TrimPrefix(i.What, "orderdelay, "),
+				fmt.Sprintf("%.1f/s", i.CommandsPerSec), i.CommandsPerSec <= 5)
+		}
+	}
+	for _, m := range r.Memory {
+		if strings.HasPrefix(m.What, "orderdelay pending") || strings.HasPrefix(m.What, "orderdelay leased") {
+			add("Redis memory reported: "+strings.TrimPrefix(m.What, "orderdelay "),
+				fmt.Sprintf("%.0f B per order (%d orders)", m.BytesPerOrder, m.Orders), true)
+		}
+	}
 }

@@ -72,7 +72,7 @@ func (e *env) drainOnce(ctx context.Context, c contender, n, round int) (DrainRe
 		r.Handled, r.Seconds, r.TimeBoxed = out.handled, out.elapsed.Seconds(), out.timedOut
 		r.Rate = float64(out.handled) / max(out.elapsed.Seconds(), 1e-9)
 		h := float64(max(out.handled, 1))
-		r.CPU = CPU{PG: out.cpu.PG / h, Redis: out.cpu.Redis / h, App: out.cpu.App / h}
+		r.CPU = CPU{PG: out.cpu.PG / h, Redis: out.cpu.Redis / h, App: out.cpu.App / h, Daemon: out.cpu.Daemon / h}
 		// The slow contenders may stop at their time box; orderdelay and
 		// the ceiling must always finish.
 		r.Verdict, err = verify(ctx, db, !c.slow || !out.timedOut, out.reported, false)
@@ -176,18 +176,29 @@ type scenario struct {
 	Contender string // COrderdelay, CNaive16, CAsynq
 	Mixed     bool   // half short, half long timeouts
 	Producer  string // "client", "raw", "asynq"
+	Rate      int    // orders per second; 0: Options.SteadyRate
+}
+
+func (sc scenario) rate(o Options) int {
+	if sc.Rate > 0 {
+		return sc.Rate
+	}
+	return o.SteadyRate
 }
 
 func (e *env) scenarios() []scenario {
 	s := []scenario{
-		{"orderdelay constant (Go client)", COrderdelay, false, "client"},
-		{"orderdelay mixed (Go client)", COrderdelay, true, "client"},
-		{"orderdelay mixed (raw ZADD)", COrderdelay, true, "raw"},
+		{"orderdelay constant (Go client)", COrderdelay, false, "client", 0},
+		{"orderdelay mixed (Go client)", COrderdelay, true, "client", 0},
+		{"orderdelay mixed (raw ZADD)", COrderdelay, true, "raw", 0},
+		// Issue 13's lateness targets: 500 and 5,000 orders/s, mixed.
+		{"orderdelay mixed 500/s (Go client)", COrderdelay, true, "client", 500},
+		{"orderdelay mixed 5000/s (Go client)", COrderdelay, true, "client", 5000},
 	}
 	if e.opt.SteadyBaseline {
 		s = append(s,
-			scenario{"naive-16 constant (raw ZADD)", CNaive16, false, "raw"},
-			scenario{"asynq constant (ProcessAt)", CAsynq, false, "asynq"})
+			scenario{"naive-16 constant (raw ZADD)", CNaive16, false, "raw", 0},
+			scenario{"asynq constant (ProcessAt)", CAsynq, false, "asynq", 0})
 	}
 	return s
 }
@@ -207,7 +218,7 @@ func runSteady(ctx context.Context, e *env, rep *Report) error {
 }
 
 func (e *env) steadyOnce(ctx context.Context, sc scenario) (SteadyResult, error) {
-	r := SteadyResult{Scenario: sc.Name, Contender: sc.Contender, Rate: e.opt.SteadyRate, Seconds: e.opt.SteadyFor.Seconds()}
+	r := SteadyResult{Scenario: sc.Name, Contender: sc.Contender, Rate: sc.rate(e.opt), Seconds: e.opt.SteadyFor.Seconds()}
 	if err := e.rdb.FlushAll(ctx).Err(); err != nil {
 		return r, err
 	}
@@ -320,7 +331,7 @@ func (e *env) produce(ctx context.Context, sc scenario, db *sql.DB) (int64, int,
 		if el >= e.opt.SteadyFor {
 			break
 		}
-		want := int(el.Seconds() * float64(e.opt.SteadyRate))
+		want := int(el.Seconds() * float64(sc.rate(e.opt)))
 		if want > produced {
 			k := want - produced
 			set := &orderSet{Serials: make([]string, k), Deadline: make([]int64, k), Paid: make([]bool, k)}
@@ -424,7 +435,7 @@ func runEnqueue(ctx context.Context, e *env, rep *Report) error {
 		for round := 1; round <= e.opt.Rounds; round++ {
 			for i := range methods {
 				m := methods[(i+round-1)%len(methods)]
-				if err := e.rdb.Del(ctx, keys.Queue, keys.Inflight, keys.Deadlines, keys.Lease).Err(); err != nil {
+				if err := e.rdb.Del(ctx, keys.Queue, keys.Inflight, keys.Deadlines, keys.Lease, keys.Leases, keys.LeaseBatch).Err(); err != nil {
 					return err
 				}
 				s := futureOrders(m.n, time.Now().Add(time.Hour))
@@ -642,6 +653,17 @@ func runIdle(ctx context.Context, e *env, rep *Report) error {
 		mem1 = usedMemory(ctx, e.rdb)
 		rep.Memory = append(rep.Memory, MemoryResult{What: "asynq scheduled task, used_memory delta", Orders: m,
 			BytesPerOrder: float64(mem1-mem0) / float64(m)})
+
+		// orderdelay per pending and per leased order, same orders.
+		k := min(e.opt.IdleOrders, 100_000)
+		pending, leased, err := leasedMemory(ctx, e, k)
+		if err != nil {
+			return err
+		}
+		rep.Memory = append(rep.Memory,
+			MemoryResult{What: "orderdelay pending (due) order, used_memory delta", Orders: k, BytesPerOrder: pending},
+			MemoryResult{What: "orderdelay leased order (batch lease, batch 500), used_memory delta", Orders: k, BytesPerOrder: leased})
+		e.logf("memory: %.0f B per pending order, %.0f B per leased order", pending, leased)
 		return nil
 	})
 	return err

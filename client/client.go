@@ -175,6 +175,23 @@ type Keys = queue.Keys
 // sharded; see AllKeys).
 func (c *Client) Keys() Keys { return c.keys }
 
+// luaUnbatch is unbatch for the scripts that drop a lease record: it takes
+// the record's member off its batch lease, if it has one (field "#"+token
+// of {queue}:leasebatch counts the members a batch still holds; the
+// daemon's claim script writes it), and drops the batch with its last
+// member, so the gauges count no member twice.
+const luaUnbatch = `
+local function unbatch(leases, info, rec)
+  if not rec then return end
+  local tok = string.match(rec, '^[^|]*|[^|]*|([^|]*)')
+  if not tok or redis.call('HEXISTS', info, '#' .. tok) == 0 then return end
+  if redis.call('HINCRBY', info, '#' .. tok, -1) <= 0 then
+    redis.call('ZREM', leases, tok)
+    redis.call('HDEL', info, tok, '#' .. tok, '<' .. tok)
+  end
+end
+`
+
 // maxPerCall bounds how many entries one script call writes, so a huge batch
 // never blocks Redis for long.
 const maxPerCall = 1000
@@ -184,6 +201,7 @@ const maxPerCall = 1000
 //	KEYS[1] -> queue            KEYS[2] -> {queue}:lease
 //	KEYS[3] -> {queue}:inflight KEYS[4] -> {queue}:deadlines
 //	KEYS[5] -> {queue}:wake (channel)
+//	KEYS[6] -> {queue}:leases KEYS[7] -> {queue}:leasebatch
 //	ARGV[1] -> mode: "nx" | "set" | "later" | "adopt" (nx that publishes
 //	           nothing: a sharded client moving an entry into its shard)
 //	ARGV[2k], ARGV[2k+1] -> serial, deadline (integer Unix ms), k = 1..n
@@ -194,9 +212,10 @@ const maxPerCall = 1000
 // An entry held under a lease or backing off lives in the lease hash instead
 // of the queue; it counts as existing. Moving it drops the lease record, so
 // the replica holding it cannot remove it (its compare-and-set fails) and the
-// new deadline is kept. The script publishes the earliest written deadline
+// new deadline is kept; a batch lease (see the daemon's claim script) holds
+// one member fewer. The script publishes the earliest written deadline
 // when it is earlier than the queue's head, so sleeping daemons wake up.
-var enqueueScript = redis.NewScript(`
+var enqueueScript = redis.NewScript(luaUnbatch + `
 local mode = ARGV[1]
 local n = (#ARGV - 1) / 2
 local members = {}
@@ -235,6 +254,7 @@ for i = 1, n do
     res = 1
   elseif (mode == 'set' and d ~= cur) or (mode == 'later' and d > cur) then
     if leased then
+      unbatch(KEYS[6], KEYS[7], recs[i])
       redis.call('HDEL', KEYS[2], s)
       redis.call('ZREM', KEYS[3], s)
       redis.call('ZREM', KEYS[4], s)
@@ -328,7 +348,7 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item, mode Mode) ([]It
 	run := func(p redis.Scripter) {
 		cmds, calls = cmds[:0], calls[:0]
 		for _, g := range groups {
-			keys := []string{g.k.Queue, g.k.Lease, g.k.Inflight, g.k.Deadlines, g.k.Wake}
+			keys := []string{g.k.Queue, g.k.Lease, g.k.Inflight, g.k.Deadlines, g.k.Wake, g.k.Leases, g.k.LeaseBatch}
 			for start := 0; start < len(g.args); start += 2 * maxPerCall {
 				end := min(start+2*maxPerCall, len(g.args))
 				a := make([]any, 0, end-start+1)
@@ -390,10 +410,11 @@ func (c *Client) pipelined(ctx context.Context, build func(redis.Scripter), cmds
 // getScript reads one entry wherever it is.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
-//	KEYS[4] -> {queue}:deadinfo
+//	KEYS[4] -> {queue}:deadinfo KEYS[5] -> {queue}:leases
 //	ARGV[1] -> serial
 //
-// Returns {state, deadline, attempts, token, until, reason, last error} or
+// A member of a batch lease has no entry of its own in {queue}:inflight:
+// its lease ends when its batch's does. Returns {state, deadline, attempts, token, until, reason, last error} or
 // nil when there is no entry.
 var getScript = redis.NewScript(`
 local s = ARGV[1]
@@ -402,7 +423,7 @@ if q then return {'queued', q, '0', '', '0', '', ''} end
 local rec = redis.call('HGET', KEYS[2], s)
 if rec then
   local d, a, tok, e = string.match(rec, '^([^|]*)|([^|]*)|([^|]*)|?(.*)$')
-  local until_ = redis.call('ZSCORE', KEYS[3], s) or '0'
+  local until_ = redis.call('ZSCORE', KEYS[3], s) or redis.call('ZSCORE', KEYS[5], tok) or '0'
   local state = 'leased'
   if tok == '-' then state = 'backoff' end
   return {state, d, a, tok, until_, '', e or ''}
@@ -432,7 +453,7 @@ func (c *Client) Get(ctx context.Context, serial string) (Entry, error) {
 }
 
 func (c *Client) get(ctx context.Context, k queue.Keys, serial string) (Entry, error) {
-	keys := []string{k.Queue, k.Lease, k.Inflight, k.DeadInfo}
+	keys := []string{k.Queue, k.Lease, k.Inflight, k.DeadInfo, k.Leases}
 	vals, err := getScript.Run(ctx, c.rdb, keys, serial).StringSlice()
 	if errors.Is(err, redis.Nil) {
 		return Entry{}, ErrNotFound
@@ -473,13 +494,15 @@ func parseMillis(s string) (time.Time, error) {
 // cancelScript removes an entry that is queued, leased or backing off.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:lease  KEYS[3] -> {queue}:inflight
-//	KEYS[4] -> {queue}:deadlines
+//	KEYS[4] -> {queue}:deadlines KEYS[5] -> {queue}:leases
+//	KEYS[6] -> {queue}:leasebatch
 //	ARGV[1] -> serial
 //
 // Returns 1 if something was removed, else 0. A replica closing the order
 // right now finishes its close (the SQL decides) but cannot re-add it.
-var cancelScript = redis.NewScript(`
+var cancelScript = redis.NewScript(luaUnbatch + `
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
+unbatch(KEYS[5], KEYS[6], redis.call('HGET', KEYS[2], ARGV[1]))
 n = n + redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
@@ -515,7 +538,7 @@ func (c *Client) Cancel(ctx context.Context, serial string) error {
 // cancel runs cancelScript on the queue with keys k; it returns 1 if it
 // removed an entry, else 0.
 func (c *Client) cancel(ctx context.Context, k queue.Keys, serial string) (int, error) {
-	keys := []string{k.Queue, k.Lease, k.Inflight, k.Deadlines}
+	keys := []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Leases, k.LeaseBatch}
 	n, err := cancelScript.Run(ctx, c.rdb, keys, serial).Int()
 	if err != nil {
 		return 0, fmt.Errorf("cancel %q: %w", serial, err)

@@ -95,7 +95,7 @@ func (c *Client) adopt(ctx context.Context, items []Item) error {
 			}
 		}
 		k := c.keysFor(it.Serial)
-		if err := enqueueScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake},
+		if err := enqueueScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Leases, k.LeaseBatch},
 			"adopt", it.Serial, cur).Err(); err != nil {
 			return fmt.Errorf("move %q to %s: %w", it.Serial, k.Queue, err)
 		}

@@ -864,6 +864,9 @@ func (c *campaign) check(faultsEnd time.Time) {
 				at = append(at, name)
 			}
 		}
+		if ok, _ := c.w.rdb.HExists(ctx, k.Lease, serial).Result(); ok {
+			at = append(at, "lease") // a batch lease's member has no entry of its own
+		}
 		if len(at) == 0 {
 			return "in no queue key: the reconciler's to close"
 		}

@@ -396,7 +396,7 @@ func TestFaultGracefulShutdownUnderLoad(t *testing.T) {
 		t.Fatalf("exit status %d, want 0", code)
 	}
 	took := time.Since(start)
-	if n, _ := w.rdb.ZCard(context.Background(), w.keys.Inflight).Result(); n != 0 {
+	if n := held(t, w.rdb, w.keys); n != 0 {
 		t.Fatalf("%d entries still leased after a graceful stop: in-flight batches neither finished nor handed back", n)
 	}
 	closedFirst := w.closed()

@@ -205,7 +205,7 @@ func TestIntegrationSIGTERMHandsBackUnfinishedClaims(t *testing.T) {
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit status %d, want 0", code)
 	}
-	if n, _ := w.rdb.ZCard(ctx, w.keys.Inflight).Result(); n != 0 {
+	if n := held(t, w.rdb, w.keys); n != 0 {
 		t.Fatalf("%d entries still leased after shutdown, want all handed back", n)
 	}
 	for _, s := range serials {

@@ -17,6 +17,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -117,13 +118,22 @@ func (w *world) status(serial string) string {
 // queueLen is the number of entries queued or leased.
 func (w *world) queueLen() int64 {
 	w.t.Helper()
-	ctx := context.Background()
-	n, err := w.rdb.ZCard(ctx, w.keys.Queue).Result()
-	m, err2 := w.rdb.ZCard(ctx, w.keys.Inflight).Result()
-	if err != nil || err2 != nil {
-		w.t.Fatal(err, err2)
+	n, err := w.rdb.ZCard(context.Background(), w.keys.Queue).Result()
+	if err != nil {
+		w.t.Fatal(err)
 	}
-	return n + m
+	return n + held(w.t, w.rdb, w.keys)
+}
+
+// held counts a queue's entries leased or backing off, whichever the lease
+// (a claim's batch lease, or an entry's own: see consumer's scripts).
+func held(t testing.TB, rdb redis.Scripter, k queue.Keys) int64 {
+	t.Helper()
+	st, err := consumer.ReadStats(context.Background(), rdb, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Held
 }
 
 // inRedis returns the serials in the queue key or leased (queued, claimed

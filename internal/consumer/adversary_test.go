@@ -493,7 +493,7 @@ func TestAdversaryHoldsHandBackKeepsRawReschedule(t *testing.T) {
 	if err != nil || got.State != client.StateQueued || got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
 		t.Fatalf("after hand-back: %+v (%v), want queued at the producer's deadline", got, err)
 	}
-	if n := e.card(e.keys.Inflight); n != 0 {
+	if n := e.held(); n != 0 {
 		t.Fatalf("%d companions left", n)
 	}
 }
@@ -566,7 +566,7 @@ func TestAdversaryHoldsFinishFailsAfterCommit(t *testing.T) {
 	if st := e.status(s); st != "closed" {
 		t.Fatalf("status %s, want closed", st)
 	}
-	if n := e.card(e.keys.Inflight); n != 1 {
+	if n := e.held(); n != 1 {
 		t.Fatalf("%d leased entries after the failed finish, want 1", n)
 	}
 	e.expire(s)
@@ -615,7 +615,7 @@ func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
 		t.Fatalf("%s is %s: closed an hour before the deadline a raw producer wrote to the queue key", s, st)
 	}
 	// The shard's companions are gone; the producer's entry decides.
-	if n := e.card(c.cfg.Keys.Inflight); n != 0 {
+	if n := e.heldIn(c.cfg.Keys); n != 0 {
 		t.Errorf("%d companions left in the shard", n)
 	}
 

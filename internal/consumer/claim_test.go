@@ -242,7 +242,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 	if int64(score) != queue.DeadlineMillis(deadline) {
 		t.Fatalf("handed back with score %d, want the true deadline %d", int64(score), queue.DeadlineMillis(deadline))
 	}
-	if n := e.card(e.keys.Inflight); n != 0 {
+	if n := e.held(); n != 0 {
 		t.Fatalf("%d entries still in flight after hand-back", n)
 	}
 }
@@ -309,7 +309,7 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 		t.Fatalf("b claimed %d entries while a's lease holds", len(res.items))
 	}
 	// Replica a dies; move its lease expiry into the past instead of waiting.
-	e.rdb.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: "dead-replica-1"})
+	e.expire("dead-replica-1")
 	res, err := b.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim b after expiry: %v, %d items", err, len(res.items))

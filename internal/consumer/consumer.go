@@ -44,8 +44,10 @@ const (
 	DefaultMaxAttempts      = 10
 	DefaultBackoffMax       = 5 * time.Minute
 	// DefaultHeadCheck is the idle poll of the queue head that notices
-	// deadlines written by raw ZADD producers (about 4 commands a second).
-	DefaultHeadCheck = 250 * time.Millisecond
+	// deadlines written by raw ZADD producers (about 3 commands a second:
+	// with the claims' and the pings', an idle replica costs Redis under 5
+	// commands a second, issue 13).
+	DefaultHeadCheck = 350 * time.Millisecond
 
 	// DefaultRetryBase is the first delay of a retry: an order without a
 	// row is looked for again after it, doubling per attempt up to
@@ -511,6 +513,11 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// batchLeases reports whether this consumer's claims lease per batch (the
+// order queue; see claimScript). Task queues lease per member: their
+// workers and polls extend, ack and check single tasks.
+func (c *Consumer) batchLeases() bool { return c.cfg.Process == nil && c.cfg.Forward == nil }
+
 func (c *Consumer) token() string {
 	return c.cfg.Owner + ":" + c.nonce + "." + strconv.FormatUint(c.seq.Add(1), 36)
 }
@@ -533,9 +540,10 @@ func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
 func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int) (claimResult, error) {
 	k := c.cfg.Keys
 	raw, err := claimScript.Run(ctx, c.rdb,
-		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload},
+		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
 		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
-		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries), maxBytes, TaskOverheadBytes).Slice()
+		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries), maxBytes, TaskOverheadBytes,
+		boolArg(c.batchLeases() && maxBytes <= 0)).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim: %w", err)
 	}
@@ -558,27 +566,36 @@ func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes 
 
 var errReply = errors.New("unexpected reply")
 
+// parseClaim reads a claim's reply (claimScript), or the first six fields
+// of a peek's or a forward's, which have no fresh list.
 func parseClaim(raw []any) (claimResult, error) {
 	var r claimResult
-	if len(raw) != 6 {
-		return r, fmt.Errorf("%w: %d fields, want 6", errReply, len(raw))
+	if len(raw) == 6 {
+		raw = append(raw[:6:6], []any{})
+	}
+	if len(raw) != 7 {
+		return r, fmt.Errorf("%w: %d fields, want 6 or 7", errReply, len(raw))
 	}
 	var paused int64
-	ints := map[int]*int64{0: &r.now, 1: &r.nextQueue, 2: &r.nextExpiry, 5: &paused}
-	for i, p := range ints {
-		v, ok := raw[i].(int64)
+	ints := [...]struct {
+		i int
+		p *int64
+	}{{0, &r.now}, {1, &r.nextQueue}, {2, &r.nextExpiry}, {5, &paused}}
+	for _, f := range ints {
+		v, ok := raw[f.i].(int64)
 		if !ok {
-			return r, fmt.Errorf("%w: field %d is %T", errReply, i, raw[i])
+			return r, fmt.Errorf("%w: field %d is %T", errReply, f.i, raw[f.i])
 		}
-		*p = v
+		*f.p = v
 	}
 	r.paused = paused == 1
 	claimed, ok1 := raw[3].([]any)
 	dead, ok2 := raw[4].([]any)
-	if !ok1 || !ok2 || len(claimed)%4 != 0 || len(dead)%2 != 0 {
-		return r, fmt.Errorf("%w: malformed claimed or dead list", errReply)
+	fresh, ok3 := raw[6].([]any)
+	if !ok1 || !ok2 || !ok3 || len(claimed)%4 != 0 || len(dead)%2 != 0 || len(fresh)%2 != 0 {
+		return r, fmt.Errorf("%w: malformed claimed, dead or fresh list", errReply)
 	}
-	r.items = make([]item, 0, len(claimed)/4)
+	r.items = make([]item, 0, len(claimed)/4+len(fresh)/2)
 	for i := 0; i < len(claimed); i += 4 {
 		s, ok := claimed[i].(string)
 		d, ok2 := claimed[i+1].(int64)
@@ -591,6 +608,14 @@ func parseClaim(raw []any) (claimResult, error) {
 		if again == 1 {
 			r.reclaimed++
 		}
+	}
+	for i := 0; i < len(fresh); i += 2 {
+		s, ok := fresh[i].(string)
+		d, ok2 := fresh[i+1].(int64)
+		if !ok || !ok2 {
+			return r, fmt.Errorf("%w: malformed fresh entry %d", errReply, i/2)
+		}
+		r.items = append(r.items, item{serial: s, deadline: d})
 	}
 	if len(dead) > 0 {
 		r.dead = map[string]int{}

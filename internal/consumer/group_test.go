@@ -92,7 +92,7 @@ func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
 	cancel()
 	<-done
 	for i, k := range all {
-		if n := e.card(k.Queue) + e.card(k.Inflight); n != 0 {
+		if n := e.card(k.Queue) + e.heldIn(k); n != 0 {
 			t.Errorf("key %d (%s) still holds %d entries", i, k.Queue, n)
 		}
 	}

@@ -186,3 +186,16 @@ func (e *env) card(key string) int64 {
 func (c *Consumer) claimBatch(ctx context.Context) (claimResult, error) {
 	return c.claim(ctx, c.cfg.BatchSize)
 }
+
+// held is how many entries of the queue are leased or backing off, in
+// either layout (batch leases and per-member entries).
+func (e *env) held() int64 { return e.heldIn(e.keys) }
+
+func (e *env) heldIn(k queue.Keys) int64 {
+	e.t.Helper()
+	st, err := ReadStats(context.Background(), e.rdb, k)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st.Held
+}

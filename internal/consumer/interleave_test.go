@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,10 +21,19 @@ import (
 // checkout that enqueues before its own commit.
 
 // expire moves serial's lease or backoff expiry into the past instead of
-// waiting for it.
+// waiting for it: its own entry's, or its batch lease's (and so every
+// member's of that batch) when it has no entry of its own.
 func (e *env) expire(serial string) {
 	e.t.Helper()
-	if err := e.rdb.ZAdd(context.Background(), e.keys.Inflight, redis.Z{Score: 1, Member: serial}).Err(); err != nil {
+	ctx := context.Background()
+	key, member := e.keys.Inflight, serial
+	if _, err := e.rdb.ZScore(ctx, e.keys.Inflight, serial).Result(); errors.Is(err, redis.Nil) {
+		rec, _ := e.rdb.HGet(ctx, e.keys.Lease, serial).Result()
+		if f := strings.SplitN(rec, "|", 4); len(f) >= 3 && e.rdb.HExists(ctx, e.keys.LeaseBatch, "#"+f[2]).Val() {
+			key, member = e.keys.Leases, f[2]
+		}
+	}
+	if err := e.rdb.ZAdd(ctx, key, redis.Z{Score: 1, Member: member}).Err(); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -63,7 +74,7 @@ func TestRawRescheduleDuringBackoffWins(t *testing.T) {
 	if err != nil || got.State != client.StateQueued || got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
 		t.Fatalf("entry %+v (%v), want queued at the producer's deadline", got, err)
 	}
-	if n := e.card(e.keys.Inflight); n != 0 {
+	if n := e.held(); n != 0 {
 		t.Fatalf("%d companion entries left beside the producer's", n)
 	}
 }

@@ -2,21 +2,39 @@ package consumer
 
 import "github.com/redis/go-redis/v9"
 
-// The lease mechanism: a claim MOVES an entry out of the queue key into the
-// same-slot companions {Q}:inflight (scored by lease expiry), {Q}:deadlines
-// (scored by the true deadline) and {Q}:lease (a record
-// "deadline|attempts|token|last error"). So:
+// The lease mechanism: a claim MOVES an entry out of the queue key into
+// same-slot companions, so a producer's later write is always told apart
+// from the lease. Each leased or backing-off entry has a record in
+// {Q}:lease, "deadline|attempts|token|last error", that says who holds it;
+// every change to it is a compare-and-set on that token. Where its expiry
+// lives depends on the lease:
 //
-//   - GET, inspect and the overdue gauges read the true deadline from
-//     {Q}:deadlines while an entry is leased; a hand-back puts it back into
-//     the queue key with that deadline.
-//   - A producer that re-adds or reschedules a leased serial writes the queue
+//   - Order claims lease per batch: one entry per claim in {Q}:leases (the
+//     token, scored by the lease expiry) and, in {Q}:leasebatch, the
+//     claim's members (field token, "\n"-separated), how many of them it
+//     still holds (field "#"+token) and their oldest deadline (field
+//     "<"+token). A claim of 500 orders writes 500 records and three
+//     fields, not 1,500 sorted-set entries; the true deadline is in the
+//     record. finish, retry, bury and hand-back count the members they take
+//     off the batch and drop it with the last one.
+//   - Per member (task queues' claims, backoffs, and leases written by
+//     daemons before batch leases): {Q}:inflight scores the member by its
+//     expiry and {Q}:deadlines by its true deadline. A retry turns a batch
+//     member into a per-member backoff.
+//
+// So:
+//
+//   - GET, inspect and the overdue gauges read the true deadline from the
+//     record or {Q}:deadlines while an entry is held; a hand-back puts it
+//     back into the queue key with that deadline.
+//   - A producer that re-adds or reschedules a held serial writes the queue
 //     key (or drops the lease record); the replica holding the lease only
-//     ever removes companion entries whose record still carries its token,
-//     so the producer's entry survives.
+//     ever removes entries whose record still carries its token, so the
+//     producer's entry survives.
 //   - An entry whose lease expired is found again by the next claim on any
-//     replica (re-claim); a backing-off entry is the same thing with token
-//     "-" and an expiry at its retry time.
+//     replica (re-claim): a per-member one through {Q}:inflight, a batch's
+//     members still carrying its token through {Q}:leases. A re-claim moves
+//     per-member leases (an upgrade's) into the new claim's batch.
 //
 // Every script takes all its keys in KEYS, in one slot, so it is safe on
 // Redis Cluster. Scripts do bounded work (at most the batch size); Go loops.
@@ -89,6 +107,25 @@ local function bulk(cmd, key, args)
     redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
   end
 end
+-- carries reports whether lease record rec ("deadline|attempts|token|last
+-- error") carries the token of needle, "|" .. token .. "|", with one plain
+-- search: a daemon's token has a ':' (Consumer.token), so it never equals
+-- the numbers before it, and the last error has no '|' to end a match in.
+local function carries(rec, needle)
+  return rec and string.find(rec, needle, 1, true) ~= nil
+end
+-- release takes k members off the batch lease token (leases: the batch
+-- expiries, info: the batch records) and drops the batch with the last
+-- one. It reports whether token is a batch lease's (false: a per-member
+-- lease, a backoff, a task's).
+local function release(leases, info, token, k)
+  if redis.call('HEXISTS', info, '#' .. token) == 0 then return false end
+  if k > 0 and redis.call('HINCRBY', info, '#' .. token, -k) <= 0 then
+    redis.call('ZREM', leases, token)
+    redis.call('HDEL', info, token, '#' .. token, '<' .. token)
+  end
+  return true
+end
 `
 
 // claimScript leases due entries.
@@ -97,15 +134,21 @@ end
 //	KEYS[3] -> {queue}:deadlines KEYS[4] -> {queue}:lease
 //	KEYS[5] -> {queue}:dead      KEYS[6] -> {queue}:deadinfo
 //	KEYS[7] -> {queue}:paused    KEYS[8] -> {queue}:payload
+//	KEYS[9] -> {queue}:leases    KEYS[10] -> {queue}:leasebatch
 //	ARGV[1] -> limit: most entries to lease
 //	ARGV[2] -> lease duration, ms
-//	ARGV[3] -> lease token (unique per claim; no '|')
+//	ARGV[3] -> lease token (unique per claim; no '|', no "\n")
 //	ARGV[4] -> how far ahead a deadline may lie, ms (larger: dead-lettered)
 //	ARGV[5] -> close delay, ms: an entry is due at deadline + delay
 //	ARGV[6] -> "1" to count a re-claim of an expired lease as an attempt
 //	           (task queues whose consumers poll), else "0"
 //	ARGV[7] -> byte budget of a poll's answer, or 0 for none
 //	ARGV[8] -> bytes a task costs besides its payload and twice its id
+//	ARGV[9] -> "1" to lease the claim as one batch ({queue}:leases; the
+//	           order queue), "0" to lease per member ({queue}:inflight and
+//	           {queue}:deadlines; task queues). KEYS[9] and KEYS[10] are
+//	           read in both modes (expired batches are re-claimed only in
+//	           batch mode).
 //
 // With a byte budget, each entry about to be leased is charged the length
 // of its payload (KEYS[8]) plus twice its id's (JSON escaping at most
@@ -116,10 +159,12 @@ end
 //
 // First it takes back entries whose lease or backoff expired (unless a
 // producer wrote the serial into the queue key meanwhile: then the queue
-// key's deadline decides and the stale lease is dropped), then due entries
-// from the queue. A due queue entry whose serial another replica still
-// leases is taken over: the producer wrote it after that claim, and the
-// other replica's fence (fenceScript) sees its token gone. Members that
+// key's deadline decides and the stale lease is dropped) — per-member ones
+// from {queue}:inflight, then in batch mode the members of expired batches
+// that still carry the batch's token — then due entries from the queue. A
+// due queue entry whose serial another replica still leases is taken over:
+// the producer wrote it after that claim, and the other replica's fence
+// (fenceScript) sees its token gone. Members that
 // are not valid serials, scores that are not integers or lie outside
 // [2000-01-01, now + ARGV[4]] go to the dead-letter set instead, and a
 // lease or backoff of the same serial is dropped with them (the bad score
@@ -130,29 +175,47 @@ end
 // changes nothing.
 //
 // Returns {now, next queue deadline or -1, next expiry or -1, claimed, dead,
-// paused (1 or 0)}
+// paused (1 or 0), fresh}
 // where claimed is a flat array of serial, deadline, attempts, re-claimed
-// (1 if a lease of a replica expired, else 0) and dead a flat array of
+// (1 if a lease of a replica expired, else 0), fresh a flat array of
+// serial, deadline of entries leased for the first time with no attempt
+// spent (most of a claim: half the reply), and dead a flat array of
 // serial, reason.
 var claimScript = redis.NewScript(luaValidSerial + luaHelpers + `
 local now = now_ms()
+-- head is the lowest score of key, nil when it is empty.
 local function head(key)
   local h = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
-  return -1
+  return nil
 end
+-- answer is the reply's form of a head: -1 for none.
+local function answer(x) return x or -1 end
+local function earlier(a, b)
+  if not a or (b and b < a) then return answer(b) end
+  return a
+end
+-- The heads, read once: an idle claim (nothing due, nothing expired) reads
+-- nothing else but the far end of the queue and changes nothing, so they
+-- are its answer too.
+local qHead, infHead, batHead = head(KEYS[1]), head(KEYS[2]), head(KEYS[9])
 if redis.call('EXISTS', KEYS[7]) == 1 then
-  return {now, head(KEYS[1]), head(KEYS[2]), {}, {}, 1}
+  return {now, answer(qHead), earlier(infHead, batHead), {}, {}, 1, {}}
 end
+local changed = false
 local limit = tonumber(ARGV[1])
 local expiry = now + tonumber(ARGV[2])
 local token = ARGV[3]
 local maxScore = now + tonumber(ARGV[4])
 local cutoff = now - tonumber(ARGV[5])
-local claimed, dead = {}, {}
+local batch = ARGV[9] == '1'
+local sfx = '|' .. token .. '|'
+local claimed, dead, fresh = {}, {}, {}
 local inflightArgs, deadlineArgs, leaseArgs = {}, {}, {}
+local members, oldest = {}, nil
+local unmember = {}
 local deadArgs, deadInfoArgs = {}, {}
-local n = 0
+local n, nla, nia, nmem, nf = 0, 0, 0, 0, 0
 local budget, overhead = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
 local spent, full = 0, false
 
@@ -170,11 +233,42 @@ local function fits(s)
   return true
 end
 
-local function lease(s, d, a)
+-- lease records s (deadline d, attempts a) as leased by this claim; rec
+-- is its lease record when the caller has built it. Tables grow by
+-- counters: Lua's # is a search.
+local function lease(s, d, a, rec)
   n = n + 1
-  inflightArgs[#inflightArgs+1] = expiry; inflightArgs[#inflightArgs+1] = s
-  deadlineArgs[#deadlineArgs+1] = d; deadlineArgs[#deadlineArgs+1] = s
-  leaseArgs[#leaseArgs+1] = s; leaseArgs[#leaseArgs+1] = d .. '|' .. a .. '|' .. token .. '|'
+  nla = nla + 1; leaseArgs[nla] = s
+  nla = nla + 1; leaseArgs[nla] = rec or (d .. '|' .. a .. sfx)
+  if batch then
+    nmem = nmem + 1; members[nmem] = s
+    if not oldest or d < oldest then oldest = d end
+  else
+    nia = nia + 1; inflightArgs[nia] = expiry; deadlineArgs[nia] = d
+    nia = nia + 1; inflightArgs[nia] = s; deadlineArgs[nia] = s
+  end
+end
+-- drop forgets the leases of serials (records read already: recs[i] is
+-- list[i]'s): records, per-member entries, and their batches' counts.
+local function drop(list, recs)
+  if #list == 0 then return end
+  local per = {}
+  for i = 1, #list do
+    local _, _, tok = parse(recs[i] or nil)
+    if tok then per[tok] = (per[tok] or 0) + 1 end
+  end
+  for tok, k in pairs(per) do release(KEYS[9], KEYS[10], tok, k) end
+  bulk('ZREM', KEYS[2], list)
+  bulk('ZREM', KEYS[3], list)
+  bulk('HDEL', KEYS[4], list)
+end
+local function hmget(key, list)
+  local out = {}
+  for i = 1, #list, 500 do
+    local part = redis.call('HMGET', key, unpack(list, i, math.min(i + 499, #list)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
 end
 local buried = {}
 local function bury(s, reason, score)
@@ -185,27 +279,31 @@ local function bury(s, reason, score)
   deadInfoArgs[#deadInfoArgs+1] = reason .. '|0|' .. score .. '|'
 end
 
--- 1. expired leases and finished backoffs. A serial that is in the queue
--- key as well was written there by a producer meanwhile (a raw ZADD during
--- the lease or backoff): the queue key's deadline decides, so the stale
--- companion is dropped here and the queue entry is claimed below when it is
--- due, never twice in one batch.
-local exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+-- 1. expired per-member leases and finished backoffs. A serial that is in
+-- the queue key as well was written there by a producer meanwhile (a raw
+-- ZADD during the lease or backoff): the queue key's deadline decides, so
+-- the stale companion is dropped here and the queue entry is claimed below
+-- when it is due, never twice in one batch.
+local exp = {}
+if infHead and infHead <= now then
+  exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+end
 if #exp > 0 then
-  local members = {}
-  for i = 1, #exp, 2 do members[#members+1] = exp[i] end
+  changed = true
+  local list = {}
+  for i = 1, #exp, 2 do list[#list+1] = exp[i] end
   local recs, queued = {}, {}
-  for i = 1, #members, 500 do
-    local last = math.min(i + 499, #members)
-    local part = redis.call('HMGET', KEYS[4], unpack(members, i, last))
-    local qs = redis.call('ZMSCORE', KEYS[1], unpack(members, i, last))
+  for i = 1, #list, 500 do
+    local last = math.min(i + 499, #list)
+    local part = redis.call('HMGET', KEYS[4], unpack(list, i, last))
+    local qs = redis.call('ZMSCORE', KEYS[1], unpack(list, i, last))
     for j = 1, #part do recs[i + j - 1] = part[j]; queued[i + j - 1] = qs[j] end
   end
-  local stale = {}
-  for i = 1, #members do
-    local s = members[i]
+  local stale, staleRecs = {}, {}
+  for i = 1, #list do
+    local s = list[i]
     if queued[i] then
-      stale[#stale+1] = s
+      stale[#stale+1] = s; staleRecs[#stale] = recs[i]
     elseif not fits(s) then
       break
     else
@@ -215,56 +313,126 @@ if #exp > 0 then
       if tok and tok ~= '-' then again = 1 end
       a = a or 0
       if again == 1 and ARGV[6] == '1' then a = a + 1 end
+      if tok then release(KEYS[9], KEYS[10], tok, 1) end
       lease(s, d, a)
+      if batch then unmember[#unmember+1] = s end
       claimed[#claimed+1] = s; claimed[#claimed+1] = d
       claimed[#claimed+1] = a; claimed[#claimed+1] = again
     end
   end
-  if #stale > 0 then
-    bulk('ZREM', KEYS[2], stale)
-    bulk('ZREM', KEYS[3], stale)
-    bulk('HDEL', KEYS[4], stale)
+  drop(stale, staleRecs)
+end
+
+-- 1b. members of expired batch leases that still carry their batch's
+-- token (the others were settled, retried, taken over or moved by a
+-- producer since). A batch is taken whole while there is room; the
+-- members there is no room for stay in it, still expired, for the next
+-- claim.
+if batch and n < limit and not full and batHead and batHead <= now then
+  changed = true
+  local exb = redis.call('ZRANGE', KEYS[9], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  for _, t in ipairs(exb) do
+    if n >= limit then break end
+    local list = {}
+    for m in string.gmatch(redis.call('HGET', KEYS[10], t) or '', '[^\n]+') do list[#list+1] = m end
+    local recs, queued = {}, {}
+    for i = 1, #list, 500 do
+      local last = math.min(i + 499, #list)
+      local part = redis.call('HMGET', KEYS[4], unpack(list, i, last))
+      local qs = redis.call('ZMSCORE', KEYS[1], unpack(list, i, last))
+      for j = 1, #part do recs[i + j - 1] = part[j]; queued[i + j - 1] = qs[j] end
+    end
+    local stale, rest = {}, {}
+    local needle = '|' .. t .. '|'
+    for i = 1, #list do
+      local s = list[i]
+      if carries(recs[i], needle) then
+        if queued[i] then
+          stale[#stale+1] = s
+        elseif n >= limit then
+          rest[#rest+1] = s
+        else
+          local d, a = parse(recs[i])
+          lease(s, d, a or 0)
+          claimed[#claimed+1] = s; claimed[#claimed+1] = d
+          claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 1
+        end
+      end
+    end
+    if #stale > 0 then bulk('HDEL', KEYS[4], stale) end
+    if #rest == 0 then
+      redis.call('ZREM', KEYS[9], t)
+      redis.call('HDEL', KEYS[10], t, '#' .. t, '<' .. t)
+    else
+      redis.call('HSET', KEYS[10], t, table.concat(rest, '\n'), '#' .. t, #rest)
+    end
   end
 end
 
--- 2. due entries of the queue
+-- 2. due entries of the queue. Most have no lease record: they are
+-- leased with their score as Redis prints it (an integer below 2^53 prints
+-- in full) and answered in fresh, two fields each.
 local room = limit - n
-if room > 0 and not full then
+if room > 0 and not full and qHead and qHead <= cutoff then
+  changed = true
   local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
-  local rem = {}
-  -- Lease records left by earlier attempts, read in one call per 500.
-  local members = {}
-  for i = 1, #due, 2 do members[#members+1] = due[i] end
-  local recs = {}
-  for i = 1, #members, 500 do
-    local part = redis.call('HMGET', KEYS[4], unpack(members, i, math.min(i + 499, #members)))
-    for j = 1, #part do recs[i + j - 1] = part[j] end
-  end
+  local rem, nrem = {}, 0
+  -- Lease records left by earlier attempts (or held by a lease this entry
+  -- takes over), read in one call per 500.
+  local list = {}
+  for i = 1, #due, 2 do list[(i + 1) / 2] = due[i] end
+  local recs = hmget(KEYS[4], list)
+  local over, overRecs = {}, {}
+  local zsfx = '|0' .. sfx
   for i = 1, #due, 2 do
     local s, raw = due[i], due[i+1]
     local d = tonumber(raw)
     if not valid_serial(s) or d ~= math.floor(d) then
-      rem[#rem+1] = s
+      nrem = nrem + 1; rem[nrem] = s
       bury(s, 'malformed', raw)
     elseif d < 946684800000 then
-      rem[#rem+1] = s
+      nrem = nrem + 1; rem[nrem] = s
       bury(s, 'score_out_of_range', raw)
     elseif not fits(s) then
       break
     else
-      rem[#rem+1] = s
-      local _, a = parse(recs[(i + 1) / 2] or nil)
-      lease(s, d, a or 0)
-      claimed[#claimed+1] = s; claimed[#claimed+1] = d
-      claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
+      nrem = nrem + 1; rem[nrem] = s
+      local rec = recs[(i + 1) / 2]
+      if rec then
+        local _, a = parse(rec)
+        over[#over+1] = s; overRecs[#over] = rec
+        lease(s, d, a or 0)
+        claimed[#claimed+1] = s; claimed[#claimed+1] = d
+        claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
+      else
+        lease(s, d, 0, raw .. zsfx)
+        nf = nf + 1; fresh[nf] = s
+        nf = nf + 1; fresh[nf] = d
+      end
     end
   end
   if #rem > 0 then bulk('ZREM', KEYS[1], rem) end
+  -- Leases this claim takes over (a producer wrote the serial into the
+  -- queue key while another claim held it): that claim's batch no longer
+  -- holds them, and their per-member entries go.
+  if #over > 0 then
+    local per = {}
+    for i = 1, #over do
+      local _, _, tok = parse(overRecs[i])
+      if tok then per[tok] = (per[tok] or 0) + 1 end
+    end
+    for tok, k in pairs(per) do release(KEYS[9], KEYS[10], tok, k) end
+    if batch then
+      bulk('ZREM', KEYS[2], over)
+      bulk('ZREM', KEYS[3], over)
+    end
+  end
 end
 
 -- 3. deadlines too far ahead never become due: dead-letter them now
 local far = redis.call('ZRANGE', KEYS[1], '(' .. maxScore, '+inf', 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 if #far > 0 then
+  changed = true
   local rem = {}
   for i = 1, #far, 2 do
     rem[#rem+1] = far[i]
@@ -277,33 +445,41 @@ end
 -- of the same serial from before it must not close the order at its old
 -- deadline (the holder's fence sees its token gone). Buried serials are
 -- queue entries, never leased above in this call.
-if #buried > 0 then
-  bulk('ZREM', KEYS[2], buried)
-  bulk('ZREM', KEYS[3], buried)
-  bulk('HDEL', KEYS[4], buried)
+if #buried > 0 then drop(buried, hmget(KEYS[4], buried)) end
+if #unmember > 0 then
+  bulk('ZREM', KEYS[2], unmember)
+  bulk('ZREM', KEYS[3], unmember)
 end
-if #inflightArgs > 0 then
-  bulk('ZADD', KEYS[2], inflightArgs)
-  bulk('ZADD', KEYS[3], deadlineArgs)
+if n > 0 then
   bulk('HSET', KEYS[4], leaseArgs)
+  if batch then
+    redis.call('ZADD', KEYS[9], expiry, token)
+    redis.call('HSET', KEYS[10], token, table.concat(members, '\n'), '#' .. token, #members, '<' .. token, oldest)
+  else
+    bulk('ZADD', KEYS[2], inflightArgs)
+    bulk('ZADD', KEYS[3], deadlineArgs)
+  end
 end
 if #deadArgs > 0 then
   bulk('ZADD', KEYS[5], deadArgs)
   bulk('HSET', KEYS[6], deadInfoArgs)
 end
 
-return {now, head(KEYS[1]), head(KEYS[2]), claimed, dead, 0}
+if not changed then return {now, answer(qHead), earlier(infHead, batHead), claimed, dead, 0, fresh} end
+return {now, answer(head(KEYS[1])), earlier(head(KEYS[2]), head(KEYS[9])), claimed, dead, 0, fresh}
 `)
 
 // finishScript removes settled entries (closed, or paid/closed already).
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
-//	KEYS[4] -> {queue}:payload (task queues only: payloads go with the entry)
-//	KEYS[5] -> {queue}:dead (task queues only)  KEYS[6] -> queue (task queues only)
+//	KEYS[4] -> {queue}:leases   KEYS[5] -> {queue}:leasebatch
+//	KEYS[6] -> {queue}:payload (task queues only: payloads go with the entry)
+//	KEYS[7] -> {queue}:dead (task queues only)  KEYS[8] -> queue (task queues only)
 //	ARGV[1] -> lease token; ARGV[2..] -> serials
 //
 // Compare-and-set: only entries whose lease record still carries the token
 // are removed; an entry a producer rescheduled meanwhile is left alone. A
+// batch lease loses the members removed, and goes with its last. A
 // payload stays when a dead letter of the same id exists (the producer
 // reused the id): it is that dead letter's now, for a requeue, and goes
 // when the dead letter is purged. It also stays when the id is in the
@@ -312,33 +488,27 @@ return {now, head(KEYS[1]), head(KEYS[2]), claimed, dead, 0}
 // Returns the number removed.
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]
-local rem = {}
 local needle = '|' .. token .. '|'
+local rem, k = {}, 0
 for i = 2, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)
   local recs = redis.call('HMGET', KEYS[3], unpack(ARGV, i, last))
   for j = 1, #recs do
-    -- The token is the third field; the first two are numbers, so the
-    -- first match of |token| is that field.
-    local rec = recs[j]
-    if rec then
-      local at = string.find(rec, needle, 1, true)
-      if at and not string.find(string.sub(rec, 1, at - 1), '|', string.find(rec, '|', 1, true) + 1, true) then
-        rem[#rem+1] = ARGV[i + j - 1]
-      end
-    end
+    if carries(recs[j], needle) then k = k + 1; rem[k] = ARGV[i + j - 1] end
   end
 end
 if #rem > 0 then
   bulk('HDEL', KEYS[3], rem)
-  bulk('ZREM', KEYS[1], rem)
-  bulk('ZREM', KEYS[2], rem)
-  if KEYS[4] then
+  if not release(KEYS[4], KEYS[5], token, #rem) then
+    bulk('ZREM', KEYS[1], rem)
+    bulk('ZREM', KEYS[2], rem)
+  end
+  if KEYS[6] then
     local drop = {}
     for _, s in ipairs(rem) do
-      if not redis.call('ZSCORE', KEYS[5], s) and not redis.call('ZSCORE', KEYS[6], s) then drop[#drop+1] = s end
+      if not redis.call('ZSCORE', KEYS[7], s) and not redis.call('ZSCORE', KEYS[8], s) then drop[#drop+1] = s end
     end
-    if #drop > 0 then bulk('HDEL', KEYS[4], drop) end
+    if #drop > 0 then bulk('HDEL', KEYS[6], drop) end
   end
 end
 return #rem
@@ -346,9 +516,12 @@ return #rem
 
 // retryScript turns leases into backoffs: the entry stays out of the queue,
 // its expiry becomes now + delay, its token "-" and, when ARGV[3] is 1, its
-// attempt count grows by one.
+// attempt count grows by one. A batch lease's member becomes a per-member
+// backoff ({queue}:inflight and {queue}:deadlines) and leaves the batch.
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:lease
+//	KEYS[3] -> {queue}:deadlines KEYS[4] -> {queue}:leases
+//	KEYS[5] -> {queue}:leasebatch
 //	ARGV[1] -> lease token; ARGV[2] -> delay ms; ARGV[3] -> 1 to spend an
 //	attempt, 0 not to; ARGV[4] -> last error; ARGV[5..] -> serials
 //
@@ -359,9 +532,11 @@ local at = now_ms() + tonumber(ARGV[2])
 local spend = tonumber(ARGV[3])
 local err = string.gsub(ARGV[4], '|', '/')
 local mine = owned(KEYS[2], ARGV[1], 5)
+local batch = release(KEYS[4], KEYS[5], ARGV[1], #mine)
 for _, e in ipairs(mine) do
   redis.call('HSET', KEYS[2], e[1], e[2] .. '|' .. (e[3] + spend) .. '|-|' .. err)
   redis.call('ZADD', KEYS[1], at, e[1])
+  if batch then redis.call('ZADD', KEYS[3], e[2], e[1]) end
 end
 return {#mine, at}
 `)
@@ -381,15 +556,15 @@ return {#mine, at}
 var fenceScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local cutoff = now - tonumber(ARGV[2])
+local needle = '|' .. ARGV[1] .. '|'
 local drop = {}
 for i = 3, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)
   local recs = redis.call('HMGET', KEYS[2], unpack(ARGV, i, last))
   local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
   for j = 1, #recs do
-    local _, _, tok = parse(recs[j] or nil)
-    local q = qs[j] and tonumber(qs[j])
-    if tok ~= ARGV[1] or (q and q > cutoff) then drop[#drop+1] = ARGV[i + j - 1] end
+    local q = qs[j]
+    if not carries(recs[j], needle) or (q and tonumber(q) > cutoff) then drop[#drop+1] = ARGV[i + j - 1] end
   end
 end
 return drop
@@ -421,6 +596,7 @@ return out
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
 //	KEYS[4] -> {queue}:dead     KEYS[5] -> {queue}:deadinfo
+//	KEYS[6] -> {queue}:leases   KEYS[7] -> {queue}:leasebatch
 //	ARGV[1] -> lease token; ARGV[2] -> reason; ARGV[3] -> last error;
 //	ARGV[4] -> "1" to count the run that failed, "0" when the record counts
 //	it already (a claim that re-took an expired lease, ClaimTasks);
@@ -434,6 +610,7 @@ local now = now_ms()
 local err = string.gsub(ARGV[3], '|', '/')
 local run = tonumber(ARGV[4])
 local mine = owned(KEYS[3], ARGV[1], 5)
+release(KEYS[6], KEYS[7], ARGV[1], #mine)
 for _, e in ipairs(mine) do
   local s = e[1]
   redis.call('HDEL', KEYS[3], s)
@@ -449,13 +626,14 @@ return #mine
 // deadline, so another replica can take them at once.
 //
 //	KEYS[1] -> queue KEYS[2] -> {queue}:inflight KEYS[3] -> {queue}:deadlines
-//	KEYS[4] -> {queue}:lease
+//	KEYS[4] -> {queue}:lease KEYS[5] -> {queue}:leases KEYS[6] -> {queue}:leasebatch
 //	ARGV[1] -> lease token; ARGV[2..] -> serials
 //
 // Compare-and-set as finishScript; ZADD NX keeps an entry a producer wrote
 // meanwhile. Returns the number handed back.
 var handBackScript = redis.NewScript(luaHelpers + `
 local mine = owned(KEYS[4], ARGV[1], 2)
+release(KEYS[5], KEYS[6], ARGV[1], #mine)
 for _, e in ipairs(mine) do
   local s = e[1]
   redis.call('HDEL', KEYS[4], s)
@@ -487,17 +665,27 @@ return out
 `)
 
 // statsScript reads the queue gauges in one consistent step, on Redis's
-// clock. The reads are O(log n), plus O(k) in the entries leased or
-// backing off when there are at most 2000 of them.
+// clock. The reads are O(log n), plus O(k) in the entries leased per
+// member or backing off when there are at most 2000 of them, plus O(b) in
+// the batch leases.
 //
 //	KEYS[1] -> queue KEYS[2] -> {queue}:inflight KEYS[3] -> {queue}:deadlines
-//	KEYS[4] -> {queue}:dead
+//	KEYS[4] -> {queue}:dead KEYS[5] -> {queue}:leases KEYS[6] -> {queue}:leasebatch
+//	KEYS[7] -> {queue}:lease
 //
 // A serial a producer wrote into the queue key while it was leased or
 // backing off sits in both keys until the claim drops the stale companion;
 // it is counted once, at the queue key's deadline (the producer's). Beyond
-// 2000 companions (a long database outage) that correction is skipped and
-// such serials may count twice.
+// 2000 per-member companions (a long database outage) that correction is
+// skipped and such serials may count twice. Members of batch leases are
+// read one by one when the batches hold at most 2000 (they hold what the
+// replicas' workers are closing); beyond that their batches' counts stand
+// for them, uncorrected, and each batch's oldest claimed deadline for
+// theirs (a batch lives for one close: the double count and an oldest
+// older than the truth last until it ends, or its lease expires).
+//
+// Every member of a batch lease is overdue: it was claimed at or after its
+// deadline, on this clock.
 //
 // The oldest and next deadlines are taken among valid scores only (from
 // 2000-01-01, queue.MinDeadline, to ten years ahead, queue.MaxAhead): a
@@ -508,7 +696,7 @@ return out
 //
 // Returns {now, depth, overdue, oldest deadline or -1, dead depth,
 // next deadline or -1, held}: held counts the entries leased or backing
-// off (ZCARD of {queue}:inflight), on every replica.
+// off, on every replica.
 var statsScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local held = redis.call('ZCARD', KEYS[2])
@@ -527,15 +715,54 @@ if held > 0 and held <= 2000 then
     end
   end
 end
-local depth = redis.call('ZCARD', KEYS[1]) + held - both
-local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[3], '-inf', now) - bothOverdue
 local oldest = -1
+local batched = 0
+local toks = redis.call('ZRANGE', KEYS[5], 0, -1)
+for i = 1, #toks, 250 do
+  local f = {}
+  for j = i, math.min(i + 249, #toks) do
+    f[#f+1] = '#' .. toks[j]; f[#f+1] = '<' .. toks[j]
+  end
+  local v = redis.call('HMGET', KEYS[6], unpack(f))
+  for j = 1, #v, 2 do
+    local k = tonumber(v[j]) or 0
+    if k > 0 then
+      batched = batched + k
+      local o = tonumber(v[j+1])
+      if o and o >= 946684800000 and (oldest == -1 or o < oldest) then oldest = o end
+    end
+  end
+end
+if batched > 0 and batched <= 2000 then
+  -- Few enough to read: count the members that still carry their batch's
+  -- token, once, at the producer's deadline when the queue key has them.
+  batched, oldest = 0, -1
+  for _, t in ipairs(toks) do
+    local needle = '|' .. t .. '|'
+    local list = {}
+    for m in string.gmatch(redis.call('HGET', KEYS[6], t) or '', '[^\n]+') do list[#list+1] = m end
+    for i = 1, #list, 500 do
+      local last = math.min(i + 499, #list)
+      local recs = redis.call('HMGET', KEYS[7], unpack(list, i, last))
+      local qs = redis.call('ZMSCORE', KEYS[1], unpack(list, i, last))
+      for j = 1, #recs do
+        if carries(recs[j], needle) and not qs[j] then
+          batched = batched + 1
+          local d = parse(recs[j])
+          if d and d >= 946684800000 and (oldest == -1 or d < oldest) then oldest = d end
+        end
+      end
+    end
+  end
+end
+local depth = redis.call('ZCARD', KEYS[1]) + held + batched - both
+local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[3], '-inf', now) + batched - bothOverdue
 local h = redis.call('ZRANGE', KEYS[1], 946684800000, now, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-if h[2] then oldest = tonumber(h[2]) end
+if h[2] and (oldest == -1 or tonumber(h[2]) < oldest) then oldest = tonumber(h[2]) end
 h = redis.call('ZRANGE', KEYS[3], 946684800000, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
 if h[2] and (oldest == -1 or tonumber(h[2]) < oldest) then oldest = tonumber(h[2]) end
 local nextD = -1
 h = redis.call('ZRANGE', KEYS[1], '(' .. now, now + 315360000000, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
 if h[2] then nextD = tonumber(h[2]) end
-return {now, depth, overdue, oldest, redis.call('ZCARD', KEYS[4]), nextD, held}
+return {now, depth, overdue, oldest, redis.call('ZCARD', KEYS[4]), nextD, held + batched}
 `)

@@ -25,7 +25,7 @@ type Stats struct {
 
 // ReadStats reads the gauges of the queue with keys k.
 func ReadStats(ctx context.Context, rdb redis.Scripter, k queue.Keys) (Stats, error) {
-	v, err := statsScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Dead}).Int64Slice()
+	v, err := statsScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Dead, k.Leases, k.LeaseBatch, k.Lease}).Int64Slice()
 	if err != nil {
 		return Stats{}, fmt.Errorf("read stats: %w", err)
 	}

@@ -124,7 +124,7 @@ func RetryTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token str
 		return 0, ErrInvalidPollToken
 	}
 	args := append([]any{token, max(delay, 0).Milliseconds(), 1, lastErr}, anys(ids)...)
-	res, err := retryScript.Run(ctx, rdb, []string{k.Inflight, k.Lease}, args...).Int64Slice()
+	res, err := retryScript.Run(ctx, rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("retry: %w", err)
 	}
@@ -143,7 +143,7 @@ func BuryTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token, rea
 		return 0, ErrInvalidPollToken
 	}
 	args := append([]any{token, reason, lastErr, "1"}, anys(ids)...)
-	n, err := buryScript.Run(ctx, rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
+	n, err := buryScript.Run(ctx, rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("dead-letter: %w", err)
 	}

@@ -153,15 +153,25 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
 	if c.cfg.DryRun {
 		return nil, dropped
 	}
-	tokens := make(map[string]string, len(items))
-	for _, it := range items {
-		tokens[it.serial] = it.token
+	// A batch is one claim's, under one token (splits keep it); only
+	// items from several claims need the map of serial to token.
+	var tokens map[string]string
+	if _, one := oneToken(items); !one {
+		tokens = make(map[string]string, len(items))
+		for _, it := range items {
+			tokens[it.serial] = it.token
+		}
 	}
 	k := c.cfg.Keys
 	return func(ctx context.Context, closed []string) ([]string, error) {
-		byTok := map[string][]string{}
-		for _, s := range closed {
-			byTok[tokens[s]] = append(byTok[tokens[s]], s)
+		var byTok map[string][]string
+		if tokens == nil {
+			byTok = map[string][]string{items[0].token: closed}
+		} else {
+			byTok = map[string][]string{}
+			for _, s := range closed {
+				byTok[tokens[s]] = append(byTok[tokens[s]], s)
+			}
 		}
 		var drop []string
 		for tok, serials := range byTok {
@@ -437,11 +447,27 @@ func (c *Consumer) pgBackReset() {
 // byToken groups items by the claim that leased them (a split batch keeps
 // one token, but the scripts take one token per call).
 func byToken(items []item) map[string][]string {
+	if tok, one := oneToken(items); one {
+		return map[string][]string{tok: serialsOf(items)}
+	}
 	g := map[string][]string{}
 	for _, it := range items {
 		g[it.token] = append(g[it.token], it.serial)
 	}
 	return g
+}
+
+// oneToken reports whether every item has the same lease token, and it.
+func oneToken(items []item) (string, bool) {
+	if len(items) == 0 {
+		return "", false
+	}
+	for _, it := range items[1:] {
+		if it.token != items[0].token {
+			return "", false
+		}
+	}
+	return items[0].token, true
 }
 
 func serialsOf(items []item) []string {
@@ -467,7 +493,7 @@ func (c *Consumer) finish(items []item) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	k := c.cfg.Keys
-	keys := []string{k.Inflight, k.Deadlines, k.Lease}
+	keys := []string{k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}
 	if c.cfg.Process != nil {
 		keys = append(keys, k.Payload, k.Dead, k.Queue)
 	}
@@ -494,7 +520,7 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	}
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok, delay.Milliseconds(), sp, reason}, anys(serials)...)
-		res, err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease}, args...).Int64Slice()
+		res, err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
 		if err != nil || len(res) != 2 {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
@@ -530,7 +556,7 @@ func (c *Consumer) buryAs(items []item, reason, lastErr string, countRun bool) {
 	k := c.cfg.Keys
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok, reason, lastErr, boolArg(countRun)}, anys(serials)...)
-		n, err := buryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo}, args...).Int()
+		n, err := buryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
@@ -552,7 +578,7 @@ func (c *Consumer) handBack(items []item) {
 	total := 0
 	for tok, serials := range byToken(items) {
 		args := append([]any{tok}, anys(serials)...)
-		n, err := handBackScript.Run(ctx, c.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease}, args...).Int()
+		n, err := handBackScript.Run(ctx, c.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}, args...).Int()
 		if err != nil {
 			c.log.Warn("hand-back failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))

@@ -31,7 +31,7 @@ func TestRunClosesDueUnpaidOrdersOnly(t *testing.T) {
 	c := e.consumer(Config{BatchSize: 100, Workers: 3})
 	stop := runConsumer(t, c)
 	eventually(t, "due entries settled", 30*time.Second, func() bool {
-		return e.card(e.keys.Queue) == int64(len(future)) && e.card(e.keys.Inflight) == 0
+		return e.card(e.keys.Queue) == int64(len(future)) && e.held() == 0
 	})
 	stop()
 	got := e.statusCounts()
@@ -159,7 +159,7 @@ func TestPermanentErrorIsIsolatedByBisection(t *testing.T) {
 		!strings.Contains(dead.LastError, "division by zero") {
 		t.Fatalf("poison entry %+v (%v), want dead with close_failed and the error", dead, err)
 	}
-	if n := e.card(e.keys.Inflight) + e.card(e.keys.Queue); n != 0 {
+	if n := e.held() + e.card(e.keys.Queue); n != 0 {
 		t.Fatalf("%d entries left in the queue", n)
 	}
 }
@@ -222,7 +222,7 @@ func TestShutdownHandsBackUnfinishedClaims(t *testing.T) {
 	stop := runConsumer(t, c)
 	eventually(t, "batch in flight", 10*time.Second, func() bool { return testutil.ToFloat64(e.m.Inflight) == 10 })
 	stop()
-	if n := e.card(e.keys.Inflight); n != 0 {
+	if n := e.held(); n != 0 {
 		t.Fatalf("%d entries still leased after shutdown, want all handed back", n)
 	}
 	for _, s := range serials {

@@ -85,11 +85,18 @@ type Keys struct {
 	Inflight  string // leased and backing-off entries, scored by expiry
 	Deadlines string // the same entries, scored by their true deadline
 	Lease     string // per-entry lease record
-	Dead      string // dead-letter set, scored by time of death
-	DeadInfo  string // per-entry dead-letter record
-	Wake      string // pub/sub channel announcing new early deadlines
-	Paused    string // present while closing is paused; holds the reason
-	Events    string // stream of close events
+	// Batch leases of the order queue (see consumer's scripts): Leases
+	// scores each claim's token by its lease expiry; LeaseBatch holds, per
+	// token, the members it leased (field token), how many of them it
+	// still holds (field "#"+token) and the oldest of their deadlines
+	// (field "<"+token).
+	Leases     string
+	LeaseBatch string
+	Dead       string // dead-letter set, scored by time of death
+	DeadInfo   string // per-entry dead-letter record
+	Wake       string // pub/sub channel announcing new early deadlines
+	Paused     string // present while closing is paused; holds the reason
+	Events     string // stream of close events
 
 	// Task queues only.
 	Payload    string // task id -> payload
@@ -126,15 +133,17 @@ const (
 func NewKeys(key string) Keys {
 	tag := "{" + key + "}:"
 	return Keys{
-		Queue:     key,
-		Inflight:  tag + "inflight",
-		Deadlines: tag + "deadlines",
-		Lease:     tag + "lease",
-		Dead:      tag + "dead",
-		DeadInfo:  tag + "deadinfo",
-		Wake:      tag + "wake",
-		Paused:    tag + "paused",
-		Events:    tag + "events",
+		Queue:      key,
+		Inflight:   tag + "inflight",
+		Deadlines:  tag + "deadlines",
+		Lease:      tag + "lease",
+		Leases:     tag + "leases",
+		LeaseBatch: tag + "leasebatch",
+		Dead:       tag + "dead",
+		DeadInfo:   tag + "deadinfo",
+		Wake:       tag + "wake",
+		Paused:     tag + "paused",
+		Events:     tag + "events",
 
 		Payload:    tag + "payload",
 		Stream:     tag + "stream",

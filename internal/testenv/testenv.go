@@ -85,7 +85,7 @@ func Redis(t testing.TB) (*redis.Client, queue.Keys) {
 func DeleteQueue(rdb redis.Cmdable, k queue.Keys) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rdb.Del(ctx, k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Events,
+	rdb.Del(ctx, k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch, k.Dead, k.DeadInfo, k.Paused, k.Events,
 		k.Payload, k.Stream, k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries, k.Name, k.Meta)
 }
 
