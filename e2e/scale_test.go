@@ -33,7 +33,7 @@ func noRoutingErrors(t *testing.T, ds ...*daemon) {
 		out := d.Output()
 		for _, bad := range []string{"CROSSSLOT", "MOVED", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"} {
 			if strings.Contains(out, bad) {
-				t.Errorf("daemon %d logged %s:\n%s", i, bad, lastLines(out, 20))
+				t.Errorf("daemon %d logged %s:\n%s", i, bad, testenv.LastLines(out, 20))
 			}
 		}
 	}

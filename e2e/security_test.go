@@ -108,6 +108,6 @@ func TestSecuritySecretsNeverLeakAndAuthHolds(t *testing.T) {
 		}
 	}
 	if !strings.Contains(d.Output(), "xxxxx") {
-		t.Errorf("start-up log does not show masked URLs:\n%s", lastLines(d.Output(), 5))
+		t.Errorf("start-up log does not show masked URLs:\n%s", testenv.LastLines(d.Output(), 5))
 	}
 }
