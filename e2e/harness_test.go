@@ -225,6 +225,15 @@ func (d *daemon) stop() int {
 	return code
 }
 
+// stopCleanly stops the daemon (SIGTERM) and fails its test unless it
+// exits with status 0.
+func (d *daemon) stopCleanly() {
+	d.t.Helper()
+	if code := d.stop(); code != 0 {
+		d.t.Errorf("exit status %d after SIGTERM, want 0", code)
+	}
+}
+
 // kill sends SIGKILL and waits for the process to go.
 func (d *daemon) kill() { d.Kill() }
 
