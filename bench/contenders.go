@@ -15,6 +15,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -168,7 +169,7 @@ type naive struct {
 // run loops until ctx ends; with scanFirst it scans at once (a drain),
 // otherwise it sleeps first, as the article's thread does.
 func (n *naive) run(ctx context.Context, scanFirst bool) {
-	if !scanFirst && !sleepCtx(ctx, n.interval) {
+	if !scanFirst && !lifecycle.Sleep(ctx, n.interval) {
 		return
 	}
 	for ctx.Err() == nil {
@@ -196,7 +197,7 @@ func (n *naive) run(ctx context.Context, scanFirst bool) {
 		}
 		close(jobs)
 		wg.Wait()
-		if !sleepCtx(ctx, n.interval) {
+		if !lifecycle.Sleep(ctx, n.interval) {
 			return
 		}
 	}
@@ -225,17 +226,6 @@ func (n *naive) one(ctx context.Context, s string) {
 		return
 	}
 	n.handled.Add(1)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func drainNaive(workers int) func(context.Context, drainCtx) (drainOut, error) {

@@ -635,9 +635,9 @@ func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
 			c.mu.Lock()
 			d := c.daemons[i]
 			c.mu.Unlock()
-			d.cmd.Process.Signal(syscall.SIGSTOP)
+			d.Signal(syscall.SIGSTOP)
 			time.Sleep(cLease + hold)
-			d.cmd.Process.Signal(syscall.SIGCONT)
+			d.Signal(syscall.SIGCONT)
 		case "redis-cut":
 			c.redisPx.Down()
 			time.Sleep(hold)

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,20 +53,13 @@ queues:
 	ctx := context.Background()
 	k := tw.keys("confirm")
 	// 1,000 tasks due in a week, through the API, 16 at a time.
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 16)
-	for i := 1; i <= 1000; i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			body := fmt.Sprintf(`{"after":"168h","payload":{"receipt":"r-%d"}}`, i)
-			if code := d.call(http.MethodPut, fmt.Sprintf("/v1/queues/confirm/tasks/r-%d", i), "", body, nil); code != http.StatusCreated {
-				t.Errorf("PUT r-%d: %d", i, code)
-			}
-		}()
-	}
-	wg.Wait()
+	inParallel(1000, 16, func(i int) {
+		i++ // r-1 … r-1000
+		body := fmt.Sprintf(`{"after":"168h","payload":{"receipt":"r-%d"}}`, i)
+		if code := d.call(http.MethodPut, fmt.Sprintf("/v1/queues/confirm/tasks/r-%d", i), "", body, nil); code != http.StatusCreated {
+			t.Errorf("PUT r-%d: %d", i, code)
+		}
+	})
 	if n, _ := tw.rdb.Exists(ctx, k.Queue, k.Payload).Result(); n != 0 {
 		t.Fatalf("tasks due in a week already cost Redis %d keys", n)
 	}

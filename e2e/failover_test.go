@@ -218,8 +218,6 @@ func testFailover(t *testing.T, readOnlyFirst bool) {
 		}
 	}
 	for _, d := range ds {
-		if code := d.stop(); code != 0 {
-			t.Errorf("exit status %d after SIGTERM, want 0", code)
-		}
+		d.stopCleanly()
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,9 +57,7 @@ func TestFaultSIGKILLMidBatchRepeatedly(t *testing.T) {
 	if m["orderdelay_reclaimed_total"] == 0 {
 		t.Errorf("no SIGKILL left a lease behind for the survivor to re-claim: no kill landed mid-batch, and the test proved nothing")
 	}
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 }
 
 func TestFaultThreeReplicasOneQueue(t *testing.T) {
@@ -84,9 +81,7 @@ func TestFaultThreeReplicasOneQueue(t *testing.T) {
 			m := d.metrics()
 			claimed += m["orderdelay_claimed_total"]
 			reclaimed += m["orderdelay_reclaimed_total"]
-			if code := d.stop(); code != 0 {
-				t.Errorf("exit status %d, want 0", code)
-			}
+			d.stopCleanly()
 		}
 		if claimed != n || reclaimed != 0 {
 			t.Errorf("%d replicas: %v claims and %v re-claims for %d serials, want each claimed once", replicas, claimed, reclaimed, n)
@@ -112,32 +107,26 @@ func TestFaultPaymentRacesTheTimeout(t *testing.T) {
 	d := w.start("ORDERDELAY_CLOSE_SQL="+auditClose, "ORDERDELAY_BATCH_SIZE=50")
 	// Payers pay half the orders, each within ±20 ms of its deadline.
 	var paid atomic.Int64
-	var wg sync.WaitGroup
 	const payers = 16
-	for p := range payers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := p; i < n; i += payers {
-				if i%2 == 0 {
-					continue
-				}
-				due := start.Add(2 * time.Second * time.Duration(i) / n)
-				if wait := time.Until(due.Add(time.Duration(rand.N(40)-20) * time.Millisecond)); wait > 0 {
-					time.Sleep(wait) // the race is with wall-clock deadlines
-				}
-				res, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1 AND status = 'pending'", serials[i])
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if k, _ := res.RowsAffected(); k == 1 {
-					paid.Add(1)
-				}
+	inParallel(payers, payers, func(p int) {
+		for i := p; i < n; i += payers {
+			if i%2 == 0 {
+				continue
 			}
-		}()
-	}
-	wg.Wait()
+			due := start.Add(2 * time.Second * time.Duration(i) / n)
+			if wait := time.Until(due.Add(time.Duration(rand.N(40)-20) * time.Millisecond)); wait > 0 {
+				time.Sleep(wait) // the race is with wall-clock deadlines
+			}
+			res, err := w.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1 AND status = 'pending'", serials[i])
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if k, _ := res.RowsAffected(); k == 1 {
+				paid.Add(1)
+			}
+		}
+	})
 	waitFor(t, "queue drained", 60*time.Second, func() bool { return w.queueLen() == 0 })
 	if both := w.count("SELECT count(*) FROM orders WHERE paid_at IS NOT NULL AND closed_at IS NOT NULL"); both != 0 {
 		t.Errorf("%d orders both paid and closed", both)
@@ -153,9 +142,7 @@ func TestFaultPaymentRacesTheTimeout(t *testing.T) {
 	}
 	late := w.count("SELECT count(*) FROM orders WHERE paid_at > expires_at")
 	t.Logf("%d paid in the race window (%d of them after their deadline but before the close), %v closed", paid.Load(), late, closed)
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 }
 
 func TestFaultRedisLosesTheQueue(t *testing.T) {
@@ -180,9 +167,7 @@ func TestFaultRedisLosesTheQueue(t *testing.T) {
 	if n := w.count("SELECT count(*) FROM orders WHERE closed_at < expires_at + interval '2 seconds'"); n != 0 {
 		t.Errorf("%d closed within the grace", n)
 	}
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 }
 
 func TestFaultPostgresGoesAway(t *testing.T) {
@@ -226,9 +211,7 @@ func TestFaultPostgresGoesAway(t *testing.T) {
 	})
 	w.checkInvariants()
 	t.Logf("%.1f close errors/s during the outage", rate)
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 }
 
 func TestFaultRedisGoesAway(t *testing.T) {
@@ -261,9 +244,7 @@ func TestFaultRedisGoesAway(t *testing.T) {
 	if v := d.metrics()[`orderdelay_errors_total{stage="claim"}`]; v == 0 {
 		t.Errorf("errors_total{claim} is 0: the outage went unnoticed")
 	}
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 }
 
 // TestFaultSlowDatabase does not run in parallel: its claim that no lease
@@ -288,9 +269,7 @@ func TestFaultSlowDatabase(t *testing.T) {
 		if v := d.metrics()["orderdelay_reclaimed_total"]; v != 0 {
 			t.Errorf("reclaimed_total %v: leases expired under a slow database", v)
 		}
-		if code := d.stop(); code != 0 {
-			t.Errorf("exit status %d, want 0", code)
-		}
+		d.stopCleanly()
 	}
 }
 
@@ -334,9 +313,7 @@ func TestFaultPoisonInputNeverBlocksTheQueue(t *testing.T) {
 	}
 	waitFor(t, "requeued order closed", 30*time.Second, func() bool { return w.status("ghost-without-row") == "closed" })
 	w.checkInvariants()
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 }
 
 // Issue 11 item 3, black-box: an order whose close always fails (a shop
@@ -373,9 +350,7 @@ CREATE TRIGGER refuse_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTIO
 	if v := d.metrics()["orderdelay_orders_reconciled_total"]; v != float64(len(lost)) {
 		t.Errorf("orders_reconciled_total %v, want %d", v, len(lost))
 	}
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 }
 
 func TestFaultGracefulShutdownUnderLoad(t *testing.T) {
@@ -411,7 +386,5 @@ func TestFaultGracefulShutdownUnderLoad(t *testing.T) {
 	}
 	t.Logf("SIGTERM with in-flight batches: exited in %s having closed %d; the next replica closed the remaining %d at once",
 		took.Round(time.Millisecond), closedFirst, n-closedFirst)
-	if code := second.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	second.stopCleanly()
 }

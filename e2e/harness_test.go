@@ -7,13 +7,11 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -24,7 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +34,8 @@ import (
 )
 
 // binary is the orderdelay binary every test runs, built once by TestMain
-// (race-instrumented: the daemon's own data races fail the tests too).
+// (testenv.BuildDaemon: race-instrumented under -race, so the daemon's own
+// data races fail the tests too).
 var binary string
 
 // adminAddrSetting names the admin API's own listener. While the daemon
@@ -67,17 +65,10 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "orderdelay-e2e")
-	if err != nil {
+	defer testenv.RemoveDaemon()
+	var err error
+	if binary, err = testenv.BuildDaemon(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	binary = filepath.Join(dir, "orderdelay")
-	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/orderdelay/orderdelay/cmd/orderdelay")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build:", err)
 		return 1
 	}
 	settings, err := os.ReadFile(repoFile("testdata", "settings.txt"))
@@ -171,16 +162,11 @@ func (w *world) cli(args ...string) string {
 
 // daemon is a running `orderdelay run`.
 type daemon struct {
+	*testenv.Daemon
 	t        *testing.T
-	cmd      *exec.Cmd
 	addr     string // host:port of the API listener
 	URL      string // the API: /v1, /metrics, /healthz, /readyz
 	AdminURL string // the admin API (/admin/v1): every admin call goes here
-
-	mu     sync.Mutex
-	output bytes.Buffer
-	done   chan struct{}
-	err    error
 }
 
 // start runs `orderdelay run` with the world's settings plus extra, and
@@ -197,106 +183,59 @@ func (w *world) start(extra ...string) *daemon {
 // process is killed when t ends, its output logged if t failed.
 func (w *world) launch(t *testing.T, args []string, extra ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, addr: freeAddr(t), done: make(chan struct{})}
+	d := &daemon{t: t, addr: testenv.FreeAddr(t)}
 	d.URL = "http://" + d.addr
 	d.AdminURL = d.URL
 	env := []string{"ORDERDELAY_HTTP_ADDR=" + d.addr}
 	if adminListener {
-		admin := freeAddr(t)
+		admin := testenv.FreeAddr(t)
 		d.AdminURL = "http://" + admin
 		env = append(env, adminAddrSetting+"="+admin)
 	}
-	d.cmd = exec.Command(binary, append([]string{"run"}, args...)...)
-	d.cmd.Env = w.env(append(env, extra...)...)
-	d.cmd.Stdout, d.cmd.Stderr = d, d
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.err = d.cmd.Wait(); close(d.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-d.done:
-		default:
-			d.cmd.Process.Kill() //nolint:errcheck // it may be exiting
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("daemon %s output:\n%s", d.addr, lastLines(d.Output(), 40))
-		}
-	})
+	d.Daemon = testenv.StartDaemon(t, w.env(append(env, extra...)...), args...)
 	return d
 }
 
-func (d *daemon) Write(p []byte) (int, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.output.Write(p)
-}
-
 // Output is everything the daemon printed so far.
-func (d *daemon) Output() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.output.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (d *daemon) Output() string { return d.Log() }
 
 func (d *daemon) waitReady() {
 	d.t.Helper()
-	waitFor(d.t, "daemon ready", 60*time.Second, func() bool {
-		select {
-		case <-d.done:
-			d.t.Fatalf("daemon exited early: %v\n%s", d.err, d.Output())
-		default:
-		}
-		code, _, err := d.try(context.Background(), http.MethodGet, "/readyz", "", "")
-		return err == nil && code == http.StatusOK
-	})
+	d.WaitReady(d.t, d.URL+"/readyz", 60*time.Second)
 }
 
 // exit waits (at most within) for the daemon to exit and returns its exit
 // status.
 func (d *daemon) exit(within time.Duration) int {
 	d.t.Helper()
-	select {
-	case <-d.done:
-	case <-time.After(within):
-		d.t.Fatalf("daemon still running after %s\n%s", within, lastLines(d.Output(), 30))
+	code, err := d.Wait(within)
+	if err != nil {
+		d.t.Fatalf("%v\n%s", err, testenv.LastLines(d.Output(), 30))
 	}
-	return d.cmd.ProcessState.ExitCode()
+	return code
 }
 
 // stop sends SIGTERM and returns the exit status.
 func (d *daemon) stop() int {
 	d.t.Helper()
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		d.t.Fatal(err)
+	code, err := d.Stop(60 * time.Second)
+	if err != nil {
+		d.t.Fatalf("%v\n%s", err, testenv.LastLines(d.Output(), 30))
 	}
-	return d.exit(60 * time.Second)
+	return code
+}
+
+// stopCleanly stops the daemon (SIGTERM) and fails its test unless it
+// exits with status 0.
+func (d *daemon) stopCleanly() {
+	d.t.Helper()
+	if code := d.stop(); code != 0 {
+		d.t.Errorf("exit status %d after SIGTERM, want 0", code)
+	}
 }
 
 // kill sends SIGKILL and waits for the process to go.
-func (d *daemon) kill() {
-	d.cmd.Process.Signal(syscall.SIGKILL) //nolint:errcheck // it may have exited
-	<-d.done
-}
+func (d *daemon) kill() { d.Kill() }
 
 // Tokens daemons are given: ORDERDELAY_API_TOKEN=tokenA,tokenB,
 // ORDERDELAY_ADMIN_TOKEN=adminToken.
@@ -472,21 +411,8 @@ func together(t *testing.T, subtests ...subtest) {
 }
 
 // waitFor polls cond until it holds, failing the test if it does not
-// within the given time. It polls every 20 ms at first, then less often
-// (up to every 100 ms), so a long wait does not load the machine it waits
-// on with scrapes and queries.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	pause := 20 * time.Millisecond
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true within %s", what, within)
-		}
-		time.Sleep(pause)
-		pause = min(pause*5/4, 100*time.Millisecond)
-	}
-}
+// within the given time (testenv.WaitFor).
+var waitFor = testenv.WaitFor
 
 // The secrets of the webhook queues a taskWorld's file names (secret_env:
 // OD_TEST_SECRET, previous_secret_env: OD_TEST_PREVIOUS_SECRET); every

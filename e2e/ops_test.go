@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
 func TestOpsPauseAndResume(t *testing.T) {
@@ -240,7 +241,7 @@ func TestOpsStartupChecksAndRetention(t *testing.T) {
 		t.Errorf("false warnings: %v", m)
 	}
 	if out := d.Output(); !strings.Contains(out, "maxmemory-policy is not noeviction") || !strings.Contains(out, "partial index") {
-		t.Errorf("warnings not logged:\n%s", lastLines(out, 20))
+		t.Errorf("warnings not logged:\n%s", testenv.LastLines(out, 20))
 	}
 	waitFor(t, "the janitor caps dead letters at 3", 30*time.Second, func() bool {
 		n, _ := w.rdb.ZCard(ctx, w.keys.Dead).Result()

@@ -33,7 +33,7 @@ func noRoutingErrors(t *testing.T, ds ...*daemon) {
 		out := d.Output()
 		for _, bad := range []string{"CROSSSLOT", "MOVED", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"} {
 			if strings.Contains(out, bad) {
-				t.Errorf("daemon %d logged %s:\n%s", i, bad, lastLines(out, 20))
+				t.Errorf("daemon %d logged %s:\n%s", i, bad, testenv.LastLines(out, 20))
 			}
 		}
 	}
@@ -275,9 +275,7 @@ func TestScaleClusterIntegration(t *testing.T) {
 
 	noRoutingErrors(t, a1, a2, b1)
 	for _, d := range []*daemon{a1, a2, b1} {
-		if code := d.stop(); code != 0 {
-			t.Errorf("exit status %d after SIGTERM, want 0", code)
-		}
+		d.stopCleanly()
 	}
 }
 
@@ -388,7 +386,5 @@ func TestScaleSentinelFailover(t *testing.T) {
 	t.Logf("%d orders enqueued through the API during the run: %d acknowledged and lost by the failover, %d failed; fast path closed %v, reconciler %v; claim errors %v, re-claims %v, settled skips %v",
 		len(enqueues), lost, failed, fast, reconciled, m[`orderdelay_errors_total{stage="claim"}`],
 		m["orderdelay_reclaimed_total"], m[`orderdelay_orders_skipped_total{reason="settled"}`])
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d after SIGTERM, want 0", code)
-	}
+	d.stopCleanly()
 }

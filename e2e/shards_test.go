@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -304,9 +303,7 @@ func runSharded(t *testing.T, s *shardedWorld, payWindow time.Duration) {
 		noRoutingErrors(t, d1, d2)
 	}
 	for _, d := range []*daemon{d1, d2} {
-		if code := d.stop(); code != 0 {
-			t.Errorf("exit status %d after SIGTERM, want 0", code)
-		}
+		d.stopCleanly()
 	}
 }
 
@@ -415,9 +412,7 @@ func TestShardLiveMigration(t *testing.T) {
 	t.Logf("backlog %d in the queue key; %d enqueued unsharded (%d before the sharded replicas took over), %d to shards; closes per replica in order of start (old, new, new): %s",
 		backlog, switched, beforeSwitch, total-switched, strings.Join(byReplica, ", "))
 	for _, d := range []*daemon{n1, n2} {
-		if code := d.stop(); code != 0 {
-			t.Errorf("exit status %d, want 0", code)
-		}
+		d.stopCleanly()
 	}
 }
 
@@ -536,20 +531,14 @@ func (r costRun) measure(t *testing.T, n int) {
 	// tenth goes one by one from 16 goroutines.
 	single := n / 10
 	cpuS := redisCPU(t, r.nodes)
-	var wg sync.WaitGroup
-	for g := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := g; i < single; i += 16 {
-				if _, _, err := cl.Enqueue(ctx, items[i].Serial, items[i].Deadline, client.Create); err != nil {
-					t.Error(err)
-					return
-				}
+	inParallel(16, 16, func(g int) {
+		for i := g; i < single; i += 16 {
+			if _, _, err := cl.Enqueue(ctx, items[i].Serial, items[i].Deadline, client.Create); err != nil {
+				t.Error(err)
+				return
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
 	cpu0, cs0 := redisCPU(t, r.nodes), commandStats(t, r.nodes)
 	for i := single; i < n; i += 100 {
 		if _, err := cl.EnqueueMany(ctx, items[i:min(i+100, n)], client.Create); err != nil {
@@ -603,9 +592,7 @@ func (r costRun) measure(t *testing.T, n int) {
 	const idleFor = 6 * time.Second
 	time.Sleep(idleFor)
 	idle := statsDelta(cs3, commandStats(t, r.nodes))
-	if code := d.stop(); code != 0 {
-		t.Errorf("exit status %d, want 0", code)
-	}
+	d.stopCleanly()
 	if c := w.count("SELECT count(*) FROM orders WHERE status = 'closed'"); c != n {
 		t.Fatalf("%d closed, want %d", c, n)
 	}

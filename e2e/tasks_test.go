@@ -26,6 +26,7 @@ import (
 	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
+	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
 // Seed 000, scenario 1 (a call record re-pushed to a third party until it
@@ -157,7 +158,7 @@ func TestWebhookRedirectFailsAndErrorsKeepURLTokens(t *testing.T) {
 	}))
 	defer srv.Close()
 	host := srv.Listener.Addr().String()
-	closedHost := freeAddr(t) // nothing listens there
+	closedHost := testenv.FreeAddr(t) // nothing listens there
 	tokened := func(h string) string { return "'http://user:USERSECRET@" + h + "/hook/PATHSECRET?token=QUERYSECRET'" }
 	queueYAML := func(name, url string) string {
 		return "  - name: " + name + "\n    key: PREFIX:" + name + "\n    action: {type: webhook, url: " + url +

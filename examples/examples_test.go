@@ -13,7 +13,6 @@
 package examples
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -21,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -30,7 +28,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,6 +50,13 @@ type example struct {
 	args    []string                  // given to the runtime before the orders
 	runtime func(t *testing.T) string // the runtime's executable; skips (fails in CI) if missing
 	env     func(w *world) []string   // its settings
+}
+
+// TestMain removes the daemon binary the tests built (testenv.BuildDaemon).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.RemoveDaemon()
+	os.Exit(code)
 }
 
 func TestProducerExamples(t *testing.T) {
@@ -140,7 +144,7 @@ func (w *world) check(t *testing.T, ex example) {
 
 	// The unpaid order is closed, at or after its deadline.
 	var o orderRow
-	waitFor(t, "unpaid order "+strconv.Quote(unpaid)+" closed", lead+2*time.Minute, func() bool {
+	testenv.WaitFor(t, "unpaid order "+strconv.Quote(unpaid)+" closed", lead+2*time.Minute, func() bool {
 		o = w.order(t, unpaid)
 		return o.Status != "pending"
 	})
@@ -154,7 +158,7 @@ func (w *world) check(t *testing.T, ex example) {
 
 	// The paid order's entry is dropped as settled once due, and the order
 	// stays paid.
-	waitFor(t, "paid order's entry settled", lead+2*time.Minute, func() bool {
+	testenv.WaitFor(t, "paid order's entry settled", lead+2*time.Minute, func() bool {
 		return w.getTimeout(t, paid) == http.StatusNotFound
 	})
 	if now := time.Now(); now.Before(deadline) {
@@ -178,62 +182,23 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	rdb, keys := testenv.Redis(t)
 	db, dsn := testenv.Postgres(t)
-	w := &world{db: db, rdb: rdb, keys: keys, addr: freeAddr(t), token: "examples-" + randomHex(t) + randomHex(t)}
-	startDaemon(t, buildDaemon(t), "ORDERDELAY_REDIS_URL="+testenv.RedisURL(), "ORDERDELAY_DATABASE_URL="+dsn,
-		"ORDERDELAY_QUEUE_KEY="+keys.Queue, "ORDERDELAY_HTTP_ADDR="+w.addr, "ORDERDELAY_API_TOKEN="+w.token,
-		"ORDERDELAY_LOG_LEVEL=info")
-	waitFor(t, "daemon ready", 2*time.Minute, func() bool {
-		resp, err := http.Get("http://" + w.addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return w
-}
-
-// buildDaemon builds ./cmd/orderdelay (with the race detector) into the
-// test's temporary directory.
-func buildDaemon(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "orderdelay")
-	build := exec.Command("go", "build", "-race", "-o", bin, "./cmd/orderdelay")
-	build.Dir = ".." // the module root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/orderdelay: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// startDaemon runs `binary run` with env until the test ends (SIGTERM,
-// then waits); its output is logged if the test failed.
-func startDaemon(t *testing.T, binary string, env ...string) {
-	out := &lockedBuffer{}
-	cmd := exec.Command(binary, "run")
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	w := &world{db: db, rdb: rdb, keys: keys, addr: testenv.FreeAddr(t), token: "examples-" + randomHex(t) + randomHex(t)}
+	d := testenv.StartDaemon(t, []string{"PATH=" + os.Getenv("PATH"),
+		"ORDERDELAY_REDIS_URL=" + testenv.RedisURL(), "ORDERDELAY_DATABASE_URL=" + dsn,
+		"ORDERDELAY_QUEUE_KEY=" + keys.Queue, "ORDERDELAY_HTTP_ADDR=" + w.addr, "ORDERDELAY_API_TOKEN=" + w.token,
+		"ORDERDELAY_LOG_LEVEL=info"})
+	d.LogTail = 0 // all of it: five examples share the daemon
+	// Runs before StartDaemon's cleanup (which kills what is left): the
+	// daemon must stop cleanly on SIGTERM.
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		case <-time.After(time.Minute):
-			cmd.Process.Kill()
-			<-done
-			t.Errorf("daemon did not stop within a minute of SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("daemon output:\n%s", out.String())
+		if code, err := d.Stop(time.Minute); err != nil {
+			t.Error(err)
+		} else if code != 0 {
+			t.Errorf("daemon: %v", d.Err())
 		}
 	})
+	d.WaitReady(t, "http://"+w.addr+"/readyz", 2*time.Minute)
+	return w
 }
 
 // orderRow is what the test reads of an order.
@@ -354,27 +319,6 @@ func missing(t *testing.T, what string) {
 	t.Skipf("EXAMPLE NOT RUN: %s; scripts/examples-deps.sh installs it (with CI=true this fails)", what)
 }
 
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true within %s", what, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func randomHex(t *testing.T) string {
 	t.Helper()
 	b := make([]byte, 6)
@@ -403,22 +347,4 @@ func quoteArgs(args []string) string {
 		}
 	}
 	return strings.Join(q, " ")
-}
-
-// lockedBuffer collects a process's output written from two pipes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

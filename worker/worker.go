@@ -76,6 +76,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	odmetrics "github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -370,7 +371,7 @@ func (r *runner) claimLoop(ctx, hctx context.Context, handlers *sync.WaitGroup) 
 		if err != nil {
 			r.release(n)
 			r.w.log.Warn("worker: claim failed", "queue", r.q.Name, "error", err)
-			if !sleep(ctx, jitter(r.w.cfg.PollInterval)) {
+			if !lifecycle.Sleep(ctx, jitter(r.w.cfg.PollInterval)) {
 				return
 			}
 			continue
@@ -398,7 +399,7 @@ func (r *runner) claimLoop(ctx, hctx context.Context, handlers *sync.WaitGroup) 
 				r.run(tctx, h, t)
 			}()
 		}
-		if len(ts) < n && !sleep(ctx, jitter(r.w.cfg.PollInterval)) {
+		if len(ts) < n && !lifecycle.Sleep(ctx, jitter(r.w.cfg.PollInterval)) {
 			return
 		}
 	}
@@ -587,16 +588,4 @@ func lastError(err error) string {
 
 func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
-}
-
-// sleep waits d or until ctx ends, and reports whether it waited d.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
+	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -356,7 +357,7 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 			c.m.SetUp(metrics.DepRedis, false)
 			d := redisBack.NextBackOff()
 			c.log.Warn("claim failed; backing off", zap.Error(err), zap.Duration("retry_in", d))
-			if !sleepCtx(ctx, d) {
+			if !lifecycle.Sleep(ctx, d) {
 				return
 			}
 			continue
@@ -409,7 +410,7 @@ func (c *Consumer) claimLimit(ctx context.Context) (int, bool) {
 		}
 		c.m.CloseRateLimited.Inc()
 		wait := time.Duration((1 - tokens) / float64(c.limiter.Limit()) * float64(time.Second))
-		if !sleepCtx(ctx, max(wait, time.Millisecond)) {
+		if !lifecycle.Sleep(ctx, max(wait, time.Millisecond)) {
 			return 0, false
 		}
 		c.heartbeat()
@@ -500,17 +501,6 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 // jitter spreads d by ±20% so replicas do not poll in lockstep.
 func jitter(d time.Duration) time.Duration {
 	return d - d/5 + rand.N(2*d/5+1)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // batchLeases reports whether this consumer's claims lease per batch (the

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -117,7 +118,7 @@ func NewReconciler(cfg ReconcilerConfig, rdb redis.Cmdable, store *orders.Store,
 func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		wait := jitter(r.cfg.Interval)
-		if !sleepCtx(ctx, wait) {
+		if !lifecycle.Sleep(ctx, wait) {
 			return nil
 		}
 		n, err := r.RunOnce(ctx)

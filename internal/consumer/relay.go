@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/orders"
 )
 
@@ -77,7 +78,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		} else if err != nil {
 			wait = r.cfg.Retry
 		}
-		if !sleepCtx(ctx, wait) {
+		if !lifecycle.Sleep(ctx, wait) {
 			return nil
 		}
 	}

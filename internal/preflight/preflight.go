@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/config"
+	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 )
@@ -86,7 +87,7 @@ func (d Database) Prepare(ctx context.Context) error {
 		d.Metrics.SetUp(metrics.DepPostgres, false)
 		wait := b.NextBackOff()
 		d.Log.Warn("postgresql not ready; retrying", zap.Error(d.redact(err)), zap.Duration("retry_in", wait))
-		if !sleep(ctx, wait) {
+		if !lifecycle.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 	}
@@ -162,7 +163,7 @@ func WatchRedis(ctx context.Context, rdb redis.UniversalClient, m *metrics.Metri
 		if err := Redis(ctx, rdb, m, log); err == nil || ctx.Err() != nil {
 			return nil
 		}
-		if !sleep(ctx, DefaultRedisRetry) {
+		if !lifecycle.Sleep(ctx, DefaultRedisRetry) {
 			return nil
 		}
 	}
@@ -249,16 +250,4 @@ func versionBelow(v string, major, minor int) bool {
 		return false
 	}
 	return ma < major || (ma == major && mi < minor)
-}
-
-// sleep waits d or until ctx ends; false if ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
