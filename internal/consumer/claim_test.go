@@ -227,7 +227,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 	if !strings.HasPrefix(got.Owner, c.cfg.Owner+":") {
 		t.Errorf("owner %q, want the replica's token", got.Owner)
 	}
-	st, err := ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -159,6 +159,7 @@ type Consumer struct {
 	cfg   Config
 	rdb   redis.UniversalClient
 	store Store
+	q     *queue.Store // the queue's Redis data (cfg.Keys)
 	m     *metrics.Metrics
 	log   *zap.Logger
 	now   func() time.Time
@@ -192,6 +193,7 @@ type Consumer struct {
 func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff(cfg.BackoffMax)}
+	c.q = queue.NewStore(rdb, cfg.Keys)
 	c.nonce = strconv.FormatUint(rand.Uint64(), 36)
 	c.wake = make(chan int64, 64)
 	if cfg.Limiter != nil {
@@ -524,26 +526,17 @@ func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
 	return c.claimAs(ctx, limit, c.token(), 0)
 }
 
-// claimAs runs claimScript once under the lease token tok. maxBytes > 0
-// bounds the claimed tasks' share of a poll's answer (see TaskOverheadBytes);
-// 0 leaves the claim bounded by limit alone.
+// claimAs claims once (queue.Store.Claim) under the lease token tok.
+// maxBytes > 0 bounds the claimed tasks' share of a poll's answer (see
+// TaskOverheadBytes); 0 leaves the claim bounded by limit alone.
 func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int) (claimResult, error) {
-	k := c.cfg.Keys
-	raw, err := claimScript.Run(ctx, c.rdb,
-		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
-		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
-		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries), maxBytes, TaskOverheadBytes,
-		boolArg(c.batchLeases() && maxBytes <= 0)).Slice()
+	raw, err := c.q.Claim(ctx, queue.ClaimArgs{Limit: limit, Lease: c.cfg.Lease, Token: tok,
+		CloseDelay: c.cfg.CloseDelay, CountRedeliveries: c.cfg.CountRedeliveries, MaxBytes: maxBytes,
+		Overhead: TaskOverheadBytes, Batch: c.batchLeases() && maxBytes <= 0})
 	if err != nil {
-		return claimResult{}, fmt.Errorf("claim: %w", err)
+		return claimResult{}, err
 	}
-	res, err := parseClaim(raw)
-	if err != nil {
-		return claimResult{}, fmt.Errorf("claim: %w", err)
-	}
-	for i := range res.items {
-		res.items[i].token = tok
-	}
+	res := fromStore(raw, tok)
 	c.m.Claimed.Add(float64(len(res.items)))
 	c.m.Reclaimed.Add(float64(res.reclaimed))
 	c.m.Inflight.Add(float64(len(res.items)))
@@ -556,63 +549,13 @@ func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes 
 
 var errReply = errors.New("unexpected reply")
 
-// parseClaim reads a claim's reply (claimScript), or the first six fields
-// of a peek's or a forward's, which have no fresh list.
-func parseClaim(raw []any) (claimResult, error) {
-	var r claimResult
-	if len(raw) == 6 {
-		raw = append(raw[:6:6], []any{})
+// fromStore is the scan loop's form of a claim's result, each item
+// carrying the token it was leased under.
+func fromStore(r queue.ClaimResult, tok string) claimResult {
+	out := claimResult{now: r.Now, nextQueue: r.NextQueue, nextExpiry: r.NextExpiry,
+		reclaimed: r.Reclaimed, paused: r.Paused, dead: r.Dead, items: make([]item, len(r.Items))}
+	for i, it := range r.Items {
+		out.items[i] = item{token: tok, serial: it.Serial, deadline: it.Deadline, attempts: it.Attempts}
 	}
-	if len(raw) != 7 {
-		return r, fmt.Errorf("%w: %d fields, want 6 or 7", errReply, len(raw))
-	}
-	var paused int64
-	ints := [...]struct {
-		i int
-		p *int64
-	}{{0, &r.now}, {1, &r.nextQueue}, {2, &r.nextExpiry}, {5, &paused}}
-	for _, f := range ints {
-		v, ok := raw[f.i].(int64)
-		if !ok {
-			return r, fmt.Errorf("%w: field %d is %T", errReply, f.i, raw[f.i])
-		}
-		*f.p = v
-	}
-	r.paused = paused == 1
-	claimed, ok1 := raw[3].([]any)
-	dead, ok2 := raw[4].([]any)
-	fresh, ok3 := raw[6].([]any)
-	if !ok1 || !ok2 || !ok3 || len(claimed)%4 != 0 || len(dead)%2 != 0 || len(fresh)%2 != 0 {
-		return r, fmt.Errorf("%w: malformed claimed, dead or fresh list", errReply)
-	}
-	r.items = make([]item, 0, len(claimed)/4+len(fresh)/2)
-	for i := 0; i < len(claimed); i += 4 {
-		s, ok := claimed[i].(string)
-		d, ok2 := claimed[i+1].(int64)
-		a, ok3 := claimed[i+2].(int64)
-		again, ok4 := claimed[i+3].(int64)
-		if !ok || !ok2 || !ok3 || !ok4 {
-			return r, fmt.Errorf("%w: malformed claimed entry %d", errReply, i/4)
-		}
-		r.items = append(r.items, item{serial: s, deadline: d, attempts: int(a)})
-		if again == 1 {
-			r.reclaimed++
-		}
-	}
-	for i := 0; i < len(fresh); i += 2 {
-		s, ok := fresh[i].(string)
-		d, ok2 := fresh[i+1].(int64)
-		if !ok || !ok2 {
-			return r, fmt.Errorf("%w: malformed fresh entry %d", errReply, i/2)
-		}
-		r.items = append(r.items, item{serial: s, deadline: d})
-	}
-	if len(dead) > 0 {
-		r.dead = map[string]int{}
-		for i := 1; i < len(dead); i += 2 {
-			reason, _ := dead[i].(string)
-			r.dead[reason]++
-		}
-	}
-	return r, nil
+	return out
 }

@@ -20,7 +20,7 @@ import (
 //
 // Returns the claim script's shape: {now, next deadline or -1, -1,
 // entries (serial, deadline, 0, 0), {}, paused}.
-var peekScript = redis.NewScript(luaHelpers + `
+var peekScript = redis.NewScript(queue.LuaLeaseHelpers + `
 local now = now_ms()
 local cutoff = now - tonumber(ARGV[3])
 local function first_after(min)
@@ -54,10 +54,11 @@ func (c *Consumer) peek(ctx context.Context, limit int) (claimResult, error) {
 	if err != nil {
 		return claimResult{}, fmt.Errorf("peek: %w", err)
 	}
-	res, err := parseClaim(raw)
+	parsed, err := queue.ParseClaim(raw)
 	if err != nil {
 		return claimResult{}, fmt.Errorf("peek: %w", err)
 	}
+	res := fromStore(parsed, "")
 	fresh := res.items[:0]
 	for _, it := range res.items {
 		if _, seen := c.peekSeen[it.serial]; seen && it.deadline == c.peekFrom {

@@ -193,7 +193,7 @@ func (e *env) held() int64 { return e.heldIn(e.keys) }
 
 func (e *env) heldIn(k queue.Keys) int64 {
 	e.t.Helper()
-	st, err := ReadStats(context.Background(), e.rdb, k)
+	st, err := queue.ReadStats(context.Background(), e.rdb, k)
 	if err != nil {
 		e.t.Fatal(err)
 	}

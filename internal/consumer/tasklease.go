@@ -26,7 +26,7 @@ import (
 // record carries the token (a lease that ran out but that no claim has
 // taken yet is still the token's, and is extended) and it is in
 // {queue}:inflight. Returns the Redis clock (ms) and the ids extended.
-var extendScript = redis.NewScript(luaHelpers + `
+var extendScript = redis.NewScript(queue.LuaLeaseHelpers + `
 local now = now_ms()
 local at = now + tonumber(ARGV[2])
 local out = {}
@@ -53,7 +53,7 @@ return {now, out}
 // attempts survive (and a last error, though a claim clears it): the next claim, by a poll or a worker,
 // takes it at once without counting an attempt. Returns the number handed
 // back.
-var releaseScript = redis.NewScript(luaHelpers + `
+var releaseScript = redis.NewScript(queue.LuaLeaseHelpers + `
 local now = now_ms()
 local n = 0
 for _, e in ipairs(owned(KEYS[4], ARGV[1], 2)) do
@@ -119,35 +119,23 @@ func ExtendTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token st
 // recording lastErr, as a daemon's failed action does. Any poll or worker
 // claims them when the delay is over. It returns how many it moved; the
 // others' lease was lost.
-func RetryTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, delay time.Duration, lastErr string, ids []string) (int, error) {
+func RetryTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, token string, delay time.Duration, lastErr string, ids []string) (int, error) {
 	if !ValidPollToken(token) {
 		return 0, ErrInvalidPollToken
 	}
-	args := append([]any{token, max(delay, 0).Milliseconds(), 1, lastErr}, anys(ids)...)
-	res, err := retryScript.Run(ctx, rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
-	if err != nil {
-		return 0, fmt.Errorf("retry: %w", err)
-	}
-	if len(res) != 2 {
-		return 0, fmt.Errorf("retry: %w: %d fields, want 2", errReply, len(res))
-	}
-	return int(res[0]), nil
+	res, err := queue.NewStore(rdb, k).Retry(ctx, queue.RetryArgs{Token: token, Serials: ids, Delay: max(delay, 0), Spend: true, LastError: lastErr})
+	return res.Moved, err
 }
 
 // BuryTasks dead-letters tasks ids still leased under token with reason
 // and lastErr; the record's attempts include the one that failed. The
 // payload stays, so GET shows the task and a requeue runs it again. It
 // returns how many it moved; the others' lease was lost.
-func BuryTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token, reason, lastErr string, ids []string) (int, error) {
+func BuryTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, token, reason, lastErr string, ids []string) (int, error) {
 	if !ValidPollToken(token) {
 		return 0, ErrInvalidPollToken
 	}
-	args := append([]any{token, reason, lastErr, "1"}, anys(ids)...)
-	n, err := buryScript.Run(ctx, rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
-	if err != nil {
-		return 0, fmt.Errorf("dead-letter: %w", err)
-	}
-	return n, nil
+	return queue.NewStore(rdb, k).Bury(ctx, queue.BuryArgs{Token: token, Serials: ids, Reason: reason, LastError: lastErr, CountRun: true})
 }
 
 // ReleaseTasks hands back tasks ids still leased under token that were

@@ -183,7 +183,7 @@ func (c *Consumer) ackTimeout() time.Duration {
 // forwarded and recovered (redelivered or dead-lettered), per task
 // forwarded how late (ms, now minus its deadline), and 1 if the ready list
 // was full while tasks were due (else 0).
-var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + queue.LuaSplitListItem + `
+var forwardScript = redis.NewScript(queue.LuaValidSerial + queue.LuaLeaseHelpers + queue.LuaSplitListItem + `
 local now = now_ms()
 local function head()
   local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -304,10 +304,11 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 			c.m.Lateness.Observe(float64(ms) / 1000)
 		}
 	}
-	res, err := parseClaim(raw[:6])
+	parsed, err := queue.ParseClaim(raw[:6])
 	if err != nil {
 		return claimResult{}, fmt.Errorf("forward: %w", err)
 	}
+	res := fromStore(parsed, "")
 	res.forwarded = int(n)
 	c.readyFull(&res, full == 1)
 	c.m.Claimed.Add(float64(n))
@@ -426,7 +427,7 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 // dead letter (the producer reused the id: the dead letter keeps it for a
 // requeue). Returns Redis's clock (Unix ms) and then, per id, the
 // completed task's deadline (Unix ms, so above zero), else 0.
-var ackScript = redis.NewScript(luaHelpers + `
+var ackScript = redis.NewScript(queue.LuaLeaseHelpers + `
 local out = {now_ms()}
 for i = 2, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)

@@ -144,7 +144,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 	return nil
 }
 
-// fence returns the check a close runs before it commits (fenceScript):
+// fence returns the check a close runs before it commits (queue.Store.Fence):
 // which of the serials it closed are no longer this claim's. Serials it
 // drops are recorded in the returned set. A dry run commits nothing and
 // needs no fence.
@@ -162,7 +162,6 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
 			tokens[it.serial] = it.token
 		}
 	}
-	k := c.cfg.Keys
 	return func(ctx context.Context, closed []string) ([]string, error) {
 		var byTok map[string][]string
 		if tokens == nil {
@@ -175,8 +174,7 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
 		}
 		var drop []string
 		for tok, serials := range byTok {
-			args := append([]any{tok, c.cfg.CloseDelay.Milliseconds()}, anys(serials)...)
-			got, err := fenceScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease}, args...).StringSlice()
+			got, err := c.q.Fence(ctx, tok, c.cfg.CloseDelay, serials)
 			if err != nil {
 				return nil, err
 			}
@@ -209,22 +207,21 @@ func (c *Consumer) fenceFamily(ctx context.Context, closed, drop []string) ([]st
 	for _, s := range drop {
 		skip[s] = struct{}{}
 	}
-	byKey := map[string][]string{}
+	byKey := map[queue.Keys][]string{}
 	for _, s := range closed {
 		if _, ok := skip[s]; ok {
 			continue
 		}
-		for _, q := range []string{fam[0].Queue, fam[1+queue.ShardOf(s, len(fam)-1)].Queue} {
-			if q != c.cfg.Keys.Queue {
-				byKey[q] = append(byKey[q], s)
+		for _, k := range []queue.Keys{fam[0], fam[1+queue.ShardOf(s, len(fam)-1)]} {
+			if k.Queue != c.cfg.Keys.Queue {
+				byKey[k] = append(byKey[k], s)
 			}
 		}
 	}
 	var out []string
 	seen := map[string]struct{}{}
-	for q, serials := range byKey {
-		args := append([]any{c.cfg.CloseDelay.Milliseconds()}, anys(serials)...)
-		got, err := laterScript.Run(ctx, c.rdb, []string{q}, args...).StringSlice()
+	for k, serials := range byKey {
+		got, err := queue.NewStore(c.rdb, k).Later(ctx, c.cfg.CloseDelay, serials)
 		if err != nil {
 			return nil, err
 		}
@@ -492,14 +489,8 @@ func (c *Consumer) finish(items []item) {
 	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
-	keys := []string{k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}
-	if c.cfg.Process != nil {
-		keys = append(keys, k.Payload, k.Dead, k.Queue)
-	}
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok}, anys(serials)...)
-		if err := finishScript.Run(ctx, c.rdb, keys, args...).Err(); err != nil {
+		if _, err := c.q.Finish(ctx, tok, serials, c.cfg.Process != nil); err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
@@ -513,15 +504,9 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
-	sp := 0
-	if spend {
-		sp = 1
-	}
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok, delay.Milliseconds(), sp, reason}, anys(serials)...)
-		res, err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
-		if err != nil || len(res) != 2 {
+		res, err := c.q.Retry(ctx, queue.RetryArgs{Token: tok, Serials: serials, Delay: delay, Spend: spend, LastError: reason})
+		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
@@ -531,7 +516,7 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 		// The time is on Redis's clock; wake-ups carry producer deadlines,
 		// to which the scanner adds the close delay, so take it off here.
 		select {
-		case c.wake <- res[1] - c.cfg.CloseDelay.Milliseconds():
+		case c.wake <- res.At - c.cfg.CloseDelay.Milliseconds():
 		default:
 		}
 	}
@@ -553,10 +538,8 @@ func (c *Consumer) buryAs(items []item, reason, lastErr string, countRun bool) {
 	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok, reason, lastErr, boolArg(countRun)}, anys(serials)...)
-		n, err := buryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
+		n, err := c.q.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: countRun})
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
@@ -574,11 +557,9 @@ func (c *Consumer) handBack(items []item) {
 	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
 	total := 0
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok}, anys(serials)...)
-		n, err := handBackScript.Run(ctx, c.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}, args...).Int()
+		n, err := c.q.HandBack(ctx, tok, serials)
 		if err != nil {
 			c.log.Warn("hand-back failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))

@@ -11,7 +11,6 @@ import (
 
 	"github.com/lib/pq"
 
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -165,7 +164,7 @@ type Stats struct {
 
 // Stats reads the queue's numbers.
 func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
-	s, err := consumer.ReadStats(ctx, r.Redis, r.Keys)
+	s, err := queue.ReadStats(ctx, r.Redis, r.Keys)
 	if err != nil {
 		return Stats{}, err
 	}
