@@ -17,6 +17,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -75,7 +76,7 @@ func TestInteropWithPoll(t *testing.T) {
 	q := e.queue(time.Second)
 	e.put("p1", `{"via":"poll"}`)
 	ts, tok := e.poll(10, time.Second, 10)
-	if len(ts) != 1 || !consumer.ValidPollToken(tok) {
+	if len(ts) != 1 || !queue.ValidPollToken(tok) {
 		t.Fatalf("poll got %d tasks, token %q", len(ts), tok)
 	}
 

@@ -2,11 +2,9 @@ package consumer
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -333,36 +331,6 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 // rounded up.
 const TaskOverheadBytes = 128
 
-// pollTokenPrefix starts every token ClaimTasks hands out; pollTokenChars
-// base32 characters (rand.Text's 128 bits) follow.
-const (
-	pollTokenPrefix = "poll."
-	pollTokenChars  = 26
-)
-
-// ErrInvalidPollToken: a token that no poll can have handed out (the retry
-// marker "-", a replica's own lease token, anything else).
-var ErrInvalidPollToken = errors.New("not a poll's lease token")
-
-// newPollToken is the lease token of one poll: 128 bits from crypto/rand,
-// so no one can guess it and no other poll holds it.
-func newPollToken() string { return pollTokenPrefix + rand.Text() }
-
-// ValidPollToken reports whether tok has the shape of a token ClaimTasks
-// hands out.
-func ValidPollToken(tok string) bool {
-	rest, ok := strings.CutPrefix(tok, pollTokenPrefix)
-	if !ok || len(rest) != pollTokenChars {
-		return false
-	}
-	for _, r := range rest {
-		if (r < 'A' || r > 'Z') && (r < '2' || r > '7') {
-			return false
-		}
-	}
-	return true
-}
-
 // maxPollClaims bounds the claims of one poll that take only tasks over
 // their attempts (each such claim dead-letters what it took).
 const maxPollClaims = 8
@@ -382,7 +350,7 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 	mm.Inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"})
 	c := New(Config{Keys: k, BatchSize: limit, Lease: lease, Owner: "poll", MaxAttempts: maxAttempts,
 		CountRedeliveries: true, Process: func(context.Context, []Task) []error { return nil }}, rdb, nil, &mm, log)
-	tok := newPollToken()
+	tok := queue.NewPollToken()
 	for range maxPollClaims {
 		res, err := c.claimAs(ctx, limit, tok, maxBytes)
 		if err != nil {
@@ -464,8 +432,8 @@ func AckTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token strin
 // how late it was acknowledged (Redis's clock minus its deadline), for
 // orderdelay_task_lateness_seconds.
 func AckTasksLateness(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) ([]string, []time.Duration, error) {
-	if !ValidPollToken(token) {
-		return nil, nil, ErrInvalidPollToken
+	if !queue.ValidPollToken(token) {
+		return nil, nil, queue.ErrInvalidPollToken
 	}
 	args := append([]any{token}, anys(ids)...)
 	done, err := ackScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload, k.Dead}, args...).Int64Slice()

@@ -304,7 +304,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	if !decodeBody(w, r, &b) {
 		return
 	}
-	if !consumer.ValidPollToken(b.Token) {
+	if !queue.ValidPollToken(b.Token) {
 		writeInvalid(w, "token", `token: give the "token" of the poll that returned the tasks`)
 		return
 	}

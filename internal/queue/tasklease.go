@@ -1,21 +1,53 @@
-package consumer
+package queue
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
-// The lease operations of a poll queue beyond ClaimTasks and AckTasks, for
-// the Go worker library (package worker): extend a lease while a handler
-// runs, retry after a delay, dead-letter now, and hand back tasks that were
-// never started. Each is a compare-and-set on the lease token ClaimTasks
-// handed out, so a task whose lease expired and was taken by another poll
-// or worker, or that a producer moved or deleted, is left alone.
+// The lease operations of a poll queue beyond the claim and AckTasks, for
+// the HTTP API and the Go worker library (package worker): extend a lease
+// while a handler runs, retry after a delay, dead-letter now, and hand back
+// tasks that were never started. Each is a compare-and-set on the lease
+// token a poll's claim handed out (NewPollToken), so a task whose lease
+// expired and was taken by another poll or worker, or that a producer
+// moved or deleted, is left alone.
+
+// PollTokenPrefix starts every token NewPollToken makes; pollTokenChars
+// base32 characters (rand.Text's 128 bits) follow.
+const (
+	PollTokenPrefix = "poll."
+	pollTokenChars  = 26
+)
+
+// ErrInvalidPollToken: a token that no poll can have handed out (the retry
+// marker "-", a replica's own lease token, anything else).
+var ErrInvalidPollToken = errors.New("not a poll's lease token")
+
+// NewPollToken is the lease token of one poll: 128 bits from crypto/rand,
+// so no one can guess it and no other poll holds it.
+func NewPollToken() string { return PollTokenPrefix + rand.Text() }
+
+// ValidPollToken reports whether tok has the shape of a token NewPollToken
+// makes.
+func ValidPollToken(tok string) bool {
+	rest, ok := strings.CutPrefix(tok, PollTokenPrefix)
+	if !ok || len(rest) != pollTokenChars {
+		return false
+	}
+	for _, r := range rest {
+		if (r < 'A' || r > 'Z') && (r < '2' || r > '7') {
+			return false
+		}
+	}
+	return true
+}
 
 // extendScript moves the lease expiry of tasks still leased under a token.
 //
@@ -26,7 +58,7 @@ import (
 // record carries the token (a lease that ran out but that no claim has
 // taken yet is still the token's, and is extended) and it is in
 // {queue}:inflight. Returns the Redis clock (ms) and the ids extended.
-var extendScript = redis.NewScript(queue.LuaLeaseHelpers + `
+var extendScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local at = now + tonumber(ARGV[2])
 local out = {}
@@ -53,7 +85,7 @@ return {now, out}
 // attempts survive (and a last error, though a claim clears it): the next claim, by a poll or a worker,
 // takes it at once without counting an attempt. Returns the number handed
 // back.
-var releaseScript = redis.NewScript(queue.LuaLeaseHelpers + `
+var releaseScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local n = 0
 for _, e in ipairs(owned(KEYS[4], ARGV[1], 2)) do
@@ -77,31 +109,32 @@ return n
 // the tasks ids (distinct) still leased under token, and returns those it
 // could not extend: their lease was lost (another claim took them after it
 // expired, a producer moved or deleted them, or they were settled). A token
-// ClaimTasks cannot have handed out is ErrInvalidPollToken.
-func ExtendTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, lease time.Duration, ids []string) ([]string, error) {
+// no poll can have handed out is ErrInvalidPollToken.
+func (s *Store) ExtendTasks(ctx context.Context, token string, lease time.Duration, ids []string) ([]string, error) {
 	if !ValidPollToken(token) {
 		return nil, ErrInvalidPollToken
 	}
 	if len(ids) == 0 {
 		return nil, nil
 	}
+	k := s.keys
 	args := append([]any{token, lease.Milliseconds()}, anys(ids)...)
-	raw, err := extendScript.Run(ctx, rdb, []string{k.Inflight, k.Lease}, args...).Slice()
+	raw, err := extendScript.Run(ctx, s.rdb, []string{k.Inflight, k.Lease}, args...).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("extend lease: %w", err)
 	}
 	if len(raw) != 2 {
-		return nil, fmt.Errorf("extend lease: %w: %d fields, want 2", errReply, len(raw))
+		return nil, fmt.Errorf("extend lease: %w: %d fields, want 2", ErrReply, len(raw))
 	}
 	got, ok := raw[1].([]any)
 	if !ok {
-		return nil, fmt.Errorf("extend lease: %w: ids", errReply)
+		return nil, fmt.Errorf("extend lease: %w: ids", ErrReply)
 	}
 	kept := make(map[string]bool, len(got))
 	for _, v := range got {
 		s, ok := v.(string)
 		if !ok {
-			return nil, fmt.Errorf("extend lease: %w: id", errReply)
+			return nil, fmt.Errorf("extend lease: %w: id", ErrReply)
 		}
 		kept[s] = true
 	}
@@ -119,11 +152,11 @@ func ExtendTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token st
 // recording lastErr, as a daemon's failed action does. Any poll or worker
 // claims them when the delay is over. It returns how many it moved; the
 // others' lease was lost.
-func RetryTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, token string, delay time.Duration, lastErr string, ids []string) (int, error) {
+func (s *Store) RetryTasks(ctx context.Context, token string, delay time.Duration, lastErr string, ids []string) (int, error) {
 	if !ValidPollToken(token) {
 		return 0, ErrInvalidPollToken
 	}
-	res, err := queue.NewStore(rdb, k).Retry(ctx, queue.RetryArgs{Token: token, Serials: ids, Delay: max(delay, 0), Spend: true, LastError: lastErr})
+	res, err := s.Retry(ctx, RetryArgs{Token: token, Serials: ids, Delay: max(delay, 0), Spend: true, LastError: lastErr})
 	return res.Moved, err
 }
 
@@ -131,23 +164,24 @@ func RetryTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, to
 // and lastErr; the record's attempts include the one that failed. The
 // payload stays, so GET shows the task and a requeue runs it again. It
 // returns how many it moved; the others' lease was lost.
-func BuryTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, token, reason, lastErr string, ids []string) (int, error) {
+func (s *Store) BuryTasks(ctx context.Context, token, reason, lastErr string, ids []string) (int, error) {
 	if !ValidPollToken(token) {
 		return 0, ErrInvalidPollToken
 	}
-	return queue.NewStore(rdb, k).Bury(ctx, queue.BuryArgs{Token: token, Serials: ids, Reason: reason, LastError: lastErr, CountRun: true})
+	return s.Bury(ctx, BuryArgs{Token: token, Serials: ids, Reason: reason, LastError: lastErr, CountRun: true})
 }
 
 // ReleaseTasks hands back tasks ids still leased under token that were
 // never started (see releaseScript): they are due again at once, for any
 // poll or worker, with their attempts unchanged. It returns how many it
 // handed back.
-func ReleaseTasks(ctx context.Context, rdb redis.Scripter, k queue.Keys, token string, ids []string) (int, error) {
+func (s *Store) ReleaseTasks(ctx context.Context, token string, ids []string) (int, error) {
 	if !ValidPollToken(token) {
 		return 0, ErrInvalidPollToken
 	}
+	k := s.keys
 	args := append([]any{token}, anys(ids)...)
-	n, err := releaseScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease}, args...).Int()
+	n, err := releaseScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("hand back: %w", err)
 	}
