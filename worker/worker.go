@@ -461,7 +461,7 @@ func (r *runner) run(ctx context.Context, h *held, ct consumer.Task) {
 	switch attempts := ct.Attempts + 1; {
 	case err == nil:
 		var missed []string
-		missed, serr = consumer.AckTasks(sctx, r.w.rdb, r.keys, h.token, []string{ct.ID})
+		missed, _, serr = r.st.AckTasks(sctx, h.token, []string{ct.ID})
 		ok = len(missed) == 0
 	case errors.Is(err, ErrSkipRetry) || attempts >= r.q.MaxAttempts:
 		var n int

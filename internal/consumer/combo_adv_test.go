@@ -136,7 +136,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 		case 14: // the daemon's file flips durable
 			durable = !durable
 			what = fmt.Sprint("durable ", durable)
-			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaDurable, boolArg(durable)).Err(); err != nil {
+			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaDurable, map[bool]string{true: "1", false: "0"}[durable]).Err(); err != nil {
 				t.Fatal(err)
 			}
 		case 15: // the cap changes (a lower one may leave the queue above it)
@@ -222,7 +222,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 					if n, err := queue.NewStore(e.rdb, k).RetryTasks(ctx, old, 0, "late", []string{tk.ID}); err != nil || n != 0 {
 						t.Fatalf("seed %d step %d: the expired holder of %s still settles: %d, %v", seed, step, tk.ID, n, err)
 					}
-					if m, _ := AckTasks(ctx, e.rdb, k, old, []string{tk.ID}); len(m) != 1 {
+					if m, _, _ := queue.NewStore(e.rdb, k).AckTasks(ctx, old, []string{tk.ID}); len(m) != 1 {
 						t.Fatalf("seed %d step %d: the expired holder of %s acked it", seed, step, tk.ID)
 					}
 				}
@@ -243,7 +243,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			case 5:
 				what = "ack " + hid
 				var missed []string
-				missed, err = AckTasks(ctx, e.rdb, k, tok, []string{hid})
+				missed, _, err = queue.NewStore(e.rdb, k).AckTasks(ctx, tok, []string{hid})
 				n = 1 - len(missed)
 			case 6:
 				what = "retry " + hid

@@ -79,7 +79,7 @@ func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
 			t.Errorf("%s: dead letter gone (%v); a skipped requeue must leave it", id, err)
 		}
 	}
-	if missed, err := AckTasks(ctx, e.rdb, e.keys, tok, []string{"T-leased"}); err != nil || len(missed) != 0 {
+	if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(ctx, tok, []string{"T-leased"}); err != nil || len(missed) != 0 {
 		t.Errorf("the poll's lease no longer acks: missed %v, %v", missed, err)
 	}
 	// The plain dead letter is due now, with the payload it died with.

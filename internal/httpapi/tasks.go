@@ -324,7 +324,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 			ids = append(ids, id)
 		}
 	}
-	missed, late, err := consumer.AckTasksLateness(r.Context(), q.Redis, q.Keys, b.Token, ids)
+	missed, late, err := q.Store.AckTasks(r.Context(), b.Token, ids)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return

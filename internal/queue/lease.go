@@ -614,7 +614,7 @@ func boolArg(b bool) string {
 // reused the id): it is that dead letter's now, for a requeue, and goes
 // when the dead letter is purged. It also stays when the id is in the
 // queue key again (a producer re-added it with a raw ZADD during the
-// lease): that live task runs with it, as after a poll's ack (ackScript).
+// lease): that live task runs with it, as after a poll's ack (pollAckScript).
 // Returns the number removed.
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]

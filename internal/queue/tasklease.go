@@ -105,6 +105,77 @@ end
 return n
 `)
 
+// pollAckScript completes polled tasks leased under a token.
+//
+//	KEYS[1] -> queue  KEYS[2] -> {queue}:inflight  KEYS[3] -> {queue}:deadlines
+//	KEYS[4] -> {queue}:lease  KEYS[5] -> {queue}:payload  KEYS[6] -> {queue}:dead
+//	ARGV[1] -> lease token; ARGV[2..] -> task ids
+//
+// Compare-and-set: only a task whose lease record carries the token is
+// completed. A task whose lease expired and was polled again carries the
+// new poll's token, a task moved by a producer through the API has no
+// record: both are left alone. A task a producer re-added with a raw ZADD
+// during the lease is in the queue key again: its lease ends, its queue
+// entry and payload stay; so does the payload of an id that also has a
+// dead letter (the producer reused the id: the dead letter keeps it for a
+// requeue). Returns Redis's clock (Unix ms) and then, per id, the
+// completed task's deadline (Unix ms, so above zero), else 0.
+var pollAckScript = redis.NewScript(luaHelpers + `
+local out = {now_ms()}
+for i = 2, #ARGV, 500 do
+  local last = math.min(i + 499, #ARGV)
+  local recs = redis.call('HMGET', KEYS[4], unpack(ARGV, i, last))
+  local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
+  for j = 1, #recs do
+    local id = ARGV[i + j - 1]
+    local d, _, tok = parse(recs[j] or nil)
+    if tok == ARGV[1] then
+      redis.call('HDEL', KEYS[4], id)
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('ZREM', KEYS[3], id)
+      if not qs[j] and not redis.call('ZSCORE', KEYS[6], id) then redis.call('HDEL', KEYS[5], id) end
+      out[#out+1] = math.max(tonumber(d) or 1, 1)
+    else
+      out[#out+1] = 0
+    end
+  end
+end
+return out
+`)
+
+// AckTasks completes the polled tasks ids (distinct) leased under token
+// and returns those it did not complete — no longer leased under token
+// (the lease expired and another poll took the task, or it was acked
+// already, or a producer moved it) — and, for each completed task, how
+// late it was acknowledged (Redis's clock minus its deadline), for
+// orderdelay_task_lateness_seconds. A token no poll can have handed out is
+// ErrInvalidPollToken.
+func (s *Store) AckTasks(ctx context.Context, token string, ids []string) ([]string, []time.Duration, error) {
+	if !ValidPollToken(token) {
+		return nil, nil, ErrInvalidPollToken
+	}
+	k := s.keys
+	args := append([]any{token}, anys(ids)...)
+	done, err := pollAckScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload, k.Dead}, args...).Int64Slice()
+	if err != nil {
+		return nil, nil, fmt.Errorf("ack: %w", err)
+	}
+	if len(done) != len(ids)+1 {
+		return nil, nil, fmt.Errorf("ack: %w: %d answers for %d ids", ErrReply, len(done), len(ids))
+	}
+	now := done[0]
+	var missed []string
+	var late []time.Duration
+	for i, d := range done[1:] {
+		if d <= 0 {
+			missed = append(missed, ids[i])
+			continue
+		}
+		late = append(late, time.Duration(now-d)*time.Millisecond)
+	}
+	return missed, late, nil
+}
+
 // ExtendTasks extends, to lease from now on Redis's clock, the leases of
 // the tasks ids (distinct) still leased under token, and returns those it
 // could not extend: their lease was lost (another claim took them after it
