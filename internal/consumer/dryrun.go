@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -10,35 +9,6 @@ import (
 
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
-
-// peekScript reads due entries without leasing them, for dry runs.
-//
-//	KEYS[1] -> queue  KEYS[2] -> {queue}:paused
-//	ARGV[1] -> lowest deadline to read (inclusive), ms
-//	ARGV[2] -> limit
-//	ARGV[3] -> close delay, ms
-//
-// Returns the claim script's shape: {now, next deadline or -1, -1,
-// entries (serial, deadline, 0, 0), {}, paused}.
-var peekScript = redis.NewScript(queue.LuaLeaseHelpers + `
-local now = now_ms()
-local cutoff = now - tonumber(ARGV[3])
-local function first_after(min)
-  local h = redis.call('ZRANGE', KEYS[1], min, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-  if h[2] then return tonumber(h[2]) end
-  return -1
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {now, first_after('-inf'), -1, {}, {}, 1}
-end
-local out = {}
-local due = redis.call('ZRANGE', KEYS[1], ARGV[1], cutoff, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]), 'WITHSCORES')
-for i = 1, #due, 2 do
-  local d = tonumber(due[i+1])
-  out[#out+1] = due[i]; out[#out+1] = d; out[#out+1] = 0; out[#out+1] = 0
-end
-return {now, first_after('(' .. cutoff), -1, out, {}, 0}
-`)
 
 // peek is the dry-run claim: it reads up to limit due entries it has not
 // read before (a cursor on the deadline, plus the members already seen at
@@ -48,15 +18,9 @@ func (c *Consumer) peek(ctx context.Context, limit int) (claimResult, error) {
 		c.peekFrom = 0
 		c.peekSeen = map[string]struct{}{}
 	}
-	k := c.cfg.Keys
-	raw, err := peekScript.Run(ctx, c.rdb, []string{k.Queue, k.Paused},
-		c.peekFrom, limit+len(c.peekSeen), c.cfg.CloseDelay.Milliseconds()).Slice()
+	parsed, err := c.q.Peek(ctx, c.peekFrom, limit+len(c.peekSeen), c.cfg.CloseDelay)
 	if err != nil {
-		return claimResult{}, fmt.Errorf("peek: %w", err)
-	}
-	parsed, err := queue.ParseClaim(raw)
-	if err != nil {
-		return claimResult{}, fmt.Errorf("peek: %w", err)
+		return claimResult{}, err
 	}
 	res := fromStore(parsed, "")
 	fresh := res.items[:0]
