@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -353,7 +352,7 @@ func (s *Store) Cancel(ctx context.Context, serial string) (bool, error) {
 // Deadlines returns, for each serial, its entry's current deadline (Unix
 // ms) in the queue key or, when it is not there, in its lease record
 // (leased or backing off), and whether it has one (false: neither, or
-// only a damaged record). One pipelined round trip; not atomic across
+// only a damaged record: see ParseLeaseRecord). One pipelined round trip; not atomic across
 // serials.
 func (s *Store) Deadlines(ctx context.Context, serials []string) ([]int64, []bool, error) {
 	k := s.keys
@@ -384,9 +383,8 @@ func (s *Store) Deadlines(ctx context.Context, serials []string) ([]int64, []boo
 			if err != nil {
 				return nil, nil, err
 			}
-			d, _, _ := strings.Cut(rec, "|")
-			if ms, err := strconv.ParseInt(d, 10, 64); err == nil {
-				out[i], found[i] = ms, true
+			if r, ok := ParseLeaseRecord(rec); ok && r.Deadline != 0 {
+				out[i], found[i] = r.Deadline, true
 			}
 		}
 	}
