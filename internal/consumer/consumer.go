@@ -506,7 +506,7 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // batchLeases reports whether this consumer's claims lease per batch (the
-// order queue; see claimScript). Task queues lease per member: their
+// order queue; see queue.Store.Claim). Task queues lease per member: their
 // workers and polls extend, ack and check single tasks.
 func (c *Consumer) batchLeases() bool { return c.cfg.Process == nil && c.cfg.Forward == nil }
 

@@ -45,7 +45,7 @@ import (
 // forwarded and recovered (redelivered or dead-lettered), per task
 // forwarded how late (ms, now minus its deadline), and 1 if the ready list
 // was full while tasks were due (else 0).
-var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + LuaSplitListItem + `
+var forwardScript = redis.NewScript(luaValidSerial + luaHelpers + luaSplitListItem + `
 local now = now_ms()
 local function head()
   local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -174,7 +174,7 @@ func (s *Store) Forward(ctx context.Context, a ForwardArgs) (ForwardResult, erro
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return ForwardResult{}, fmt.Errorf("forward: %w: counts", ErrReply)
 	}
-	cr, err := ParseClaim(raw[:6])
+	cr, err := parseClaim(raw[:6])
 	if err != nil {
 		return ForwardResult{}, fmt.Errorf("forward: %w", err)
 	}

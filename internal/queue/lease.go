@@ -134,14 +134,6 @@ local function release(leases, info, token, k)
 end
 `
 
-// LuaValidSerial and LuaLeaseHelpers are luaValidSerial and luaHelpers
-// for the lease scripts not moved into the store yet (consumer's forward,
-// peek, ack and task-lease scripts).
-const (
-	LuaValidSerial  = luaValidSerial
-	LuaLeaseHelpers = luaHelpers
-)
-
 // claimScript leases due entries.
 //
 //	KEYS[1] -> queue            KEYS[2] -> {queue}:inflight
@@ -524,16 +516,16 @@ func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
-	res, err := ParseClaim(raw)
+	res, err := parseClaim(raw)
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
 	return res, nil
 }
 
-// ParseClaim reads a claim's reply (claimScript), or the first six fields
+// parseClaim reads a claim's reply (claimScript), or the first six fields
 // of a peek's or a forward's, which have no fresh list.
-func ParseClaim(raw []any) (ClaimResult, error) {
+func parseClaim(raw []any) (ClaimResult, error) {
 	var r ClaimResult
 	if len(raw) == 6 {
 		raw = append(raw[:6:6], []any{})

@@ -22,7 +22,7 @@ const ModeAdopt = "adopt"
 // luaUnbatch is unbatch for the scripts that drop a lease record: it takes
 // the record's member off its batch lease, if it has one (field "#"+token
 // of {queue}:leasebatch counts the members a batch still holds; the
-// daemon's claim script writes it), and drops the batch with its last
+// claim script writes it), and drops the batch with its last
 // member, so the gauges count no member twice.
 const luaUnbatch = `
 local function unbatch(leases, info, rec)
@@ -56,7 +56,7 @@ const maxPerCall = 1000
 // An entry held under a lease or backing off lives in the lease hash instead
 // of the queue; it counts as existing. Moving it drops the lease record, so
 // the replica holding it cannot remove it (its compare-and-set fails) and the
-// new deadline is kept; a batch lease (see the daemon's claim script) holds
+// new deadline is kept; a batch lease (see claimScript) holds
 // one member fewer. The script publishes the earliest written deadline
 // when it is earlier than the queue's head, so sleeping daemons wake up.
 var enqueueScript = redis.NewScript(luaUnbatch + `

@@ -47,7 +47,7 @@ func (s *Store) Peek(ctx context.Context, from int64, limit int, closeDelay time
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("peek: %w", err)
 	}
-	res, err := ParseClaim(raw)
+	res, err := parseClaim(raw)
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("peek: %w", err)
 	}
