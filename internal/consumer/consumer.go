@@ -480,7 +480,7 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 		case <-head:
 			c.heartbeat()
 			head = time.After(jitter(c.cfg.HeadCheck))
-			vals, err := c.head(ctx)
+			hd, found, err := c.head(ctx)
 			if err != nil && ctx.Err() == nil {
 				// Redis went away while the scanner slept: say so now,
 				// not at the next claim (at most one error per head check).
@@ -488,10 +488,10 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 				c.m.SetUp(metrics.DepRedis, false)
 				continue
 			}
-			if len(vals) == 0 {
+			if !found {
 				continue
 			}
-			d := int64(vals[0].Score) + c.cfg.CloseDelay.Milliseconds()
+			d := hd + c.cfg.CloseDelay.Milliseconds()
 			if next < 0 || d < next {
 				next = d
 				timer.Reset(sleepFor(next))

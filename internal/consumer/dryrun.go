@@ -2,9 +2,7 @@ package consumer
 
 import (
 	"context"
-	"strconv"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -52,13 +50,9 @@ func (c *Consumer) peek(ctx context.Context, limit int) (claimResult, error) {
 // cursor. A dry run leaves what it read in the queue, so the plain head is
 // an entry already read; taking it for a new deadline would peek again on
 // every head check. Either way it is one command per check.
-func (c *Consumer) head(ctx context.Context) ([]redis.Z, error) {
+func (c *Consumer) head(ctx context.Context) (int64, bool, error) {
 	if !c.cfg.DryRun || c.peekSeen == nil {
-		return c.rdb.ZRangeWithScores(ctx, c.cfg.Keys.Queue, 0, 0).Result()
+		return c.q.Head(ctx, -1)
 	}
-	return c.rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{
-		Key: c.cfg.Keys.Queue, ByScore: true,
-		Start: "(" + strconv.FormatInt(c.peekFrom, 10), Stop: "+inf",
-		Count: 1,
-	}).Result()
+	return c.q.Head(ctx, c.peekFrom)
 }

@@ -144,9 +144,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	defer cancel()
 	// A pause means nobody is closed (the payment provider is down, say):
 	// the safety net waits too.
-	if n, err := r.rdb.Exists(ctx, r.cfg.Keys.Paused).Result(); err != nil || n == 1 {
+	if paused, err := queue.NewStore(r.rdb, r.cfg.Keys).Paused(ctx); err != nil || paused {
 		if err != nil {
-			return 0, fmt.Errorf("reconcile: pause flag: %w", err)
+			return 0, fmt.Errorf("reconcile: %w", err)
 		}
 		return 0, nil
 	}

@@ -100,15 +100,15 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 func (c *Consumer) loadTasks(items []item) ([]Task, error) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	vals, err := c.rdb.HMGet(ctx, c.cfg.Keys.Payload, serialsOf(items)...).Result()
+	payloads, has, err := c.q.Payloads(ctx, serialsOf(items))
 	if err != nil {
 		return nil, err
 	}
 	tasks := make([]Task, len(items))
 	for i, it := range items {
 		tasks[i] = Task{ID: it.serial, Deadline: time.UnixMilli(it.deadline), Attempts: it.attempts, Payload: json.RawMessage("null")}
-		if s, ok := vals[i].(string); ok {
-			tasks[i].Payload = json.RawMessage(s)
+		if has[i] {
+			tasks[i].Payload = json.RawMessage(payloads[i])
 		}
 	}
 	return tasks, nil

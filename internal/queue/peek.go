@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,4 +53,25 @@ func (s *Store) Peek(ctx context.Context, from int64, limit int, closeDelay time
 		return ClaimResult{}, fmt.Errorf("peek: %w", err)
 	}
 	return res, nil
+}
+
+// Head returns the earliest deadline (Unix ms) in the queue key after
+// deadline after (exclusive), or from the start when after is negative;
+// ok is false when there is none. One command: the scan loop's idle head
+// check.
+func (s *Store) Head(ctx context.Context, after int64) (deadline int64, ok bool, err error) {
+	var zs []redis.Z
+	if after < 0 {
+		zs, err = s.rdb.ZRangeWithScores(ctx, s.keys.Queue, 0, 0).Result()
+	} else {
+		zs, err = s.rdb.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{
+			Key: s.keys.Queue, ByScore: true,
+			Start: "(" + strconv.FormatInt(after, 10), Stop: "+inf",
+			Count: 1,
+		}).Result()
+	}
+	if err != nil || len(zs) == 0 {
+		return 0, false, err
+	}
+	return int64(zs[0].Score), true, nil
 }

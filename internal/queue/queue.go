@@ -11,21 +11,21 @@
 // bury, hand-back, in-queue, stats), leaserecord.go (the lease record's
 // codec, LeaseRecord, and LeaseRecords), tasklease.go (the poll token and
 // a poll's ack, extend, retry, bury and release), forward.go (stream and
-// list actions' forward), peek.go (the dry run's read), orders.go (order
-// enqueue, get, cancel and the sharded client's lookup), dead.go (dead
-// letters: list, requeue, purge; the dead-letter record), taskops.go (task
-// queues' paging, requeue and purge), tasks.go (task put, delete, payload;
-// the reliable list's take and ack; the list item), stream.go (stream
-// groups and the bury of exhausted entries), pause.go (the pause flag),
+// list actions' forward), peek.go (the dry run's read and the scan loop's
+// head check), orders.go (order enqueue, get, cancel and the sharded
+// client's lookup), dead.go (dead letters: list, requeue, purge; the
+// dead-letter record), taskops.go (task queues' paging, requeue and
+// purge), tasks.go (task put, delete, payloads; the reliable list's take
+// and ack; the list item), stream.go (stream groups and the bury of
+// exhausted entries), pause.go (the pause flag),
 // extend.go (moving deadlines later), meta.go (the meta hash, task
 // queues' default keys), nextdue.go (the long poll's wait), listitem.go
 // (the Lua list-item splitter), shard.go (shard keys and hash slots).
 //
-// Every Lua script of orderdelay is here. Outside the store, the daemon
-// still reads Redis directly for its scan loop's head check and wake-up
-// subscription, the stream sweep's consumer-group reads and the event
-// relay (internal/consumer), and package client's task helpers build
-// their calls on Store.
+// Every Lua script of orderdelay is here. Outside the store, the daemon's
+// consumer (internal/consumer) talks to Redis directly only to subscribe
+// to the wake-up channel and, in the event relay, to add close events to
+// the events stream; the demo command writes as a raw producer would.
 //
 // It depends on go-redis and the standard library only, so the public
 // client package shares it without inheriting the daemon's dependencies.

@@ -357,3 +357,17 @@ func (s *Store) AckTaken(ctx context.Context, id string) (bool, error) {
 	}
 	return n == 1, nil
 }
+
+// Payloads reads the payloads of tasks ids in one command; ok[i] is false
+// when ids[i] has none.
+func (s *Store) Payloads(ctx context.Context, ids []string) (payloads []string, ok []bool, err error) {
+	vals, err := s.rdb.HMGet(ctx, s.keys.Payload, ids...).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("payloads: %w", err)
+	}
+	payloads, ok = make([]string, len(ids)), make([]bool, len(ids))
+	for i, v := range vals {
+		payloads[i], ok[i] = v.(string)
+	}
+	return payloads, ok, nil
+}
