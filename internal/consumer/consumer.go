@@ -8,6 +8,12 @@
 // and never longer than the scan interval; the producer script publishes
 // earlier deadlines so a sleeping scanner wakes for them, and a cheap head
 // check between scans notices entries written by raw ZADD producers.
+//
+// The Redis side of every step (claim, fence, finish, retry, dead-letter,
+// hand back, stats) is package queue's store; what a consumer does with
+// what it claims — close orders, run a task action, forward to a stream or
+// list, or read without changing anything in a dry run — is its handler
+// (handler.go), chosen once in New.
 package consumer
 
 import (
@@ -160,6 +166,7 @@ type Consumer struct {
 	rdb   redis.UniversalClient
 	store Store
 	q     *queue.Store // the queue's Redis data (cfg.Keys)
+	h     handler      // what it does with the queue, chosen from cfg in New
 	m     *metrics.Metrics
 	log   *zap.Logger
 	now   func() time.Time
@@ -194,6 +201,7 @@ func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics,
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff(cfg.BackoffMax)}
 	c.q = queue.NewStore(rdb, cfg.Keys)
+	c.h = newHandler(c)
 	c.nonce = strconv.FormatUint(rand.Uint64(), 36)
 	c.wake = make(chan int64, 64)
 	if cfg.Limiter != nil {
@@ -480,7 +488,7 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 		case <-head:
 			c.heartbeat()
 			head = time.After(jitter(c.cfg.HeadCheck))
-			hd, found, err := c.head(ctx)
+			hd, found, err := c.h.head(ctx)
 			if err != nil && ctx.Err() == nil {
 				// Redis went away while the scanner slept: say so now,
 				// not at the next claim (at most one error per head check).
@@ -505,34 +513,25 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/5 + rand.N(2*d/5+1)
 }
 
-// batchLeases reports whether this consumer's claims lease per batch (the
-// order queue; see queue.Store.Claim). Task queues lease per member: their
-// workers and polls extend, ack and check single tasks.
-func (c *Consumer) batchLeases() bool { return c.cfg.Process == nil && c.cfg.Forward == nil }
-
 func (c *Consumer) token() string {
 	return c.cfg.Owner + ":" + c.nonce + "." + strconv.FormatUint(c.seq.Add(1), 36)
 }
 
-// claim runs claimScript once, for at most limit entries, and accounts for
-// what it did.
+// claim claims (or forwards, or in a dry run reads) at most limit due
+// entries, as the handler does, and accounts for what it did.
 func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
-	if c.cfg.DryRun {
-		return c.peek(ctx, limit)
-	}
-	if c.cfg.Forward != nil {
-		return c.forward(ctx, limit)
-	}
-	return c.claimAs(ctx, limit, c.token(), 0)
+	return c.h.claim(ctx, limit)
 }
 
 // claimAs claims once (queue.Store.Claim) under the lease token tok.
 // maxBytes > 0 bounds the claimed tasks' share of a poll's answer (see
-// TaskOverheadBytes); 0 leaves the claim bounded by limit alone.
-func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int) (claimResult, error) {
+// TaskOverheadBytes); 0 leaves the claim bounded by limit alone. batch
+// leases the claim as one batch (the order queue); task queues lease per
+// member, as their workers and polls extend, ack and check single tasks.
+func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int, batch bool) (claimResult, error) {
 	raw, err := c.q.Claim(ctx, queue.ClaimArgs{Limit: limit, Lease: c.cfg.Lease, Token: tok,
 		CloseDelay: c.cfg.CloseDelay, CountRedeliveries: c.cfg.CountRedeliveries, MaxBytes: maxBytes,
-		Overhead: TaskOverheadBytes, Batch: c.batchLeases() && maxBytes <= 0})
+		Overhead: TaskOverheadBytes, Batch: batch && maxBytes <= 0})
 	if err != nil {
 		return claimResult{}, err
 	}

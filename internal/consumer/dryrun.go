@@ -45,14 +45,13 @@ func (c *Consumer) peek(ctx context.Context, limit int) (claimResult, error) {
 	return res, nil
 }
 
-// head reads the entry the idle head check compares with the next wake-up:
-// the head of the queue, or in a dry run the first entry after the peek
+// head is the dry run's idle head check: the first entry after the peek
 // cursor. A dry run leaves what it read in the queue, so the plain head is
 // an entry already read; taking it for a new deadline would peek again on
-// every head check. Either way it is one command per check.
-func (c *Consumer) head(ctx context.Context) (int64, bool, error) {
-	if !c.cfg.DryRun || c.peekSeen == nil {
-		return c.q.Head(ctx, -1)
+// every head check. It is one command per check, as the plain one is.
+func (h dryRunHandler) head(ctx context.Context) (int64, bool, error) {
+	if h.c.peekSeen == nil {
+		return h.c.q.Head(ctx, -1)
 	}
-	return c.q.Head(ctx, c.peekFrom)
+	return h.c.q.Head(ctx, h.c.peekFrom)
 }

@@ -23,7 +23,7 @@ func (e *env) buryTask(id, payload string) {
 	}
 	c := e.consumer(Config{BatchSize: 10, Lease: time.Minute, MaxAttempts: 1,
 		Process: func(context.Context, []Task) []error { return nil }})
-	res, err := c.claimAs(ctx, 10, "poll.test", 0)
+	res, err := c.claimAs(ctx, 10, "poll.test", 0, false)
 	if err != nil || len(res.items) != 1 {
 		e.t.Fatalf("claim %s: %v, %d items", id, err, len(res.items))
 	}

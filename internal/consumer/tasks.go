@@ -202,7 +202,7 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 		CountRedeliveries: true, Process: func(context.Context, []Task) []error { return nil }}, rdb, nil, &mm, log)
 	tok := queue.NewPollToken()
 	for range maxPollClaims {
-		res, err := c.claimAs(ctx, limit, tok, maxBytes)
+		res, err := c.claimAs(ctx, limit, tok, maxBytes, false)
 		if err != nil {
 			return nil, "", err
 		}

@@ -21,11 +21,7 @@ func (c *Consumer) process(workCtx context.Context, items []item) {
 	batch, stmt := c.batchBudget()
 	ctx, cancel := context.WithTimeout(workCtx, batch)
 	defer cancel()
-	if c.cfg.Process != nil {
-		c.processTasks(workCtx, ctx, items)
-		return
-	}
-	c.closeItems(workCtx, ctx, stmt, dedupe(items))
+	c.h.process(workCtx, ctx, stmt, items)
 }
 
 // batchBudget returns how long a batch may run and how long the client
@@ -81,9 +77,6 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 	for _, it := range items {
 		if _, ok := isClosed[it.serial]; ok {
 			done = append(done, it)
-			if !c.cfg.DryRun {
-				c.m.Lateness.Observe(committed.Sub(time.UnixMilli(it.deadline)).Seconds())
-			}
 		} else if _, ok := dropped[it.serial]; ok {
 			gone = append(gone, it)
 		} else {
@@ -97,14 +90,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 		c.log.Info("left orders a producer or another replica took over since the claim", zap.Int("orders", len(gone)))
 		c.finish(gone)
 	}
-	if c.cfg.DryRun {
-		c.m.DryRunWouldClose.Add(float64(len(done)))
-		if len(closed) > 0 {
-			c.log.Info("dry run: would close", zap.Strings("serials", closed))
-		}
-	} else {
-		c.m.Closed.Add(float64(len(done)))
-	}
+	c.h.closed(done, closed, committed)
 
 	if len(rest) > 0 {
 		lctx, lcancel := context.WithTimeout(batchCtx, stmt)
@@ -144,15 +130,15 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 	return nil
 }
 
+// fence returns the check a close runs before it commits (handler.fence).
+func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) { return c.h.fence(items) }
+
 // fence returns the check a close runs before it commits (queue.Store.Fence):
 // which of the serials it closed are no longer this claim's. Serials it
-// drops are recorded in the returned set. A dry run commits nothing and
-// needs no fence.
-func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
+// drops are recorded in the returned set.
+func (h orderHandler) fence(items []item) (orders.Fence, map[string]struct{}) {
+	c := h.c
 	dropped := map[string]struct{}{}
-	if c.cfg.DryRun {
-		return nil, dropped
-	}
 	// A batch is one claim's, under one token (splits keep it); only
 	// items from several claims need the map of serial to token.
 	var tokens map[string]string
@@ -479,18 +465,38 @@ func bookkeeping() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), bookkeepingTimeout)
 }
 
+// The lease bookkeeping after a batch: each is the handler's (a dry run
+// changes nothing in Redis).
+
+func (c *Consumer) finish(items []item) { c.h.finish(items) }
+
+func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason string) {
+	c.h.retry(items, delay, spend, reason)
+}
+
+func (c *Consumer) bury(items []item, reason, lastErr string) { c.h.bury(items, reason, lastErr, true) }
+
+// buryCounted is bury for items whose attempts already count every failed
+// run (a claim that re-took an expired lease counted it: ClaimTasks).
+func (c *Consumer) buryCounted(items []item, reason, lastErr string) {
+	c.h.bury(items, reason, lastErr, false)
+}
+
+func (c *Consumer) handBack(items []item) { c.h.handBack(items) }
+
 // finish removes settled entries (compare-and-set on the lease).
-func (c *Consumer) finish(items []item) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+func (h orderHandler) finish(items []item) { h.finishLeases(items, false) }
+
+// finishLeases is finish; payloads drops task payloads with the entries.
+func (h orderHandler) finishLeases(items []item, payloads bool) {
+	c := h.c
 	if len(items) == 0 {
 		return
 	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
-		if _, err := c.q.Finish(ctx, tok, serials, c.cfg.Process != nil); err != nil {
+		if _, err := c.q.Finish(ctx, tok, serials, payloads); err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
@@ -498,10 +504,9 @@ func (c *Consumer) finish(items []item) {
 	}
 }
 
-func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason string) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+// retry turns leases into backoffs due after delay.
+func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reason string) {
+	c := h.c
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
@@ -522,20 +527,10 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	}
 }
 
-func (c *Consumer) bury(items []item, reason, lastErr string) { c.buryAs(items, reason, lastErr, true) }
-
-// buryCounted is bury for items whose attempts already count every failed
-// run (a claim that re-took an expired lease counted it: ClaimTasks).
-func (c *Consumer) buryCounted(items []item, reason, lastErr string) {
-	c.buryAs(items, reason, lastErr, false)
-}
-
-// buryAs dead-letters items; countRun adds the run that failed to their
+// bury dead-letters items; countRun adds the run that failed to their
 // attempts.
-func (c *Consumer) buryAs(items []item, reason, lastErr string, countRun bool) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+func (h orderHandler) bury(items []item, reason, lastErr string, countRun bool) {
+	c := h.c
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
@@ -551,10 +546,8 @@ func (c *Consumer) buryAs(items []item, reason, lastErr string, countRun bool) {
 }
 
 // handBack returns claims to the queue with their true deadlines.
-func (c *Consumer) handBack(items []item) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+func (h orderHandler) handBack(items []item) {
+	c := h.c
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	total := 0
