@@ -275,3 +275,37 @@ func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
 	}
 	e.assertNoLeaseKeys(t)
 }
+
+// A replica is killed holding a batch, and its lease expires. The
+// reconciler leaves the batch's orders alone (their lease records say they
+// are held: the fast path's) — so a daemon that knows no batch leases (a
+// downgrade) would close them by neither path; only a batch-aware claim
+// takes them back, and closes them.
+func TestAdvLeaseExpiredBatchIsClosedByAClaimNotTheReconciler(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	past := e.redisNow().Add(-10 * time.Minute)
+	serials := e.orders("ald", 2, past)
+	e.enqueue(serials, past)
+	dead := e.consumer(Config{Owner: "killed"})
+	if res, err := dead.claimBatch(ctx); err != nil || len(res.items) != 2 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	e.expire(serials[0])
+	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
+	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("reconciler closed %d (%v) orders of an expired batch lease, want 0 (they look held)", n, err)
+	}
+	b := e.consumer(Config{Owner: "B"})
+	res, err := b.claimBatch(ctx)
+	if err != nil || len(res.items) != 2 || res.reclaimed != 2 {
+		t.Fatalf("re-claim: %v, %+v, want both re-claimed", err, res)
+	}
+	b.process(ctx, res.items)
+	for _, s := range serials {
+		if st := e.status(s); st != "closed" {
+			t.Errorf("%s: %s, want closed", s, st)
+		}
+	}
+	e.assertNoLeaseKeys(t)
+}
