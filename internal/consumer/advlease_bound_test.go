@@ -118,3 +118,53 @@ func TestAdvLeaseStatsReadBoundedRecordsOfPartlySettledBatches(t *testing.T) {
 		t.Errorf("the stats script read %d lease records, want at most 2000", n)
 	}
 }
+
+// Twenty expired batches each count one member they no longer hold (an
+// older client moved it during the lease: it dropped the record without
+// counting it off the batch) and nothing else: a claim of 500 reads at
+// most twice its limit in records, and later claims drop the rest.
+func TestAdvLeaseClaimReadsBoundedRecordsOfExpiredBatches(t *testing.T) {
+	e, addr := privateEnv(t)
+	ctx := context.Background()
+	e.leaseBatches(20, 500, 1)
+	later := float64(queue.DeadlineMillis(e.redisNow().Add(time.Hour)))
+	for b := range 20 {
+		s := fmt.Sprintf("bound-%03d-%04d", b, 499)
+		e.rdb.HDel(ctx, e.keys.Lease, s)
+		e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: later, Member: s})
+	}
+	toks, err := e.rdb.ZRange(ctx, e.keys.Leases, 0, -1).Result()
+	if err != nil || len(toks) != 20 {
+		t.Fatalf("%d batch leases (%v), want 20", len(toks), err)
+	}
+	for _, tok := range toks {
+		e.rdb.ZAdd(ctx, e.keys.Leases, redis.Z{Score: 1, Member: tok})
+	}
+	c := e.consumer(Config{BatchSize: 500})
+	var res claimResult
+	n := recordsRead(t, addr, e.keys.Lease, func() {
+		if res, err = c.claimBatch(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(res.items) != 0 {
+		t.Fatalf("claimed %d, want nothing", len(res.items))
+	}
+	if n > 1000 {
+		t.Errorf("one claim read %d lease records, want at most 1000 (twice its limit)", n)
+	}
+	for range 20 {
+		if e.card(e.keys.Leases) == 0 {
+			break
+		}
+		if _, err := c.claimBatch(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if k := e.card(e.keys.Leases); k != 0 {
+		t.Errorf("%d expired batch leases left after 20 claims, want 0", k)
+	}
+	if k, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); k != 0 {
+		t.Errorf("%d batch fields left, want 0", k)
+	}
+}

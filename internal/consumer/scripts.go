@@ -331,10 +331,15 @@ end
 if batch and n < limit and not full and batHead and batHead <= now then
   changed = true
   local exb = redis.call('ZRANGE', KEYS[9], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  -- Lists name members that left their batch since, too: the records
+  -- read are bounded as well as the members leased (the batches left are
+  -- the next claim's; they are still expired).
+  local read = 0
   for _, t in ipairs(exb) do
-    if n >= limit then break end
+    if n >= limit or read >= limit then break end
     local list = {}
     for m in string.gmatch(redis.call('HGET', KEYS[10], t) or '', '[^\n]+') do list[#list+1] = m end
+    read = read + #list
     local recs, queued = {}, {}
     for i = 1, #list, 500 do
       local last = math.min(i + 499, #list)
