@@ -69,8 +69,8 @@ func TestQuick(t *testing.T) {
 			t.Errorf("drain %s closed nothing", d.Contender)
 		}
 	}
-	if len(rep.Steady) != 3 {
-		t.Errorf("%d steady scenarios, want 3", len(rep.Steady))
+	if len(rep.Steady) != 5 {
+		t.Errorf("%d steady scenarios, want 5 (1,000/s constant, mixed, raw; 500/s and 5,000/s mixed)", len(rep.Steady))
 	}
 	for _, s := range rep.Steady {
 		if s.Orders == 0 || !s.KeepsUp || s.Verdict.Early != 0 || s.Verdict.Closed == 0 {
@@ -80,8 +80,27 @@ func TestQuick(t *testing.T) {
 	if rep.Big == nil || rep.Big.RSSKB == 0 || rep.Big.APICalls == 0 {
 		t.Errorf("big drain: %+v", rep.Big)
 	}
-	if len(rep.Enqueue) != 3 || len(rep.Idle) != 4 || len(rep.Memory) != 3 {
+	if len(rep.Enqueue) != 3 || len(rep.Idle) != 4 || len(rep.Memory) != 5 {
 		t.Errorf("enqueue %d, idle %d, memory %d results", len(rep.Enqueue), len(rep.Idle), len(rep.Memory))
+	}
+	for _, m := range rep.Memory {
+		if m.BytesPerOrder <= 0 {
+			t.Errorf("memory %s: %.0f B per order", m.What, m.BytesPerOrder)
+		}
+	}
+	// Issue 13's table: each of these targets is there (PostgreSQL CPU
+	// against the ceiling's only when the ceiling's is above the 10 ms
+	// tick, which 2,000 orders are not).
+	for _, want := range []string{"drain ≥ 0.6×", "Redis CPU", "daemon CPU", "lateness p99 ≤ 10 ms, mixed 500/s",
+		"lateness p99 ≤ 10 ms, mixed 5000/s", "none early", "idle ≤ 5", "Redis memory reported: pending",
+		"Redis memory reported: leased"} {
+		found := false
+		for _, tg := range rep.Targets {
+			found = found || (tg.Issue == 13 && strings.HasPrefix(tg.What, want))
+		}
+		if !found {
+			t.Errorf("no issue-13 target %q", want)
+		}
 	}
 	for _, f := range []string{"report.md", "results.json", "lateness-cdf.png", "lateness-orderdelay.png",
 		"drain-contenders.png", "drain-vs-batch.png", "drain-vs-workers.png"} {

@@ -42,8 +42,10 @@ const (
 	DefaultMaxAttempts      = 10
 	DefaultBackoffMax       = 5 * time.Minute
 	// DefaultHeadCheck is the idle poll of the queue head that notices
-	// deadlines written by raw ZADD producers (about 4 commands a second).
-	DefaultHeadCheck = 250 * time.Millisecond
+	// deadlines written by raw ZADD producers (about 3 commands a second:
+	// with the claims' and the pings', an idle replica costs Redis under 5
+	// commands a second, issue 13).
+	DefaultHeadCheck = 350 * time.Millisecond
 
 	// retryBase is the first delay before an order without a row is looked
 	// for again; it doubles per attempt up to BackoffMax.

@@ -29,8 +29,8 @@ import (
 // database sees at most Workers batches at once, as unsharded.
 //
 // Idle cost: each key's head check runs every HeadCheck × keys, so all of
-// them together poll as often as an unsharded queue's (4 times a second by
-// default); on top come one claim per key per ScanInterval and the wake
+// them together poll as often as an unsharded queue's (about 3 times a
+// second by default); on top come one claim per key per ScanInterval and the wake
 // subscriptions' health-check pings (go-redis: one per key every 3 s).
 type Group struct {
 	cons []*Consumer
