@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -59,7 +60,10 @@ func TestPutTaskBeyondMaxPendingIs507(t *testing.T) {
 	srv, rdb, keys := capServer(t, "2")
 	ctx := context.Background()
 	put := func(id, body string) reply { return do(t, http.MethodPut, srv.URL+"/v1/queues/jobs/tasks/"+id, body) }
-	if r := put("j-1", `{"after":"1ms"}`); r.code != http.StatusCreated {
+	// Due already (a deadline "1ms" ahead may still lie ahead when the
+	// poll below runs within the same millisecond).
+	past := time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano)
+	if r := put("j-1", `{"at":"`+past+`"}`); r.code != http.StatusCreated {
 		t.Fatalf("j-1: %d %s", r.code, r.raw)
 	}
 	if r := put("j-2", `{"after":"1h"}`); r.code != http.StatusCreated {

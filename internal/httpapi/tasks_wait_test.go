@@ -182,7 +182,9 @@ func (e *produceEnv) leaseTokenOf(t *testing.T, id string) string {
 // A bad wait is 400 and leases nothing.
 func TestLongPollRefusesABadWait(t *testing.T) {
 	e := newProduceAPI(t, false)
-	if _, _, err := e.client(t, e.plain).PutTask(context.Background(), "due", nil, time.Now(), client.Create); err != nil {
+	// A second ago: time.Now() rounds up to the next millisecond, which a
+	// fast poll may not have reached yet.
+	if _, _, err := e.client(t, e.plain).PutTask(context.Background(), "due", nil, time.Now().Add(-time.Second), client.Create); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []string{"abc", "-1s", "21s", "21", "1h", "-1", "10x", "%20"} {
