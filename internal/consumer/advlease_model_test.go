@@ -162,13 +162,21 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 				log = append(log, fmt.Sprintf("%d cancel %s", step, s))
 				break
 			}
+			_, qerr := e.rdb.ZScore(ctx, k.Queue, s).Result()
 			r, got, err := e.cl.Enqueue(ctx, s, time.UnixMilli(d), mode)
 			if err != nil {
 				fail(step, "enqueue %s: %v", s, err)
 			}
 			latest[s] = got.UnixMilli()
-			if r != client.Unchanged {
-				delete(holder, s)
+			switch {
+			case r == client.Unchanged:
+			case qerr == nil:
+				// In the queue key already (a raw ZADD during the
+				// lease): the client moves that entry; the holder's
+				// record stays, for its fence to decide.
+				rewritten[s] = true
+			default:
+				delete(holder, s) // the client drops the lease record
 			}
 			log = append(log, fmt.Sprintf("%d enqueue %s %d mode %d -> %v %d", step, s, d, mode, r, got.UnixMilli()))
 		case 3, 4: // claim
