@@ -24,7 +24,9 @@ type listener struct {
 //   - http (ORDERDELAY_HTTP_ADDR): the producer API /v1, /metrics and the
 //     health checks. Protected mode: without an API token (and auth not
 //     switched off with ORDERDELAY_API_AUTH=none) it must be loopback, or
-//     the daemon refuses to start (exit 2). /metrics and the probes need no
+//     the daemon refuses to start (exit 2), and it answers only requests
+//     addressed to localhost or a loopback IP (httpapi.LoopbackHostsOnly:
+//     no DNS-rebinding web page). /metrics and the probes need no
 //     token on any address; in a pod they work on the pod IP because the
 //     pod has a token.
 //   - admin (ORDERDELAY_ADMIN_ADDR, only with ORDERDELAY_ADMIN_TOKEN): the
@@ -60,7 +62,11 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
 		return nil
 	}
 	if cfg.HTTPAddr != "" {
-		if err := open("http", cfg.HTTPAddr, api.Handler()); err != nil {
+		h := api.Handler()
+		if cfg.Protected() {
+			h = httpapi.LoopbackHostsOnly(h) // no DNS-rebinding page reads or writes /v1
+		}
+		if err := open("http", cfg.HTTPAddr, h); err != nil {
 			return ls, err
 		}
 		switch {

@@ -1,6 +1,11 @@
 package httpapi
 
-import "net/http"
+import (
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+)
 
 // crossOrigin detects the state-changing requests a browser sends on a
 // page's behalf to another origin (Sec-Fetch-Site, or an Origin other than
@@ -22,4 +27,40 @@ func refuseCrossOrigin(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// LoopbackHostsOnly serves h only to requests addressed to localhost or a
+// loopback IP (the Host header), and answers any other 421: the daemon's
+// guard in protected mode, where /v1 takes no token because only this
+// machine reaches the loopback listener. A web page can reach it anyway by
+// DNS rebinding: its own name made to resolve to 127.0.0.1, after which the
+// browser reads and writes the API as that page's origin. Such a request
+// carries the page's name in Host. A request without Host (HTTP/1.0) is
+// served: no browser sends one.
+func LoopbackHostsOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Host != "" && !loopbackHost(r.Host) {
+			writeError(w, http.StatusMisdirectedRequest, "protected mode: without ORDERDELAY_API_TOKEN this listener "+
+				"answers requests addressed to localhost or a loopback IP only, not "+strconv.Quote(r.Host))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether a Host header (host, host:port, [v6]:port)
+// names localhost or a loopback IP.
+func loopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+		if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+			host = host[1 : len(host)-1]
+		}
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
