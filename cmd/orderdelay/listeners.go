@@ -31,7 +31,9 @@ type listener struct {
 //     pod has a token.
 //   - admin (ORDERDELAY_ADMIN_ADDR, only with ORDERDELAY_ADMIN_TOKEN): the
 //     admin API /admin/v1, never on the producers' listener.
-//   - pprof (ORDERDELAY_PPROF_ADDR, opt-in).
+//   - pprof (ORDERDELAY_PPROF_ADDR, opt-in): loopback only, whatever the
+//     API's auth (no token; the command line it shows holds secrets given
+//     as flags), and only to requests addressed to a loopback name.
 //
 // ORDERDELAY_API_AUTH=none is logged as a warning here, so at every start.
 // A port that cannot be bound is fatal (exit 1): another process owns it.
@@ -77,7 +79,7 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
 		case cfg.Protected():
 			// CheckExposure judged the address; "localhost" is resolved
 			// by Listen, so check what was bound.
-			if a, ok := ls[0].ln.Addr().(*net.TCPAddr); !ok || !a.IP.IsLoopback() {
+			if !boundLoopback(ls[0].ln.Addr()) {
 				return ls, usageError{&config.Error{Setting: "ORDERDELAY_HTTP_ADDR", Msg: fmt.Sprintf(
 					"%q bound %s, not a loopback address, and ORDERDELAY_API_TOKEN is empty (protected mode); set ORDERDELAY_API_TOKEN "+
 						"or use ORDERDELAY_HTTP_ADDR=127.0.0.1:PORT, or switch auth off with ORDERDELAY_API_AUTH=none",
@@ -99,8 +101,12 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		if err := open("pprof", cfg.PprofAddr, mux); err != nil {
+		if err := open("pprof", cfg.PprofAddr, httpapi.LoopbackHostsOnly(mux)); err != nil {
 			return ls, err
+		}
+		if pp := ls[len(ls)-1].ln.Addr(); !boundLoopback(pp) { // "localhost" is resolved by Listen
+			return ls, usageError{&config.Error{Setting: "ORDERDELAY_PPROF_ADDR", Msg: fmt.Sprintf(
+				"%q bound %s, not a loopback address: pprof takes no token; use ORDERDELAY_PPROF_ADDR=127.0.0.1:PORT", cfg.PprofAddr, pp)}}
 		}
 	}
 	return ls, nil
@@ -119,4 +125,10 @@ func apiAuthMode(cfg config.Config) string {
 		return "protected"
 	}
 	return config.AuthToken
+}
+
+// boundLoopback reports whether a bound listener's address is loopback.
+func boundLoopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"strings"
@@ -78,5 +79,44 @@ func TestProtectedModeRefusesOtherHostNames(t *testing.T) {
 		if code, _ := hostStatus(t, port, "orderdelay.internal:"+port, "/v1/openapi.json"); code != http.StatusOK {
 			t.Errorf("%v, Host orderdelay.internal: %d, want 200", env, code)
 		}
+	}
+}
+
+// TestPprofStaysOnLoopback: the pprof listener has no auth, and
+// /debug/pprof/cmdline answers the command line, where a setting given as a
+// flag (--database-url with its password, --api-token, --admin-token) is
+// in clear. So it may listen on loopback only, whatever the API's auth
+// (exit 2 otherwise, nothing bound), and answers only requests addressed to
+// localhost or a loopback IP (no DNS-rebinding page reads it).
+func TestPprofStaysOnLoopback(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"ORDERDELAY_HTTP_ADDR": "127.0.0.1:0", "ORDERDELAY_PPROF_ADDR": ":0"},
+		{"ORDERDELAY_HTTP_ADDR": ":0", "ORDERDELAY_API_TOKEN": listenAPIToken, "ORDERDELAY_PPROF_ADDR": "0.0.0.0:0"},
+		{"ORDERDELAY_HTTP_ADDR": ":0", "ORDERDELAY_API_AUTH": "none", "ORDERDELAY_PPROF_ADDR": "[::]:0"},
+	} {
+		ls, _, err := listenersFor(t, env)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "ORDERDELAY_PPROF_ADDR") {
+			t.Errorf("%v: err %v, want a usage error naming ORDERDELAY_PPROF_ADDR", env, err)
+		}
+		if len(ls) != 0 {
+			t.Errorf("%v: listeners %s left bound", env, names(ls))
+		}
+	}
+
+	ls, _, err := listenersFor(t, map[string]string{"ORDERDELAY_HTTP_ADDR": "127.0.0.1:0",
+		"ORDERDELAY_API_TOKEN": listenAPIToken, "ORDERDELAY_PPROF_ADDR": "localhost:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names(ls) != "http,pprof" {
+		t.Fatalf("listeners %s, want http,pprof", names(ls))
+	}
+	port := serveListener(t, ls[1])
+	if code, _ := hostStatus(t, port, "rebind.example:"+port, "/debug/pprof/cmdline"); code != http.StatusMisdirectedRequest {
+		t.Errorf("Host rebind.example, GET /debug/pprof/cmdline: %d, want 421", code)
+	}
+	if code, _ := hostStatus(t, port, "localhost:"+port, "/debug/pprof/cmdline"); code != http.StatusOK {
+		t.Errorf("Host localhost, GET /debug/pprof/cmdline: %d, want 200", code)
 	}
 }

@@ -134,3 +134,19 @@ func TestLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestPprofLoopbackOnly: pprof takes no token and shows the command line,
+// so CheckExposure refuses it beyond loopback, whatever the API's auth.
+func TestPprofLoopbackOnly(t *testing.T) {
+	for addr, refused := range map[string]bool{
+		"127.0.0.1:6060": false, "localhost:6060": false, "[::1]:6060": false,
+		":6060": true, "0.0.0.0:6060": true, "[::]:6060": true, "10.1.2.3:6060": true, "pprof.internal:6060": true,
+	} {
+		c := mustLoad(t, map[string]string{"ORDERDELAY_PPROF_ADDR": addr, "ORDERDELAY_API_TOKEN": apiToken})
+		err := c.CheckExposure()
+		var ce *config.Error
+		if refused != (err != nil) || refused && (!errors.As(err, &ce) || ce.Setting != "ORDERDELAY_PPROF_ADDR") {
+			t.Errorf("ORDERDELAY_PPROF_ADDR=%s: CheckExposure() = %v, want refused %v (naming ORDERDELAY_PPROF_ADDR)", addr, err, refused)
+		}
+	}
+}
