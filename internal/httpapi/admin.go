@@ -55,7 +55,7 @@ func (s *Server) EnableAdmin(cfg AdminConfig) { s.admin = &cfg }
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	s.registerAdmin(mux)
-	return refuseCrossOrigin(muxProblems(mux))
+	return s.recoverProblems(refuseCrossOrigin(muxProblems(mux)))
 }
 
 // registerAdmin registers the admin listener's routes with mux.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"go.uber.org/zap"
 )
 
 // crossOrigin detects the state-changing requests a browser sends on a
@@ -64,3 +66,43 @@ func loopbackHost(hostport string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// recoverProblems answers a handler's panic with a 500 problem, like any
+// other error, when nothing was written yet, and logs it with its stack;
+// net/http alone drops the connection and the client learns nothing. The
+// panic's message is for the log, not the client. http.ErrAbortHandler
+// passes through (a handler's way to abort the response).
+func (s *Server) recoverProblems(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tw := &wroteHeader{ResponseWriter: w}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler { //nolint:errorlint // the sentinel value, as net/http compares it
+				panic(v)
+			}
+			s.log.Error("http: panic serving a request", zap.String("method", r.Method), zap.String("path", r.URL.Path),
+				zap.Any("panic", v), zap.StackSkip("stack", 1))
+			if tw.wrote {
+				panic(http.ErrAbortHandler) // a partial answer: cut the connection
+			}
+			writeError(w, http.StatusInternalServerError, "internal error; it is logged")
+		}()
+		h.ServeHTTP(tw, r)
+	})
+}
+
+// wroteHeader records whether a response was started.
+type wroteHeader struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *wroteHeader) WriteHeader(code int) { w.wrote = true; w.ResponseWriter.WriteHeader(code) }
+func (w *wroteHeader) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+func (w *wroteHeader) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -88,7 +88,7 @@ func (s *Server) SetStopping() { s.stopping.Store(true) }
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	s.register(mux)
-	return refuseCrossOrigin(muxProblems(mux))
+	return s.recoverProblems(refuseCrossOrigin(muxProblems(mux)))
 }
 
 // Routes returns the ServeMux pattern of every route Handler (api) and
