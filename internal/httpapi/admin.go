@@ -87,7 +87,7 @@ func (s *Server) registerAdmin(mux router) {
 
 // decodeBody decodes an optional body into v with the public API's strict
 // decoder (decodeStrict): unknown fields, a second value or anything but
-// white space after the value are 400, a body past MaxBodyBytes is 413. An
+// white space after the value are 400 (field "body"), a body past MaxBodyBytes is 413. An
 // empty body leaves v as it is.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	tooBig, err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxBodyBytes), v)
@@ -97,7 +97,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	case tooBig:
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", MaxBodyBytes))
 	default:
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		writeInvalid(w, "body", "body: "+err.Error())
 	}
 	return false
 }

@@ -238,6 +238,10 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 		refuseNotPolled(w, q)
 		return
 	}
+	// max and wait are query parameters; a body is none, or {}.
+	if !decodeBody(w, r, &struct{}{}) {
+		return
+	}
 	max := 10
 	if v := r.URL.Query().Get("max"); v != "" {
 		n, err := strconv.Atoi(v)
