@@ -212,23 +212,13 @@ type putBody struct {
 	OnlyLater  bool   `json:"only_later"`
 }
 
-// DecodePut turns a PUT body into a request for serial. It is strict:
-// unknown fields, trailing data, bad durations and bad times are errors.
+// DecodePut turns a PUT body into a request for serial. It is strict
+// (decodeStrict): unknown, repeated or miscased fields, trailing data, bad
+// durations and bad times are errors.
 func DecodePut(serial string, body io.Reader) (producer.Request, error) {
 	var b putBody
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
+	if _, err := decodeStrict(body, &b); err != nil {
 		return producer.Request{}, &fieldError{"body", err}
-	}
-	// Only whitespace may follow the value. (Decoder.More misses a stray
-	// '}' or ']', and would stop reading at the size limit without error.)
-	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return producer.Request{}, &fieldError{"body", err}
-		}
-		return producer.Request{}, &fieldError{"body", errors.New("data after the JSON value")}
 	}
 	req := producer.Request{Serial: serial, Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
 	if b.After != "" {
