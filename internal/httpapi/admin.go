@@ -78,7 +78,7 @@ func (s *Server) registerAdmin(mux router) {
 	mux.HandleFunc("POST /admin/v1/dead/purge", a(s.purge))
 	s.taskAdminRoutes(mux, a)
 	mux.HandleFunc("/admin/", a(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		notFound(w, r, mux, "/admin/", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "the admin listener serves /admin/v1 only; no "+r.Method+" "+r.URL.Path)

@@ -135,9 +135,32 @@ func (s *Server) register(mux router) {
 			msg += "; a task queue's requeue, purge, pause and resume are on the admin listener " +
 				"(ORDERDELAY_ADMIN_ADDR), under /admin" + r.URL.Path
 		}
-		writeError(w, http.StatusNotFound, msg)
+		notFound(w, r, mux, "/v1/", msg)
 	}))
 	s.taskRoutes(mux) // the admin API is on AdminHandler's listener, not here
+}
+
+// notFound answers a request that only the catch-all pattern catchAll of
+// mux matched: 405 with an Allow header when another route serves its path
+// with other methods, else 404 with msg.
+func notFound(w http.ResponseWriter, r *http.Request, mux router, catchAll, msg string) {
+	if m, ok := mux.(*http.ServeMux); ok {
+		var allow []string
+		for _, method := range []string{http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodPatch, http.MethodPost, http.MethodPut} {
+			other := r.WithContext(r.Context()) // a shallow copy
+			other.Method = method
+			if _, p := m.Handler(other); p != "" && p != catchAll {
+				allow = append(allow, method)
+			}
+		}
+		if len(allow) > 0 {
+			a := strings.Join(allow, ", ")
+			w.Header().Set("Allow", a)
+			writeError(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; allowed: "+a)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, msg)
 }
 
 // movedToAdmin reports a path of a task queue operation the API listener

@@ -104,7 +104,8 @@ func (e *fieldError) Unwrap() error { return e.err }
 // by itself in plain text: 404 for a path no route has (an unclean path
 // whose clean form no route has too), 405 (with its Allow header) for a
 // route's path with another method. Under /v1/ and
-// /admin/ the catch-all routes answer 404 first, after the token check.
+// /admin/ the catch-all routes answer first, after the token check: 405
+// the same way, or 404 (notFound).
 func muxProblems(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
