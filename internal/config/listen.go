@@ -22,7 +22,9 @@ const (
 // address (CheckExposure refuses any other). Like Redis's protected mode,
 // it keeps a forgotten token from opening the producer API to the network.
 func (c *Config) Protected() bool {
-	return c.HTTPAddr != "" && c.APIAuth == AuthToken && len(c.APITokens) == 0
+	// Fails closed: any APIAuth but AuthNone (even "", a Config the loader
+	// did not make) is token mode.
+	return c.HTTPAddr != "" && c.APIAuth != AuthNone && len(c.APITokens) == 0
 }
 
 // CheckExposure refuses to serve /v1 without a token on an address other

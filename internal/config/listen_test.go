@@ -150,3 +150,16 @@ func TestPprofLoopbackOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestExposureFailsClosed: a Config not made by the loader (APIAuth empty,
+// as in a test or a program embedding the daemon's pieces) is not a way
+// around protected mode: only an explicit AuthNone switches auth off.
+func TestExposureFailsClosed(t *testing.T) {
+	c := config.Config{HTTPAddr: ":8080"}
+	if !c.Protected() {
+		t.Error("Config{HTTPAddr: \":8080\"}.Protected() = false: no tokens and auth not switched off is protected mode")
+	}
+	if err := c.CheckExposure(); err == nil {
+		t.Error("Config{HTTPAddr: \":8080\"}.CheckExposure() = nil: /v1 would serve anyone without a token")
+	}
+}
