@@ -264,13 +264,27 @@ func DecodePut(serial string, body io.Reader) (producer.Request, error) {
 		req.After = d
 	}
 	if b.At != "" {
-		t, err := time.Parse(time.RFC3339Nano, b.At)
+		t, err := parseAt(b.At)
 		if err != nil {
-			return req, &fieldError{"at", fmt.Errorf("want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)}
+			return req, &fieldError{"at", err}
 		}
 		req.At = t
 	}
 	return req, nil
+}
+
+// parseAt parses a body's "at": an RFC 3339 time, and not the zero time
+// (0001-01-01T00:00:00Z, an unset time.Time marshalled), which the
+// producer would take for no "at" at all.
+func parseAt(v string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return t, fmt.Errorf("want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)
+	}
+	if t.IsZero() {
+		return t, errors.New("0001-01-01T00:00:00Z is the zero time (an unset time value?), not a deadline")
+	}
+	return t, nil
 }
 
 // entryJSON is the API's view of a queue entry.

@@ -101,9 +101,9 @@ func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtim
 		req.After = d
 	}
 	if b.At != "" {
-		t, err := time.Parse(time.RFC3339Nano, b.At)
+		t, err := parseAt(b.At)
 		if err != nil {
-			writeInvalid(w, "at", "at: want an RFC 3339 time")
+			writeInvalid(w, "at", "at: "+err.Error())
 			return
 		}
 		req.At = t

@@ -126,9 +126,9 @@ func (b newTaskBody) due(now time.Time) (time.Time, json.RawMessage, error) {
 		req.After = d
 	}
 	if b.At != "" {
-		t, err := time.Parse(time.RFC3339Nano, b.At)
+		t, err := parseAt(b.At)
 		if err != nil {
-			return time.Time{}, nil, errors.New("at: want an RFC 3339 time")
+			return time.Time{}, nil, fmt.Errorf("at: %w", err)
 		}
 		req.At = t
 	}
