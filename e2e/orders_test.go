@@ -125,7 +125,7 @@ func (w *world) queueLen() int64 {
 }
 
 // held counts a queue's entries leased or backing off, whichever the lease
-// (a claim's batch lease, or an entry's own: see consumer's scripts).
+// (a claim's batch lease, or an entry's own: see queue's lease.go).
 func held(t testing.TB, rdb redis.Scripter, k queue.Keys) int64 {
 	t.Helper()
 	st, err := queue.ReadStats(context.Background(), rdb, k)

@@ -164,6 +164,9 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		return usagef("inspect takes at most one serial, got %q", pos)
 	}
 	if len(pos) == 1 {
+		if dead {
+			return usagef("inspect --dead lists the dead letters and takes no serial, got %q; for one order: inspect SERIAL", pos[0])
+		}
 		return inspectOrder(ctx, stdout, cfg, pos[0], asJSON)
 	}
 	rdb, err := newRedis(cfg)

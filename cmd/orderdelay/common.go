@@ -39,6 +39,7 @@ func parse(name string, args []string, _ io.Writer, getenv func(string) (string,
 	load := config.Register(fs, getenv)
 	// Allow flags after positional arguments (orderdelay enqueue A --after 1m).
 	var pos []string
+	all := args
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -49,6 +50,9 @@ func parse(name string, args []string, _ io.Writer, getenv func(string) (string,
 		args = fs.Args()
 		if len(args) == 0 {
 			break
+		}
+		if err := boolValueApart(fs, all[:len(all)-len(args)], args[0]); err != nil {
+			return config.Config{}, nil, err
 		}
 		pos = append(pos, args[0])
 		args = args[1:]
@@ -186,4 +190,27 @@ func redactErr(err error, cfg config.Config) error {
 // rounded up: exactly what a raw ZADD producer must write.
 func redisZ(serial string, deadline time.Time) redis.Z {
 	return redis.Z{Score: float64(queue.DeadlineMillis(deadline)), Member: serial}
+}
+
+// boolValueApart refuses "true" or "false" given apart from the boolean
+// flag before it ("--json false"): the flag takes no separate value, so
+// the word would be taken for an argument, a serial or a queue name.
+func boolValueApart(fs *flag.FlagSet, before []string, arg string) error {
+	if len(before) == 0 {
+		return nil
+	}
+	if !strings.EqualFold(arg, "true") && !strings.EqualFold(arg, "false") {
+		return nil
+	}
+	prev := before[len(before)-1]
+	name := strings.TrimLeft(prev, "-")
+	if !strings.HasPrefix(prev, "-") || strings.Contains(name, "=") {
+		return nil
+	}
+	if f := fs.Lookup(name); f != nil {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			return usagef("--%s is a boolean flag and takes no separate value: write --%s=%s", name, name, arg)
+		}
+	}
+	return nil
 }

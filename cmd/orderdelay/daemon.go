@@ -224,6 +224,11 @@ func liveness(cfg config.Config) time.Duration { return 3*cfg.ScanInterval + 30*
 // (exit 2); so is a port that cannot be bound at start, and an HTTP server
 // that fails mid-run ends the run (both exit 1).
 func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts daemonOptions) error {
+	// Protected mode refuses before anything starts (openListeners checks
+	// again, for its other callers).
+	if err := cfg.CheckExposure(); err != nil {
+		return usageError{err}
+	}
 	log.Info("starting orderdelay", zap.String("version", version), zap.String("revision", revision),
 		zap.String("redis_url", config.Mask(cfg.RedisURL)), zap.String("redis_mode", cfg.RedisMode),
 		zap.String("database_url", config.Mask(cfg.DatabaseURL)), zap.String("queue_key", cfg.QueueKey),

@@ -196,7 +196,13 @@ func TestDaemonShutdownOrder(t *testing.T) {
 	}
 	waitUntil("listener", func() bool { rec.mu.Lock(); defer rec.mu.Unlock(); return len(rec.lns) > 0 })
 	base = "http://" + rec.first(t).Addr().String()
-	waitUntil("batch in flight", func() bool { n, _ := rdb.ZCard(ctx, keys.Inflight).Result(); return n == 1 })
+	// In flight: a worker holds the claim (its batch lease is in
+	// {Q}:leases; {Q}:inflight holds only backoffs, which no worker holds).
+	waitUntil("batch in flight", func() bool {
+		n, _ := rdb.ZCard(ctx, keys.Leases).Result()
+		b, _ := rdb.ZCard(ctx, keys.Inflight).Result()
+		return n == 1 && b == 0
+	})
 
 	d.cancel()
 	waitUntil("503 from /readyz", func() bool { code, _ := get("/readyz"); return code == http.StatusServiceUnavailable })

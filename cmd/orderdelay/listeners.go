@@ -24,12 +24,16 @@ type listener struct {
 //   - http (ORDERDELAY_HTTP_ADDR): the producer API /v1, /metrics and the
 //     health checks. Protected mode: without an API token (and auth not
 //     switched off with ORDERDELAY_API_AUTH=none) it must be loopback, or
-//     the daemon refuses to start (exit 2). /metrics and the probes need no
+//     the daemon refuses to start (exit 2), and it answers only requests
+//     addressed to localhost or a loopback IP (httpapi.LoopbackHostsOnly:
+//     no DNS-rebinding web page). /metrics and the probes need no
 //     token on any address; in a pod they work on the pod IP because the
 //     pod has a token.
 //   - admin (ORDERDELAY_ADMIN_ADDR, only with ORDERDELAY_ADMIN_TOKEN): the
 //     admin API /admin/v1, never on the producers' listener.
-//   - pprof (ORDERDELAY_PPROF_ADDR, opt-in).
+//   - pprof (ORDERDELAY_PPROF_ADDR, opt-in): loopback only, whatever the
+//     API's auth (no token; the command line it shows holds secrets given
+//     as flags), and only to requests addressed to a loopback name.
 //
 // ORDERDELAY_API_AUTH=none is logged as a warning here, so at every start.
 // A port that cannot be bound is fatal (exit 1): another process owns it.
@@ -60,7 +64,11 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
 		return nil
 	}
 	if cfg.HTTPAddr != "" {
-		if err := open("http", cfg.HTTPAddr, api.Handler()); err != nil {
+		h := api.Handler()
+		if cfg.Protected() {
+			h = httpapi.LoopbackHostsOnly(h) // no DNS-rebinding page reads or writes /v1
+		}
+		if err := open("http", cfg.HTTPAddr, h); err != nil {
 			return ls, err
 		}
 		switch {
@@ -71,7 +79,7 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
 		case cfg.Protected():
 			// CheckExposure judged the address; "localhost" is resolved
 			// by Listen, so check what was bound.
-			if a, ok := ls[0].ln.Addr().(*net.TCPAddr); !ok || !a.IP.IsLoopback() {
+			if !boundLoopback(ls[0].ln.Addr()) {
 				return ls, usageError{&config.Error{Setting: "ORDERDELAY_HTTP_ADDR", Msg: fmt.Sprintf(
 					"%q bound %s, not a loopback address, and ORDERDELAY_API_TOKEN is empty (protected mode); set ORDERDELAY_API_TOKEN "+
 						"or use ORDERDELAY_HTTP_ADDR=127.0.0.1:PORT, or switch auth off with ORDERDELAY_API_AUTH=none",
@@ -93,8 +101,12 @@ func openListeners(cfg config.Config, api *httpapi.Server, log *zap.Logger,
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		if err := open("pprof", cfg.PprofAddr, mux); err != nil {
+		if err := open("pprof", cfg.PprofAddr, httpapi.LoopbackHostsOnly(mux)); err != nil {
 			return ls, err
+		}
+		if pp := ls[len(ls)-1].ln.Addr(); !boundLoopback(pp) { // "localhost" is resolved by Listen
+			return ls, usageError{&config.Error{Setting: "ORDERDELAY_PPROF_ADDR", Msg: fmt.Sprintf(
+				"%q bound %s, not a loopback address: pprof takes no token; use ORDERDELAY_PPROF_ADDR=127.0.0.1:PORT", cfg.PprofAddr, pp)}}
 		}
 	}
 	return ls, nil
@@ -113,4 +125,10 @@ func apiAuthMode(cfg config.Config) string {
 		return "protected"
 	}
 	return config.AuthToken
+}
+
+// boundLoopback reports whether a bound listener's address is loopback.
+func boundLoopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
 }

@@ -77,6 +77,10 @@ func TestRunRefusedInProtectedMode(t *testing.T) {
 					t.Errorf("stderr does not say %q:\n%s", s, stderr.String())
 				}
 			}
+			// Refused before anything is started, so nothing says it starts.
+			if out := stdout.String() + stderr.String(); strings.Contains(out, "starting orderdelay") {
+				t.Errorf("a refused start logged \"starting orderdelay\" first:\n%s", out)
+			}
 			if strings.Contains(stderr.String(), listenAPIToken) || strings.Contains(stderr.String(), listenAdminToken) {
 				t.Errorf("stderr shows a token:\n%s", stderr.String())
 			}

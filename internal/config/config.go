@@ -130,7 +130,7 @@ var Settings = []Setting{
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileGrace }, time.Second, 30*24*time.Hour)},
 	{Env: "ORDERDELAY_HTTP_ADDR", Group: GroupHTTP, Default: "127.0.0.1:8080", Help: "listener of the producer API `/v1`, `/metrics` and the health checks (empty: off); loopback by default: any other address, such as `:8080` in a container, needs `ORDERDELAY_API_TOKEN` or `ORDERDELAY_API_AUTH=none` (protected mode, see `docs/security.md`)",
 		set: addr(func(c *Config) *string { return &c.HTTPAddr })},
-	{Env: "ORDERDELAY_PPROF_ADDR", Group: GroupHTTP, Default: "", Help: "separate, opt-in pprof listener, e.g. `127.0.0.1:6060` (empty: off)",
+	{Env: "ORDERDELAY_PPROF_ADDR", Group: GroupHTTP, Default: "", Help: "separate, opt-in pprof listener, e.g. `127.0.0.1:6060` (empty: off); loopback only, since it takes no token and shows the command line (a non-loopback address refuses to start, exit 2)",
 		set: addr(func(c *Config) *string { return &c.PprofAddr })},
 	{Env: "ORDERDELAY_API_TOKEN", Group: GroupHTTP, Default: "", Secret: true, Help: "bearer token(s) for `/v1`, comma-separated for rotation, each at least 16 bytes (empty: protected mode or no auth, see `ORDERDELAY_API_AUTH`)",
 		set: setTokens},

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -21,7 +22,9 @@ const (
 // address (CheckExposure refuses any other). Like Redis's protected mode,
 // it keeps a forgotten token from opening the producer API to the network.
 func (c *Config) Protected() bool {
-	return c.HTTPAddr != "" && c.APIAuth == AuthToken && len(c.APITokens) == 0
+	// Fails closed: any APIAuth but AuthNone (even "", a Config the loader
+	// did not make) is token mode.
+	return c.HTTPAddr != "" && c.APIAuth != AuthNone && len(c.APITokens) == 0
 }
 
 // CheckExposure refuses to serve /v1 without a token on an address other
@@ -32,15 +35,25 @@ func (c *Config) Protected() bool {
 // checks share it: in a pod (a non-loopback address) the daemon needs a
 // token, and Prometheus and the kubelet's probes, which need none, keep
 // working on the pod IP.
+//
+// The pprof listener has no auth at all, and /debug/pprof/cmdline shows
+// settings given as flags (passwords, tokens): it may only listen on a
+// loopback address, whatever the API's auth.
 func (c *Config) CheckExposure() error {
-	if !c.Protected() || Loopback(c.HTTPAddr) {
-		return nil
+	var errs []error
+	if c.Protected() && !Loopback(c.HTTPAddr) {
+		errs = append(errs, &Error{Setting: "ORDERDELAY_HTTP_ADDR", Msg: fmt.Sprintf(
+			"%q is not a loopback address and ORDERDELAY_API_TOKEN is empty, so the producer API /v1 would answer anyone "+
+				"who reaches it (protected mode refuses to start). Set ORDERDELAY_API_TOKEN, or listen on a loopback "+
+				"address (ORDERDELAY_HTTP_ADDR=127.0.0.1:8080), or switch auth off explicitly with ORDERDELAY_API_AUTH=none",
+			c.HTTPAddr)})
 	}
-	return &Error{Setting: "ORDERDELAY_HTTP_ADDR", Msg: fmt.Sprintf(
-		"%q is not a loopback address and ORDERDELAY_API_TOKEN is empty, so the producer API /v1 would answer anyone "+
-			"who reaches it (protected mode refuses to start). Set ORDERDELAY_API_TOKEN, or listen on a loopback "+
-			"address (ORDERDELAY_HTTP_ADDR=127.0.0.1:8080), or switch auth off explicitly with ORDERDELAY_API_AUTH=none",
-		c.HTTPAddr)}
+	if c.PprofAddr != "" && !Loopback(c.PprofAddr) {
+		errs = append(errs, &Error{Setting: "ORDERDELAY_PPROF_ADDR", Msg: fmt.Sprintf(
+			"%q is not a loopback address: pprof takes no token and shows the command line, secrets given as flags "+
+				"included; listen on loopback (127.0.0.1:6060) and reach it with kubectl port-forward or ssh", c.PprofAddr)})
+	}
+	return errors.Join(errs...)
 }
 
 // Loopback reports whether a listen address (host:port) binds loopback

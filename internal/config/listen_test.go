@@ -134,3 +134,32 @@ func TestLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestPprofLoopbackOnly: pprof takes no token and shows the command line,
+// so CheckExposure refuses it beyond loopback, whatever the API's auth.
+func TestPprofLoopbackOnly(t *testing.T) {
+	for addr, refused := range map[string]bool{
+		"127.0.0.1:6060": false, "localhost:6060": false, "[::1]:6060": false,
+		":6060": true, "0.0.0.0:6060": true, "[::]:6060": true, "10.1.2.3:6060": true, "pprof.internal:6060": true,
+	} {
+		c := mustLoad(t, map[string]string{"ORDERDELAY_PPROF_ADDR": addr, "ORDERDELAY_API_TOKEN": apiToken})
+		err := c.CheckExposure()
+		var ce *config.Error
+		if refused != (err != nil) || refused && (!errors.As(err, &ce) || ce.Setting != "ORDERDELAY_PPROF_ADDR") {
+			t.Errorf("ORDERDELAY_PPROF_ADDR=%s: CheckExposure() = %v, want refused %v (naming ORDERDELAY_PPROF_ADDR)", addr, err, refused)
+		}
+	}
+}
+
+// TestExposureFailsClosed: a Config not made by the loader (APIAuth empty,
+// as in a test or a program embedding the daemon's pieces) is not a way
+// around protected mode: only an explicit AuthNone switches auth off.
+func TestExposureFailsClosed(t *testing.T) {
+	c := config.Config{HTTPAddr: ":8080"}
+	if !c.Protected() {
+		t.Error("Config{HTTPAddr: \":8080\"}.Protected() = false: no tokens and auth not switched off is protected mode")
+	}
+	if err := c.CheckExposure(); err == nil {
+		t.Error("Config{HTTPAddr: \":8080\"}.CheckExposure() = nil: /v1 would serve anyone without a token")
+	}
+}

@@ -54,7 +54,7 @@ func (s *Server) EnableAdmin(cfg AdminConfig) { s.admin = &cfg }
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	s.registerAdmin(mux)
-	return muxProblems(mux)
+	return s.recoverProblems(refuseCrossOrigin(muxProblems(mux)))
 }
 
 // registerAdmin registers the admin listener's routes with mux.
@@ -77,7 +77,7 @@ func (s *Server) registerAdmin(mux router) {
 	mux.HandleFunc("POST /admin/v1/dead/purge", a(s.purge))
 	s.taskAdminRoutes(mux, a)
 	mux.HandleFunc("/admin/", a(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		notFound(w, r, mux, "/admin/", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "the admin listener serves /admin/v1 only; no "+r.Method+" "+r.URL.Path)
@@ -86,7 +86,7 @@ func (s *Server) registerAdmin(mux router) {
 
 // decodeBody decodes an optional body into v with the public API's strict
 // decoder (decodeStrict): unknown fields, a second value or anything but
-// white space after the value are 400, a body past MaxBodyBytes is 413. An
+// white space after the value are 400 (field "body"), a body past MaxBodyBytes is 413. An
 // empty body leaves v as it is.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	tooBig, err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxBodyBytes), v)
@@ -96,7 +96,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	case tooBig:
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", MaxBodyBytes))
 	default:
-		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		writeInvalid(w, "body", "body: "+err.Error())
 	}
 	return false
 }

@@ -26,6 +26,7 @@ package httpapi
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -88,7 +89,7 @@ func (s *Server) SetStopping() { s.stopping.Store(true) }
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	s.register(mux)
-	return muxProblems(mux)
+	return s.recoverProblems(refuseCrossOrigin(muxProblems(mux)))
 }
 
 // Routes returns the ServeMux pattern of every route Handler (api) and
@@ -134,9 +135,32 @@ func (s *Server) register(mux router) {
 			msg += "; a task queue's requeue, purge, pause and resume are on the admin listener " +
 				"(ORDERDELAY_ADMIN_ADDR), under /admin" + r.URL.Path
 		}
-		writeError(w, http.StatusNotFound, msg)
+		notFound(w, r, mux, "/v1/", msg)
 	}))
 	s.taskRoutes(mux) // the admin API is on AdminHandler's listener, not here
+}
+
+// notFound answers a request that only the catch-all pattern catchAll of
+// mux matched: 405 with an Allow header when another route serves its path
+// with other methods, else 404 with msg.
+func notFound(w http.ResponseWriter, r *http.Request, mux router, catchAll, msg string) {
+	if m, ok := mux.(*http.ServeMux); ok {
+		var allow []string
+		for _, method := range []string{http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodPatch, http.MethodPost, http.MethodPut} {
+			other := r.WithContext(r.Context()) // a shallow copy
+			other.Method = method
+			if _, p := m.Handler(other); p != "" && p != catchAll {
+				allow = append(allow, method)
+			}
+		}
+		if len(allow) > 0 {
+			a := strings.Join(allow, ", ")
+			w.Header().Set("Allow", a)
+			writeError(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; allowed: "+a)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, msg)
 }
 
 // movedToAdmin reports a path of a task queue operation the API listener
@@ -185,15 +209,23 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 
 // bearer lets through requests carrying one of tokens.
 func (s *Server) bearer(tokens []string, next http.HandlerFunc) http.HandlerFunc {
+	// Tokens are compared by their SHA-256 digests: ConstantTimeCompare
+	// returns at once on a length mismatch, which would time a token's
+	// length; digests all have one length.
+	sums := make([][sha256.Size]byte, len(tokens))
+	for i, t := range tokens {
+		sums[i] = sha256.Sum256([]byte(t))
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		// The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
 		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		ok = ok && strings.EqualFold(scheme, "Bearer")
+		sum := sha256.Sum256([]byte(got))
 		valid := 0
-		for _, t := range tokens {
+		for i := range sums {
 			// Compare against every token, so timing says nothing about
 			// which one (if any) matched.
-			valid |= subtle.ConstantTimeCompare([]byte(got), []byte(t))
+			valid |= subtle.ConstantTimeCompare(sum[:], sums[i][:])
 		}
 		if !ok || valid != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="orderdelay"`)
@@ -212,23 +244,13 @@ type putBody struct {
 	OnlyLater  bool   `json:"only_later"`
 }
 
-// DecodePut turns a PUT body into a request for serial. It is strict:
-// unknown fields, trailing data, bad durations and bad times are errors.
+// DecodePut turns a PUT body into a request for serial. It is strict
+// (decodeStrict): unknown, repeated or miscased fields, trailing data, bad
+// durations and bad times are errors.
 func DecodePut(serial string, body io.Reader) (producer.Request, error) {
 	var b putBody
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
+	if _, err := decodeStrict(body, &b); err != nil {
 		return producer.Request{}, &fieldError{"body", err}
-	}
-	// Only whitespace may follow the value. (Decoder.More misses a stray
-	// '}' or ']', and would stop reading at the size limit without error.)
-	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return producer.Request{}, &fieldError{"body", err}
-		}
-		return producer.Request{}, &fieldError{"body", errors.New("data after the JSON value")}
 	}
 	req := producer.Request{Serial: serial, Reschedule: b.Reschedule, OnlyLater: b.OnlyLater}
 	if b.After != "" {
@@ -242,13 +264,27 @@ func DecodePut(serial string, body io.Reader) (producer.Request, error) {
 		req.After = d
 	}
 	if b.At != "" {
-		t, err := time.Parse(time.RFC3339Nano, b.At)
+		t, err := parseAt(b.At)
 		if err != nil {
-			return req, &fieldError{"at", fmt.Errorf("want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)}
+			return req, &fieldError{"at", err}
 		}
 		req.At = t
 	}
 	return req, nil
+}
+
+// parseAt parses a body's "at": an RFC 3339 time, and not the zero time
+// (0001-01-01T00:00:00Z, an unset time.Time marshalled), which the
+// producer would take for no "at" at all.
+func parseAt(v string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return t, fmt.Errorf("want an RFC 3339 time such as 2026-01-02T15:04:05Z: %w", err)
+	}
+	if t.IsZero() {
+		return t, errors.New("0001-01-01T00:00:00Z is the zero time (an unset time value?), not a deadline")
+	}
+	return t, nil
 }
 
 // entryJSON is the API's view of a queue entry.

@@ -325,8 +325,9 @@ func TestGetAndDelete(t *testing.T) {
 		wantAnyProblem(t, do(t, m, e.timeout("%00"), ""), http.StatusBadRequest)
 		wantAnyProblem(t, do(t, m, e.timeout(strings.Repeat("s", 129)), ""), http.StatusBadRequest)
 	}
-	// No such endpoint.
-	wantAnyProblem(t, do(t, http.MethodPost, e.timeout("ord"), `{"after":"30m"}`), http.StatusNotFound)
+	// A method the path does not take (TestWrongMethodOnARouteIs405), and
+	// no such endpoint.
+	wantAnyProblem(t, do(t, http.MethodPost, e.timeout("ord"), `{"after":"30m"}`), http.StatusMethodNotAllowed)
 	wantAnyProblem(t, do(t, http.MethodGet, e.url+"/v1/other", ""), http.StatusNotFound)
 }
 

@@ -101,9 +101,11 @@ func (e *fieldError) Error() string { return e.field + ": " + e.err.Error() }
 func (e *fieldError) Unwrap() error { return e.err }
 
 // muxProblems serves mux, answering as problems what the ServeMux answers
-// by itself in plain text: 404 for a path no route has, 405 (with its
-// Allow header) for a route's path with another method. Under /v1/ and
-// /admin/ the catch-all routes answer 404 first, after the token check.
+// by itself in plain text: 404 for a path no route has (an unclean path
+// whose clean form no route has too), 405 (with its Allow header) for a
+// route's path with another method. Under /v1/ and
+// /admin/ the catch-all routes answer first, after the token check: 405
+// the same way, or 404 (notFound).
 func muxProblems(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
@@ -117,7 +119,10 @@ func muxProblems(mux *http.ServeMux) http.Handler {
 		if allow := rec.Header().Get("Allow"); code == http.StatusMethodNotAllowed && allow != "" {
 			w.Header().Set("Allow", allow)
 			detail = r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + allow
-		} else if code == 0 || code == http.StatusOK {
+		} else {
+			// Anything else is a 404: the ServeMux's own one, or its
+			// redirect of an unclean path ("//admin/v1/pause") to a clean
+			// form no route has (pattern ""), which would land on a 404.
 			code = http.StatusNotFound
 		}
 		writeProblem(w, code, "", detail, nil)

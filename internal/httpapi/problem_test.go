@@ -82,7 +82,7 @@ func TestErrorsAreProblemDetails(t *testing.T) {
 		{"bad JSON", p, http.MethodPut, "/v1/timeouts/ord", `{"after":`, 400, httpapi.ProblemInvalidRequest, "body"},
 		{"bad limit", p, http.MethodGet, "/v1/queues/jobs/tasks?limit=0", "", 400, httpapi.ProblemInvalidRequest, "limit"},
 		{"bad wait", p, http.MethodPost, "/v1/queues/jobs/poll?wait=forever", "", 400, httpapi.ProblemInvalidRequest, "wait"},
-		{"admin bad JSON", a, http.MethodPost, "/admin/v1/pause", `{`, 400, httpapi.ProblemInvalidRequest, ""},
+		{"admin bad JSON", a, http.MethodPost, "/admin/v1/pause", `{`, 400, httpapi.ProblemInvalidRequest, "body"},
 		{"no token", "", http.MethodGet, "/v1/timeouts/ord", "", 401, "about:blank", ""},
 		{"producer token on admin", p, http.MethodGet, "/admin/v1/pause", "", 401, "about:blank", ""},
 		{"unknown serial", p, http.MethodGet, "/v1/timeouts/ord", "", 404, "about:blank", ""},

@@ -101,9 +101,9 @@ func (s *Server) putTask(w http.ResponseWriter, r *http.Request, q *tasks.Runtim
 		req.After = d
 	}
 	if b.At != "" {
-		t, err := time.Parse(time.RFC3339Nano, b.At)
+		t, err := parseAt(b.At)
 		if err != nil {
-			writeInvalid(w, "at", "at: want an RFC 3339 time")
+			writeInvalid(w, "at", "at: "+err.Error())
 			return
 		}
 		req.At = t
@@ -236,6 +236,10 @@ func (s *Server) batchDelete(w http.ResponseWriter, r *http.Request, q *tasks.Ru
 func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	if q.Config.Action.Type != tasks.ActionPoll {
 		refuseNotPolled(w, q)
+		return
+	}
+	// max and wait are query parameters; a body is none, or {}.
+	if !decodeBody(w, r, &struct{}{}) {
 		return
 	}
 	max := 10

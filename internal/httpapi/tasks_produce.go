@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -127,9 +126,9 @@ func (b newTaskBody) due(now time.Time) (time.Time, json.RawMessage, error) {
 		req.After = d
 	}
 	if b.At != "" {
-		t, err := time.Parse(time.RFC3339Nano, b.At)
+		t, err := parseAt(b.At)
 		if err != nil {
-			return time.Time{}, nil, errors.New("at: want an RFC 3339 time")
+			return time.Time{}, nil, fmt.Errorf("at: %w", err)
 		}
 		req.At = t
 	}
@@ -150,30 +149,6 @@ func (b newTaskBody) due(now time.Time) (time.Time, json.RawMessage, error) {
 		return time.Time{}, nil, err
 	}
 	return at, p, nil
-}
-
-// decodeStrict decodes one JSON value from body into v: unknown fields and
-// trailing data are errors. tooBig reports a body past its limit.
-func decodeStrict(body io.Reader, v any) (tooBig bool, err error) {
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err = dec.Decode(v)
-	if err == nil {
-		// Only white space may follow. (Decoder.More misses a stray '}'
-		// or ']'.) A body past its limit says so rather than "data after".
-		if err2 := dec.Decode(new(json.RawMessage)); !errors.Is(err2, io.EOF) {
-			err = errors.New("data after the JSON value")
-			var mb *http.MaxBytesError
-			if errors.As(err2, &mb) {
-				err = err2
-			}
-		}
-	}
-	var mb *http.MaxBytesError
-	if errors.As(err, &mb) {
-		return true, err
-	}
-	return false, err
 }
 
 func (s *Server) putFn(q *tasks.Runtime) func(context.Context, string, json.RawMessage, time.Time, client.Mode) (client.Result, time.Time, error) {

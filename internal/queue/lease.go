@@ -337,10 +337,15 @@ end
 if batch and n < limit and not full and batHead and batHead <= now then
   changed = true
   local exb = redis.call('ZRANGE', KEYS[9], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  -- Lists name members that left their batch since, too: the records
+  -- read are bounded as well as the members leased (the batches left are
+  -- the next claim's; they are still expired).
+  local read = 0
   for _, t in ipairs(exb) do
-    if n >= limit then break end
+    if n >= limit or read >= limit then break end
     local list = {}
     for m in string.gmatch(redis.call('HGET', KEYS[10], t) or '', '[^\n]+') do list[#list+1] = m end
+    read = read + #list
     local recs, queued = {}, {}
     for i = 1, #list, 500 do
       local last = math.min(i + 499, #list)
@@ -925,7 +930,8 @@ func (s *Store) InQueue(ctx context.Context, serials []string) ([]bool, error) {
 // 2000 per-member companions (a long database outage) that correction is
 // skipped and such serials may count twice. Members of batch leases are
 // read one by one when the batches hold at most 2000 (they hold what the
-// replicas' workers are closing); beyond that their batches' counts stand
+// replicas' workers are closing) and their lists name at most 2000 (a list
+// keeps the members that left its batch); beyond that their batches' counts stand
 // for them, uncorrected, and each batch's oldest claimed deadline for
 // theirs (a batch lives for one close: the double count and an oldest
 // older than the truth last until it ends, or its lease expires).
@@ -979,14 +985,25 @@ for i = 1, #toks, 250 do
     end
   end
 end
+-- A batch's list names every member it was given, also those that left
+-- it since (a batch settled order by order holds few of the many it
+-- names): the lists are read only when they name at most 2000 in all.
+local lists, listed = {}, 0
 if batched > 0 and batched <= 2000 then
+  for i, t in ipairs(toks) do
+    lists[i] = redis.call('HGET', KEYS[6], t) or ''
+    if lists[i] ~= '' then listed = listed + select(2, string.gsub(lists[i], '\n', '')) + 1 end
+    if listed > 2000 then break end
+  end
+end
+if batched > 0 and batched <= 2000 and listed <= 2000 then
   -- Few enough to read: count the members that still carry their batch's
   -- token, once, at the producer's deadline when the queue key has them.
   batched, oldest = 0, -1
-  for _, t in ipairs(toks) do
+  for ti, t in ipairs(toks) do
     local needle = '|' .. t .. '|'
     local list = {}
-    for m in string.gmatch(redis.call('HGET', KEYS[6], t) or '', '[^\n]+') do list[#list+1] = m end
+    for m in string.gmatch(lists[ti], '[^\n]+') do list[#list+1] = m end
     for i = 1, #list, 500 do
       local last = math.min(i + 499, #list)
       local recs = redis.call('HMGET', KEYS[7], unpack(list, i, last))
