@@ -199,3 +199,12 @@ func (e *env) heldIn(k queue.Keys) int64 {
 	}
 	return st.Held
 }
+
+// anys converts serials to command arguments.
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}

@@ -562,11 +562,3 @@ func (h orderHandler) handBack(items []item) {
 	}
 	c.log.Info("handed back unfinished claims", zap.Int("orders", total))
 }
-
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
-}
