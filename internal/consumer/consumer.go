@@ -536,14 +536,20 @@ func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes 
 		return claimResult{}, err
 	}
 	res := fromStore(raw, tok)
-	c.m.Claimed.Add(float64(len(res.items)))
-	c.m.Reclaimed.Add(float64(res.reclaimed))
+	countClaim(c.m, c.log, res)
 	c.m.Inflight.Add(float64(len(res.items)))
-	for reason, n := range res.dead {
-		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
-		c.log.Warn("dead-lettered malformed entries", zap.String("reason", reason), zap.Int("count", n))
-	}
 	return res, nil
+}
+
+// countClaim accounts for what a claim did: the scan loop's, or a poll's
+// (ClaimTasks).
+func countClaim(m *metrics.Metrics, log *zap.Logger, res claimResult) {
+	m.Claimed.Add(float64(len(res.items)))
+	m.Reclaimed.Add(float64(res.reclaimed))
+	for reason, n := range res.dead {
+		m.DeadLettered.WithLabelValues(reason).Add(float64(n))
+		log.Warn("dead-lettered malformed entries", zap.String("reason", reason), zap.Int("count", n))
+	}
 }
 
 var errReply = errors.New("unexpected reply")

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -36,7 +35,7 @@ const ReasonFailed = "failed"
 // removed with their payloads, failed ones are retried by the queue's
 // policy and dead-lettered as "failed" after MaxAttempts.
 func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
-	tasks, err := c.loadTasks(items)
+	tasks, err := loadTasks(c.q, items)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
 		c.log.Warn("reading task payloads failed; the tasks return when their lease expires", zap.Error(err))
@@ -96,11 +95,11 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 	c.retryNoAttempt(workCtx, later, down, laterErr, downErr)
 }
 
-// loadTasks reads the payloads of claimed items.
-func (c *Consumer) loadTasks(items []item) ([]Task, error) {
+// loadTasks reads the payloads of claimed items from st.
+func loadTasks(st *queue.Store, items []item) ([]Task, error) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	payloads, has, err := c.q.Payloads(ctx, serialsOf(items))
+	payloads, has, err := st.Payloads(ctx, serialsOf(items))
 	if err != nil {
 		return nil, err
 	}
@@ -195,17 +194,21 @@ const maxPollClaims = 8
 // tasks).
 func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, limit, maxBytes int, lease time.Duration,
 	maxAttempts int, m *metrics.Metrics, log *zap.Logger) ([]Task, string, error) {
-	// Polled tasks are held by the consumer that polled, not this replica.
-	mm := *m
-	mm.Inflight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"})
-	c := New(Config{Keys: k, BatchSize: limit, Lease: lease, Owner: "poll", MaxAttempts: maxAttempts,
-		CountRedeliveries: true, Process: func(context.Context, []Task) []error { return nil }}, rdb, nil, &mm, log)
+	st := queue.NewStore(rdb, k)
+	if lease <= 0 {
+		lease = DefaultLease
+	}
 	tok := queue.NewPollToken()
 	for range maxPollClaims {
-		res, err := c.claimAs(ctx, limit, tok, maxBytes, false)
+		raw, err := st.Claim(ctx, queue.ClaimArgs{Limit: limit, Lease: lease, Token: tok, CountRedeliveries: true,
+			MaxBytes: maxBytes, Overhead: TaskOverheadBytes})
 		if err != nil {
 			return nil, "", err
 		}
+		// Polled tasks are held by the consumer that polled, not this
+		// replica: they are not counted in flight.
+		res := fromStore(raw, tok)
+		countClaim(m, log, res)
 		if len(res.items) == 0 {
 			return nil, "", nil
 		}
@@ -218,10 +221,10 @@ func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, li
 			}
 		}
 		if len(over) > 0 {
-			c.buryCounted(over, ReasonFailed, "not acknowledged within its lease, max attempts reached")
+			buryLeases(st, m, log, over, ReasonFailed, "not acknowledged within its lease, max attempts reached", false)
 		}
 		if len(give) > 0 {
-			tasks, err := c.loadTasks(give)
+			tasks, err := loadTasks(st, give)
 			return tasks, tok, err
 		}
 		// All it took was over its attempts: claim again, so a poll does

@@ -476,12 +476,6 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 
 func (c *Consumer) bury(items []item, reason, lastErr string) { c.h.bury(items, reason, lastErr, true) }
 
-// buryCounted is bury for items whose attempts already count every failed
-// run (a claim that re-took an expired lease counted it: ClaimTasks).
-func (c *Consumer) buryCounted(items []item, reason, lastErr string) {
-	c.h.bury(items, reason, lastErr, false)
-}
-
 func (c *Consumer) handBack(items []item) { c.h.handBack(items) }
 
 // finish removes settled entries (compare-and-set on the lease).
@@ -528,20 +522,26 @@ func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reaso
 }
 
 // bury dead-letters items; countRun adds the run that failed to their
-// attempts.
+// attempts (false: they count it already, as a poll's claim that re-took
+// an expired lease does: ClaimTasks).
 func (h orderHandler) bury(items []item, reason, lastErr string, countRun bool) {
-	c := h.c
+	buryLeases(h.c.q, h.c.m, h.c.log, items, reason, lastErr, countRun)
+}
+
+// buryLeases is bury on store st: the scan loop's, or a poll's
+// (ClaimTasks).
+func buryLeases(st *queue.Store, m *metrics.Metrics, log *zap.Logger, items []item, reason, lastErr string, countRun bool) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
-		n, err := c.q.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: countRun})
+		n, err := st.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: countRun})
 		if err != nil {
-			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
-			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
+			m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			log.Warn("dead-lettering failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
 			continue
 		}
-		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
+		m.DeadLettered.WithLabelValues(reason).Add(float64(n))
 	}
 }
 
