@@ -277,8 +277,8 @@ func cmdUnbatch(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		var left, damaged int64
 		for _, r := range res {
 			if !asJSON {
-				fmt.Fprintf(stdout, "%s: %d batch leases turned into per-member leases of %d orders (%d listed orders had left their batch already) in %d bounded steps; %d batch leases left\n",
-					r.Key, r.Batches, r.Members, r.Departed, r.Calls, r.Remaining)
+				fmt.Fprintf(stdout, "%s: batch leases converted: %d; orders given a per-member lease: %d; listed orders that had left their batch: %d; batch leases left: %d (%d bounded steps)\n",
+					r.Key, r.Batches, r.Members, r.Departed, r.Remaining, r.Calls)
 				for _, p := range r.Problems {
 					if p.Serial == "" {
 						fmt.Fprintf(stdout, "%s: batch %q left as it is: %s\n", r.Key, p.Token, p.Reason)
@@ -297,7 +297,7 @@ func cmdUnbatch(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 			}
 		}
 		if left > 0 {
-			return fmt.Errorf("%d batch leases left: %d damaged (listed; see docs/operations.md#upgrade-and-rollback), %d made since this run began by a daemon that still leases per batch (run unbatch again once none runs)",
+			return fmt.Errorf("batch leases left: %d; damaged: %d (listed; see docs/operations.md#upgrade-and-rollback); made since this run began by a daemon that still leases per batch: %d (run unbatch again once none runs)",
 				left, damaged, max(left-damaged, 0))
 		}
 		return nil

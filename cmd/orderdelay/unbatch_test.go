@@ -43,8 +43,8 @@ func TestUnbatchCommand(t *testing.T) {
 	seed(queue.NewKeys(base), "pod-a:1.1", "o-1")
 	seed(shard, "pod-b:1.1", "o-2")
 	r := runCLI(ctx, env, "unbatch")
-	if r.code != 0 || !strings.Contains(r.stdout, base+": 1 batch leases turned into per-member leases of 1 orders") ||
-		!strings.Contains(r.stdout, shard.Queue+": 1 batch leases") {
+	if r.code != 0 || !strings.Contains(r.stdout, base+": batch leases converted: 1; orders given a per-member lease: 1") ||
+		!strings.Contains(r.stdout, shard.Queue+": batch leases converted: 1") {
 		t.Fatalf("unbatch of a batch in the queue key and one in a shard: want exit 0 and a line per key; got %s", r)
 	}
 	for _, k := range []queue.Keys{queue.NewKeys(base), shard} {
@@ -60,7 +60,7 @@ func TestUnbatchCommand(t *testing.T) {
 		t.Fatalf("unbatch --json: %v in %s", err, r)
 	}
 	if r.code != 1 || len(got) != 3 || got[2].Remaining != 1 || len(got[2].Problems) != 1 ||
-		!strings.Contains(r.stderr, "1 batch leases left: 1 damaged") {
+		!strings.Contains(r.stderr, "batch leases left: 1; damaged: 1") {
 		t.Fatalf("unbatch with a batch that has no member list: want exit 1, the batch reported and left; got %+v\n%s", got, r)
 	}
 	if n := rdb.ZCard(ctx, shard.Leases).Val(); n != 1 {
