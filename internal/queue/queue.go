@@ -13,7 +13,8 @@
 // and the bury of exhausted entries), pause.go (the pause flag),
 // extend.go (moving deadlines later), meta.go (the meta hash, task
 // queues' default keys), nextdue.go (the long poll's wait), listitem.go
-// (the Lua list-item splitter), shard.go (shard keys and hash slots).
+// (the Lua list-item splitter), shard.go (shard keys and hash slots),
+// unbatch.go (batch leases back to per-member ones, for a rollback).
 //
 // Not here yet: the lease protocol and the scripts that read or write the
 // lease record — claim, finish, retry, fence, later, bury, hand-back, the
