@@ -243,3 +243,63 @@ func inspectOrder(ctx context.Context, stdout io.Writer, cfg config.Config, seri
 		return nil
 	})
 }
+
+// cmdUnbatch is `orderdelay unbatch`: batch leases back to per-member
+// leases, for a rollback to a release before batch leases. Exit 1 when
+// batch leases are left: damaged ones (reported) or ones made since by a
+// daemon that still leases per batch.
+func cmdUnbatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
+	var perCall int
+	var asJSON bool
+	cfg, pos, err := parse("unbatch", args, stderr, getenv, func(fs *flag.FlagSet) {
+		fs.IntVar(&perCall, "per-call", queue.UnbatchPerCall, "batch leases converted per script call (1..1000; each call reads at most 2000 member names besides its first batch)")
+		fs.BoolVar(&asJSON, "json", false, "print the result per key as JSON")
+	})
+	if err != nil {
+		return err
+	}
+	if err := noArgs("unbatch", pos); err != nil {
+		return err
+	}
+	if perCall < 1 || perCall > 1000 {
+		return usagef("--per-call must be 1..1000, got %d", perCall)
+	}
+	return withTools(ctx, cfg, false, 0, func(ctx context.Context, t *admin.Tools) error {
+		res, err := t.Unbatch(ctx, perCall)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			if err := printJSON(stdout, res); err != nil {
+				return err
+			}
+		}
+		var left, damaged int64
+		for _, r := range res {
+			if !asJSON {
+				fmt.Fprintf(stdout, "%s: batch leases converted: %d; orders given a per-member lease: %d; listed orders that had left their batch: %d; batch leases left: %d (%d bounded steps)\n",
+					r.Key, r.Batches, r.Members, r.Departed, r.Remaining, r.Calls)
+				for _, p := range r.Problems {
+					if p.Serial == "" {
+						fmt.Fprintf(stdout, "%s: batch %q left as it is: %s\n", r.Key, p.Token, p.Reason)
+					} else {
+						fmt.Fprintf(stdout, "%s: order %q left in batch %q: %s\n", r.Key, p.Serial, p.Token, p.Reason)
+					}
+				}
+			}
+			left += r.Remaining
+			seen := map[string]bool{}
+			for _, p := range r.Problems {
+				if !seen[p.Token] {
+					seen[p.Token] = true
+					damaged++
+				}
+			}
+		}
+		if left > 0 {
+			return fmt.Errorf("batch leases left: %d; damaged: %d (listed; see docs/operations.md#upgrade-and-rollback); made since this run began by a daemon that still leases per batch: %d (run unbatch again once none runs)",
+				left, damaged, max(left-damaged, 0))
+		}
+		return nil
+	})
+}

@@ -18,6 +18,7 @@
 //	orderdelay extend --within D --by D  move deadlines of a window later
 //	orderdelay resync                    load pending orders into the queue
 //	orderdelay purge --dead --older-than D
+//	orderdelay unbatch                   batch leases to per-member leases (before a rollback)
 //	orderdelay demo [--duration 1m]      the daemon plus a simulated checkout, on its own database and keys
 //	orderdelay version
 //
@@ -93,6 +94,7 @@ Operator tools (see docs/operations.md):
   orderdelay extend --within 1h --by 15m give orders due in the window more time (queue and rows)
   orderdelay resync [--rate N]           load pending orders from PostgreSQL into the queue (NX)
   orderdelay purge --dead --older-than D remove old dead letters (or --keep N)
+  orderdelay unbatch [--json]            turn batch leases into per-member leases (rollback)
   orderdelay demo [--duration D]         the daemon plus a simulated checkout (own database and keys)
   orderdelay version
 
@@ -133,6 +135,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = cmdResync(ctx, rest, stdout, stderr, getenv)
 	case "purge":
 		err = cmdPurge(ctx, rest, stdout, stderr, getenv)
+	case "unbatch":
+		err = cmdUnbatch(ctx, rest, stdout, stderr, getenv)
 	case "task":
 		err = cmdTask(ctx, rest, stdout, stderr, getenv)
 	case "demo":

@@ -362,3 +362,27 @@ func CheckExtend(within, by time.Duration) error {
 	}
 	return nil
 }
+
+// UnbatchKey is what Unbatch did to one key of the queue.
+type UnbatchKey struct {
+	Key string `json:"key"`
+	queue.UnbatchResult
+}
+
+// Unbatch turns the batch leases of the queue (and of each shard) into
+// per-member leases, perCall batches per bounded script call (see
+// queue.Store.UnbatchLeases): before, or after, a rollback to a release
+// that leases per member only, so the batches of a pod that was killed
+// are re-claimed by the older release. It returns one result per key, the
+// queue key first.
+func (t *Tools) Unbatch(ctx context.Context, perCall int) ([]UnbatchKey, error) {
+	out := make([]UnbatchKey, 0, len(t.stores))
+	for _, st := range t.stores {
+		res, err := st.UnbatchLeases(ctx, perCall)
+		out = append(out, UnbatchKey{Key: st.Keys().Queue, UnbatchResult: res})
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", st.Keys().Queue, err)
+		}
+	}
+	return out, nil
+}

@@ -31,6 +31,9 @@ import (
 //     claim finds it again: in the queue key, or under a lease record that
 //     a live batch (listing it, counting it) or a backoff reaches;
 //   - the depth gauge counts each such serial once;
+//   - an operator's unbatch (queue.Store.UnbatchLeases) at any step
+//     changes none of this, and after the last step leaves every held
+//     serial in {Q}:inflight, where a per-member-only claim finds it;
 //   - once everything is settled, no lease key holds anything.
 func TestAdvLeaseModelRandomWorkload(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
@@ -135,7 +138,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 
 	for step := range steps {
 		s := serials[rng.IntN(len(serials))]
-		switch op := rng.IntN(10); op {
+		switch op := rng.IntN(11); op {
 		case 0, 1: // raw ZADD
 			d := due()
 			if rng.IntN(2) == 0 {
@@ -321,9 +324,28 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 			}
 			m := ms[rng.IntN(len(ms))]
 			e.rdb.ZAdd(ctx, k.Inflight, redis.Z{Score: 1, Member: m})
-			log = append(log, fmt.Sprintf("%d backoff of %s ends", step, m))
+			if h, ok := holder[m]; ok { // a lease unbatch made per member
+				holder[m] = modelHold{tok: h.tok, expired: true}
+			}
+			log = append(log, fmt.Sprintf("%d backoff or per-member lease of %s ends", step, m))
+		case 10: // an operator turns the batch leases into per-member ones
+			res := e.unbatch()
+			log = append(log, fmt.Sprintf("%d unbatch: %d batches, %d members", step, res.Batches, res.Members))
 		}
 		check(step)
+	}
+
+	// A rollback: with no batch-leasing claim after it, unbatch leaves
+	// every held serial where a per-member-only claim finds it.
+	e.unbatch()
+	recs, _ := e.rdb.HGetAll(ctx, k.Lease).Result()
+	for s, rec := range recs {
+		if _, err := e.rdb.ZScore(ctx, k.Inflight, s).Result(); err != nil {
+			t.Fatalf("seed %d: after unbatch %s (record %q) is not in %s: %v\nhistory:\n  %s", seed, s, rec, k.Inflight, err, strings.Join(log, "\n  "))
+		}
+	}
+	if n := e.card(k.Leases); n != 0 {
+		t.Fatalf("seed %d: %d batch leases left after unbatch", seed, n)
 	}
 
 	// Settle everything: hand back, end every lease and backoff, and

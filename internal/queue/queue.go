@@ -20,7 +20,8 @@
 // exhausted entries), pause.go (the pause flag),
 // extend.go (moving deadlines later), meta.go (the meta hash, task
 // queues' default keys), nextdue.go (the long poll's wait), listitem.go
-// (the Lua list-item splitter), shard.go (shard keys and hash slots).
+// (the Lua list-item splitter), shard.go (shard keys and hash slots),
+// unbatch.go (batch leases back to per-member ones, for a rollback).
 //
 // Every Lua script of orderdelay is here. Outside the store, the daemon's
 // consumer (internal/consumer) talks to Redis directly only to subscribe
