@@ -52,7 +52,7 @@ func leasedMemory(ctx context.Context, e *env, n int) (pending, leased float64, 
 	go func() { defer close(done); c.Run(runCtx) }() //nolint:errcheck // nil on cancel
 	defer func() { cancel(); <-done }()
 	for limit := time.Now().Add(time.Minute); ; {
-		st, err := consumer.ReadStats(ctx, e.rdb, keys)
+		st, err := queue.ReadStats(ctx, e.rdb, keys)
 		if err != nil {
 			return 0, 0, err
 		}

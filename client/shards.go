@@ -2,12 +2,7 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -61,45 +56,23 @@ func (c *Client) keysFor(serial string) queue.Keys {
 // the shard's head; if that write fails, the entry keeps its old deadline
 // in the shard and the head check finds it as it would in the queue key.
 func (c *Client) adopt(ctx context.Context, items []Item) error {
-	base := c.keys
-	scores := make([]*redis.FloatCmd, len(items))
-	leases := make([]*redis.StringCmd, len(items))
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, it := range items {
-			scores[i] = p.ZScore(ctx, base.Queue, it.Serial)
-			leases[i] = p.HGet(ctx, base.Lease, it.Serial)
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("look in %s: %w", base.Queue, err)
+	serials := make([]string, len(items))
+	for i, it := range items {
+		serials[i] = it.Serial
+	}
+	cur, found, err := c.st.Deadlines(ctx, serials)
+	if err != nil {
+		return fmt.Errorf("look in %s: %w", c.keys.Queue, err)
 	}
 	for i, it := range items {
-		var cur int64
-		switch score, err := scores[i].Result(); {
-		case err == nil:
-			cur = int64(score)
-		case !errors.Is(err, redis.Nil):
-			return fmt.Errorf("look in %s: %w", base.Queue, err)
-		default:
-			rec, err := leases[i].Result()
-			if errors.Is(err, redis.Nil) {
-				continue // nothing to adopt
-			}
-			if err != nil {
-				return fmt.Errorf("look in %s: %w", base.Queue, err)
-			}
-			d, _, _ := strings.Cut(rec, "|")
-			if cur, err = strconv.ParseInt(d, 10, 64); err != nil {
-				continue // a damaged record: the daemon dead-letters it
-			}
+		if !found[i] {
+			continue // nothing to adopt (or a damaged record: the daemon dead-letters it)
 		}
 		k := c.keysFor(it.Serial)
-		if err := enqueueScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease, k.Inflight, k.Deadlines, k.Wake, k.Leases, k.LeaseBatch},
-			"adopt", it.Serial, cur).Err(); err != nil {
+		if _, err := queue.NewStore(c.rdb, k).Enqueue(ctx, queue.ModeAdopt, []queue.EnqueueItem{{Serial: it.Serial, Deadline: cur[i]}}); err != nil {
 			return fmt.Errorf("move %q to %s: %w", it.Serial, k.Queue, err)
 		}
-		if _, err := c.cancel(ctx, base, it.Serial); err != nil {
+		if _, err := c.cancel(ctx, c.keys, it.Serial); err != nil {
 			return fmt.Errorf("move %q to %s: %w", it.Serial, k.Queue, err)
 		}
 	}

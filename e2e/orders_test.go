@@ -17,7 +17,6 @@ import (
 	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -126,10 +125,10 @@ func (w *world) queueLen() int64 {
 }
 
 // held counts a queue's entries leased or backing off, whichever the lease
-// (a claim's batch lease, or an entry's own: see consumer's scripts).
+// (a claim's batch lease, or an entry's own: see queue's lease.go).
 func held(t testing.TB, rdb redis.Scripter, k queue.Keys) int64 {
 	t.Helper()
-	st, err := consumer.ReadStats(context.Background(), rdb, k)
+	st, err := queue.ReadStats(context.Background(), rdb, k)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -75,7 +76,7 @@ func TestInteropWithPoll(t *testing.T) {
 	q := e.queue(time.Second)
 	e.put("p1", `{"via":"poll"}`)
 	ts, tok := e.poll(10, time.Second, 10)
-	if len(ts) != 1 || !consumer.ValidPollToken(tok) {
+	if len(ts) != 1 || !queue.ValidPollToken(tok) {
 		t.Fatalf("poll got %d tasks, token %q", len(ts), tok)
 	}
 
@@ -100,7 +101,7 @@ func TestInteropWithPoll(t *testing.T) {
 		return errors.Is(err, client.ErrNotFound)
 	})
 	// The poll's late ack no longer completes anything.
-	if missed, err := consumer.AckTasks(context.Background(), e.rdb, e.keys, tok, []string{"p1"}); err != nil || len(missed) != 1 {
+	if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(context.Background(), tok, []string{"p1"}); err != nil || len(missed) != 1 {
 		t.Fatalf("stale poll ack: missed %v, %v; want p1 missed", missed, err)
 	}
 
@@ -126,7 +127,7 @@ func TestInteropWithPoll(t *testing.T) {
 	if pts[0].ID != "w1" || pts[0].Attempts != 1 {
 		t.Fatalf("poll got %s with attempts %d, want w1 with attempts 1", pts[0].ID, pts[0].Attempts)
 	}
-	if missed, err := consumer.AckTasks(context.Background(), e.rdb, e.keys, tok, []string{"w1"}); err != nil || len(missed) != 0 {
+	if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(context.Background(), tok, []string{"w1"}); err != nil || len(missed) != 0 {
 		t.Fatalf("poll ack of w1: missed %v, %v", missed, err)
 	}
 }
@@ -312,7 +313,7 @@ func TestStaleWorkerLosesTaskToPoll(t *testing.T) {
 	if err != nil || tk.State != client.StateLeased || tk.Owner != tok {
 		t.Fatalf("s: %+v, %v; want leased by the poll", tk, err)
 	}
-	if missed, err := consumer.AckTasks(context.Background(), e.rdb, e.keys, tok, []string{"s"}); err != nil || len(missed) != 0 {
+	if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(context.Background(), tok, []string{"s"}); err != nil || len(missed) != 0 {
 		t.Fatalf("poll ack: missed %v, %v", missed, err)
 	}
 }

@@ -217,7 +217,7 @@ func (w *Worker) Handle(q Queue, h Handler) error {
 		}
 	}
 	w.m.init(q.Name)
-	w.runners = append(w.runners, &runner{w: w, q: q, keys: queue.NewKeys(q.Key), h: h,
+	w.runners = append(w.runners, &runner{w: w, q: q, keys: queue.NewKeys(q.Key), st: queue.NewStore(w.rdb, queue.NewKeys(q.Key)), h: h,
 		slots: make(chan struct{}, q.Concurrency), held: map[*held]struct{}{}})
 	return nil
 }
@@ -295,6 +295,7 @@ type runner struct {
 	w     *Worker
 	q     Queue
 	keys  queue.Keys
+	st    *queue.Store // the queue's lease verbs
 	h     Handler
 	slots chan struct{} // q.Concurrency
 	mu    sync.Mutex
@@ -416,7 +417,7 @@ func (r *runner) handBack(tok string, ts []consumer.Task) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), bookkeepingTimeout)
 	defer cancel()
-	n, err := consumer.ReleaseTasks(ctx, r.w.rdb, r.keys, tok, ids)
+	n, err := r.st.ReleaseTasks(ctx, tok, ids)
 	if err != nil {
 		r.w.log.Warn("worker: handing back unstarted tasks failed; they return after the lease",
 			"queue", r.q.Name, "tasks", len(ids), "error", err)
@@ -460,11 +461,11 @@ func (r *runner) run(ctx context.Context, h *held, ct consumer.Task) {
 	switch attempts := ct.Attempts + 1; {
 	case err == nil:
 		var missed []string
-		missed, serr = consumer.AckTasks(sctx, r.w.rdb, r.keys, h.token, []string{ct.ID})
+		missed, _, serr = r.st.AckTasks(sctx, h.token, []string{ct.ID})
 		ok = len(missed) == 0
 	case errors.Is(err, ErrSkipRetry) || attempts >= r.q.MaxAttempts:
 		var n int
-		n, serr = consumer.BuryTasks(sctx, r.w.rdb, r.keys, h.token, consumer.ReasonFailed, lastError(err), []string{ct.ID})
+		n, serr = r.st.BuryTasks(sctx, h.token, consumer.ReasonFailed, lastError(err), []string{ct.ID})
 		if ok = n == 1; ok {
 			r.w.m.dead.WithLabelValues(name).Inc()
 		}
@@ -474,7 +475,7 @@ func (r *runner) run(ctx context.Context, h *held, ct consumer.Task) {
 			d = r.q.Retry.delay(attempts, rand.Float64)
 		}
 		var n int
-		n, serr = consumer.RetryTasks(sctx, r.w.rdb, r.keys, h.token, d, lastError(err), []string{ct.ID})
+		n, serr = r.st.RetryTasks(sctx, h.token, d, lastError(err), []string{ct.ID})
 		if ok = n == 1; ok {
 			r.w.m.retried.WithLabelValues(name).Inc()
 		}
@@ -531,7 +532,7 @@ func (r *runner) extend() {
 		}
 		at := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), r.q.Lease/3)
-		lost, err := consumer.ExtendTasks(ctx, r.w.rdb, r.keys, tok, r.q.Lease, ids)
+		lost, err := r.st.ExtendTasks(ctx, tok, r.q.Lease, ids)
 		cancel()
 		if err != nil {
 			// Redis is unreachable: the lease may run out and be taken. Stop

@@ -44,10 +44,10 @@ type shardJSON struct {
 
 // readQueueStats reads the order queue's gauges summed over its keys and,
 // when it is sharded, each key's own.
-func readQueueStats(ctx context.Context, rdb redis.UniversalClient, cfg config.Config) (consumer.Stats, []shardJSON, error) {
+func readQueueStats(ctx context.Context, rdb redis.UniversalClient, cfg config.Config) (queue.Stats, []shardJSON, error) {
 	keys := queueKeys(cfg)
 	if len(keys) == 1 {
-		s, err := consumer.ReadStats(ctx, rdb, keys[0])
+		s, err := queue.ReadStats(ctx, rdb, keys[0])
 		return s, nil, err
 	}
 	sum, each, err := consumer.ReadStatsAll(ctx, rdb, keys)

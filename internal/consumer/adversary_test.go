@@ -533,7 +533,7 @@ func (h failScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return cmd.Err()
 		}
 		if args := cmd.Args(); len(args) > 1 && cmd.Name() == "eval" {
-			if src, ok := args[1].(string); ok && src == finishScript.Hash() {
+			if src, ok := args[1].(string); ok && src == queue.FinishScriptHash() {
 				cmd.SetErr(fmt.Errorf("injected: redis gone"))
 				return cmd.Err()
 			}
@@ -556,8 +556,9 @@ func TestAdversaryHoldsFinishFailsAfterCommit(t *testing.T) {
 	a := e.consumer(Config{Owner: "A"})
 	broken := redis.NewClient(e.rdb.Options())
 	t.Cleanup(func() { broken.Close() })
-	broken.AddHook(failScript{sha: finishScript.Hash()})
+	broken.AddHook(failScript{sha: queue.FinishScriptHash()})
 	a.rdb = broken
+	a.q = queue.NewStore(broken, a.cfg.Keys)
 	res, err := a.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v", err)

@@ -104,10 +104,10 @@ func (e *env) leaseBatches(batches, size, left int) {
 func TestAdvLeaseStatsReadBoundedRecordsOfPartlySettledBatches(t *testing.T) {
 	e, addr := privateEnv(t)
 	e.leaseBatches(12, 500, 150)
-	var st Stats
+	var st queue.Stats
 	n := recordsRead(t, addr, e.keys.Lease, func() {
 		var err error
-		if st, err = ReadStats(context.Background(), e.rdb, e.keys); err != nil {
+		if st, err = queue.ReadStats(context.Background(), e.rdb, e.keys); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -127,7 +127,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 		for s := range recs {
 			where[s] = true
 		}
-		st, err := ReadStats(ctx, e.rdb, k)
+		st, err := queue.ReadStats(ctx, e.rdb, k)
 		if err != nil {
 			fail(step, "stats: %v", err)
 		}

@@ -209,7 +209,7 @@ func TestAdvLeaseBatchCountingAMemberMovedByAnOlderVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
 	if err != nil || st.Depth != 3 || st.Held != 2 || st.Overdue != 2 {
 		t.Errorf("stats %+v (%v), want 3 deep, 2 held, 2 overdue", st, err)
 	}
@@ -258,7 +258,7 @@ func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("reconciler closed %d (%v) batch-leased orders, want 0", n, err)
 	}
-	st, err := ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
 	if err != nil || st.Overdue != 3 || st.OldestDue < 10*time.Minute-time.Second || st.OldestDue > 11*time.Minute {
 		t.Errorf("stats %+v (%v), want 3 overdue, the oldest 10 minutes", st, err)
 	}

@@ -51,7 +51,7 @@ func TestBatchLeaseIsOneEntryPerClaim(t *testing.T) {
 	if n := e.card(e.keys.Leases); n != 1 {
 		t.Errorf("%d batch lease entries, want 1", n)
 	}
-	st, err := ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestPerMemberLeasesOfAnOlderDaemon(t *testing.T) {
 			t.Errorf("up-expired still in %s after its re-claim into a batch", k)
 		}
 	}
-	st, err := ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
 	if err != nil || st.Held != 2 || st.Depth != 2 || st.Overdue != 2 {
 		t.Fatalf("stats %+v (%v), want 2 held, deep and overdue", st, err)
 	}

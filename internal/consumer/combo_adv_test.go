@@ -136,7 +136,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 		case 14: // the daemon's file flips durable
 			durable = !durable
 			what = fmt.Sprint("durable ", durable)
-			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaDurable, boolArg(durable)).Err(); err != nil {
+			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaDurable, map[bool]string{true: "1", false: "0"}[durable]).Err(); err != nil {
 				t.Fatal(err)
 			}
 		case 15: // the cap changes (a lower one may leave the queue above it)
@@ -219,10 +219,10 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 				held[tk.ID] = hold{tok}
 				if old, ok := stale[tk.ID]; ok {
 					delete(stale, tk.ID)
-					if n, err := RetryTasks(ctx, e.rdb, k, old, 0, "late", []string{tk.ID}); err != nil || n != 0 {
+					if n, err := queue.NewStore(e.rdb, k).RetryTasks(ctx, old, 0, "late", []string{tk.ID}); err != nil || n != 0 {
 						t.Fatalf("seed %d step %d: the expired holder of %s still settles: %d, %v", seed, step, tk.ID, n, err)
 					}
-					if m, _ := AckTasks(ctx, e.rdb, k, old, []string{tk.ID}); len(m) != 1 {
+					if m, _, _ := queue.NewStore(e.rdb, k).AckTasks(ctx, old, []string{tk.ID}); len(m) != 1 {
 						t.Fatalf("seed %d step %d: the expired holder of %s acked it", seed, step, tk.ID)
 					}
 				}
@@ -243,21 +243,21 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			case 5:
 				what = "ack " + hid
 				var missed []string
-				missed, err = AckTasks(ctx, e.rdb, k, tok, []string{hid})
+				missed, _, err = queue.NewStore(e.rdb, k).AckTasks(ctx, tok, []string{hid})
 				n = 1 - len(missed)
 			case 6:
 				what = "retry " + hid
-				n, err = RetryTasks(ctx, e.rdb, k, tok, 0, "boom", []string{hid})
+				n, err = queue.NewStore(e.rdb, k).RetryTasks(ctx, tok, 0, "boom", []string{hid})
 			case 7:
 				what = "bury " + hid
-				n, err = BuryTasks(ctx, e.rdb, k, tok, ReasonFailed, "boom", []string{hid})
+				n, err = queue.NewStore(e.rdb, k).BuryTasks(ctx, tok, ReasonFailed, "boom", []string{hid})
 			case 8:
 				what = "hand back " + hid
-				n, err = ReleaseTasks(ctx, e.rdb, k, tok, []string{hid})
+				n, err = queue.NewStore(e.rdb, k).ReleaseTasks(ctx, tok, []string{hid})
 			case 9:
 				what = "extend " + hid
 				var lost []string
-				lost, err = ExtendTasks(ctx, e.rdb, k, tok, time.Minute, []string{hid})
+				lost, err = queue.NewStore(e.rdb, k).ExtendTasks(ctx, tok, time.Minute, []string{hid})
 				n = 1 - len(lost)
 			}
 			if err != nil {

@@ -8,6 +8,12 @@
 // and never longer than the scan interval; the producer script publishes
 // earlier deadlines so a sleeping scanner wakes for them, and a cheap head
 // check between scans notices entries written by raw ZADD producers.
+//
+// The Redis side of every step (claim, fence, finish, retry, dead-letter,
+// hand back, stats) is package queue's store; what a consumer does with
+// what it claims — close orders, run a task action, forward to a stream or
+// list, or read without changing anything in a dry run — is its handler
+// (handler.go), chosen once in New.
 package consumer
 
 import (
@@ -159,6 +165,8 @@ type Consumer struct {
 	cfg   Config
 	rdb   redis.UniversalClient
 	store Store
+	q     *queue.Store // the queue's Redis data (cfg.Keys)
+	h     handler      // what it does with the queue, chosen from cfg in New
 	m     *metrics.Metrics
 	log   *zap.Logger
 	now   func() time.Time
@@ -192,6 +200,8 @@ type Consumer struct {
 func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff(cfg.BackoffMax)}
+	c.q = queue.NewStore(rdb, cfg.Keys)
+	c.h = newHandler(c)
 	c.nonce = strconv.FormatUint(rand.Uint64(), 36)
 	c.wake = make(chan int64, 64)
 	if cfg.Limiter != nil {
@@ -478,7 +488,7 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 		case <-head:
 			c.heartbeat()
 			head = time.After(jitter(c.cfg.HeadCheck))
-			vals, err := c.head(ctx)
+			hd, found, err := c.h.head(ctx)
 			if err != nil && ctx.Err() == nil {
 				// Redis went away while the scanner slept: say so now,
 				// not at the next claim (at most one error per head check).
@@ -486,10 +496,10 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 				c.m.SetUp(metrics.DepRedis, false)
 				continue
 			}
-			if len(vals) == 0 {
+			if !found {
 				continue
 			}
-			d := int64(vals[0].Score) + c.cfg.CloseDelay.Milliseconds()
+			d := hd + c.cfg.CloseDelay.Milliseconds()
 			if next < 0 || d < next {
 				next = d
 				timer.Reset(sleepFor(next))
@@ -503,116 +513,54 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/5 + rand.N(2*d/5+1)
 }
 
-// batchLeases reports whether this consumer's claims lease per batch (the
-// order queue; see claimScript). Task queues lease per member: their
-// workers and polls extend, ack and check single tasks.
-func (c *Consumer) batchLeases() bool { return c.cfg.Process == nil && c.cfg.Forward == nil }
-
 func (c *Consumer) token() string {
 	return c.cfg.Owner + ":" + c.nonce + "." + strconv.FormatUint(c.seq.Add(1), 36)
 }
 
-// claim runs claimScript once, for at most limit entries, and accounts for
-// what it did.
+// claim claims (or forwards, or in a dry run reads) at most limit due
+// entries, as the handler does, and accounts for what it did.
 func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
-	if c.cfg.DryRun {
-		return c.peek(ctx, limit)
-	}
-	if c.cfg.Forward != nil {
-		return c.forward(ctx, limit)
-	}
-	return c.claimAs(ctx, limit, c.token(), 0)
+	return c.h.claim(ctx, limit)
 }
 
-// claimAs runs claimScript once under the lease token tok. maxBytes > 0
-// bounds the claimed tasks' share of a poll's answer (see TaskOverheadBytes);
-// 0 leaves the claim bounded by limit alone.
-func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int) (claimResult, error) {
-	k := c.cfg.Keys
-	raw, err := claimScript.Run(ctx, c.rdb,
-		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
-		limit, c.cfg.Lease.Milliseconds(), tok, queue.MaxAhead.Milliseconds(),
-		c.cfg.CloseDelay.Milliseconds(), boolArg(c.cfg.CountRedeliveries), maxBytes, TaskOverheadBytes,
-		boolArg(c.batchLeases() && maxBytes <= 0)).Slice()
+// claimAs claims once (queue.Store.Claim) under the lease token tok.
+// maxBytes > 0 bounds the claimed tasks' share of a poll's answer (see
+// TaskOverheadBytes); 0 leaves the claim bounded by limit alone. batch
+// leases the claim as one batch (the order queue); task queues lease per
+// member, as their workers and polls extend, ack and check single tasks.
+func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int, batch bool) (claimResult, error) {
+	raw, err := c.q.Claim(ctx, queue.ClaimArgs{Limit: limit, Lease: c.cfg.Lease, Token: tok,
+		CloseDelay: c.cfg.CloseDelay, CountRedeliveries: c.cfg.CountRedeliveries, MaxBytes: maxBytes,
+		Overhead: TaskOverheadBytes, Batch: batch && maxBytes <= 0})
 	if err != nil {
-		return claimResult{}, fmt.Errorf("claim: %w", err)
+		return claimResult{}, err
 	}
-	res, err := parseClaim(raw)
-	if err != nil {
-		return claimResult{}, fmt.Errorf("claim: %w", err)
-	}
-	for i := range res.items {
-		res.items[i].token = tok
-	}
-	c.m.Claimed.Add(float64(len(res.items)))
-	c.m.Reclaimed.Add(float64(res.reclaimed))
+	res := fromStore(raw, tok)
+	countClaim(c.m, c.log, res)
 	c.m.Inflight.Add(float64(len(res.items)))
-	for reason, n := range res.dead {
-		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
-		c.log.Warn("dead-lettered malformed entries", zap.String("reason", reason), zap.Int("count", n))
-	}
 	return res, nil
+}
+
+// countClaim accounts for what a claim did: the scan loop's, or a poll's
+// (ClaimTasks).
+func countClaim(m *metrics.Metrics, log *zap.Logger, res claimResult) {
+	m.Claimed.Add(float64(len(res.items)))
+	m.Reclaimed.Add(float64(res.reclaimed))
+	for reason, n := range res.dead {
+		m.DeadLettered.WithLabelValues(reason).Add(float64(n))
+		log.Warn("dead-lettered malformed entries", zap.String("reason", reason), zap.Int("count", n))
+	}
 }
 
 var errReply = errors.New("unexpected reply")
 
-// parseClaim reads a claim's reply (claimScript), or the first six fields
-// of a peek's or a forward's, which have no fresh list.
-func parseClaim(raw []any) (claimResult, error) {
-	var r claimResult
-	if len(raw) == 6 {
-		raw = append(raw[:6:6], []any{})
+// fromStore is the scan loop's form of a claim's result, each item
+// carrying the token it was leased under.
+func fromStore(r queue.ClaimResult, tok string) claimResult {
+	out := claimResult{now: r.Now, nextQueue: r.NextQueue, nextExpiry: r.NextExpiry,
+		reclaimed: r.Reclaimed, paused: r.Paused, dead: r.Dead, items: make([]item, len(r.Items))}
+	for i, it := range r.Items {
+		out.items[i] = item{token: tok, serial: it.Serial, deadline: it.Deadline, attempts: it.Attempts}
 	}
-	if len(raw) != 7 {
-		return r, fmt.Errorf("%w: %d fields, want 6 or 7", errReply, len(raw))
-	}
-	var paused int64
-	ints := [...]struct {
-		i int
-		p *int64
-	}{{0, &r.now}, {1, &r.nextQueue}, {2, &r.nextExpiry}, {5, &paused}}
-	for _, f := range ints {
-		v, ok := raw[f.i].(int64)
-		if !ok {
-			return r, fmt.Errorf("%w: field %d is %T", errReply, f.i, raw[f.i])
-		}
-		*f.p = v
-	}
-	r.paused = paused == 1
-	claimed, ok1 := raw[3].([]any)
-	dead, ok2 := raw[4].([]any)
-	fresh, ok3 := raw[6].([]any)
-	if !ok1 || !ok2 || !ok3 || len(claimed)%4 != 0 || len(dead)%2 != 0 || len(fresh)%2 != 0 {
-		return r, fmt.Errorf("%w: malformed claimed, dead or fresh list", errReply)
-	}
-	r.items = make([]item, 0, len(claimed)/4+len(fresh)/2)
-	for i := 0; i < len(claimed); i += 4 {
-		s, ok := claimed[i].(string)
-		d, ok2 := claimed[i+1].(int64)
-		a, ok3 := claimed[i+2].(int64)
-		again, ok4 := claimed[i+3].(int64)
-		if !ok || !ok2 || !ok3 || !ok4 {
-			return r, fmt.Errorf("%w: malformed claimed entry %d", errReply, i/4)
-		}
-		r.items = append(r.items, item{serial: s, deadline: d, attempts: int(a)})
-		if again == 1 {
-			r.reclaimed++
-		}
-	}
-	for i := 0; i < len(fresh); i += 2 {
-		s, ok := fresh[i].(string)
-		d, ok2 := fresh[i+1].(int64)
-		if !ok || !ok2 {
-			return r, fmt.Errorf("%w: malformed fresh entry %d", errReply, i/2)
-		}
-		r.items = append(r.items, item{serial: s, deadline: d})
-	}
-	if len(dead) > 0 {
-		r.dead = map[string]int{}
-		for i := 1; i < len(dead); i += 2 {
-			reason, _ := dead[i].(string)
-			r.dead[reason]++
-		}
-	}
-	return r, nil
+	return out
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // A dead letter keeps its payload so that a requeue runs the task with it.
@@ -32,7 +34,7 @@ func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
 			if err != nil || len(ts) != 1 {
 				e.t.Fatalf("poll: %v, %v", ts, err)
 			}
-			if missed, err := AckTasks(ctx, e.rdb, e.keys, tok, []string{"x"}); err != nil || len(missed) != 0 {
+			if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(ctx, tok, []string{"x"}); err != nil || len(missed) != 0 {
 				e.t.Fatalf("ack: missed %q, %v", missed, err)
 			}
 		}},

@@ -116,8 +116,8 @@ const statsParallel = 8
 // them: depth, overdue and dead letters add up, the oldest overdue age is
 // the largest and the next deadline the earliest. It also returns each
 // key's own Stats, in the order of keys.
-func ReadStatsAll(ctx context.Context, rdb redis.Scripter, keys []queue.Keys) (Stats, []Stats, error) {
-	each := make([]Stats, len(keys))
+func ReadStatsAll(ctx context.Context, rdb redis.Scripter, keys []queue.Keys) (queue.Stats, []queue.Stats, error) {
+	each := make([]queue.Stats, len(keys))
 	errs := make([]error, len(keys))
 	sem := make(chan struct{}, statsParallel)
 	var wg sync.WaitGroup
@@ -126,14 +126,14 @@ func ReadStatsAll(ctx context.Context, rdb redis.Scripter, keys []queue.Keys) (S
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			each[i], errs[i] = ReadStats(ctx, rdb, k)
+			each[i], errs[i] = queue.ReadStats(ctx, rdb, k)
 		}()
 	}
 	wg.Wait()
-	var sum Stats
+	var sum queue.Stats
 	for i, s := range each {
 		if errs[i] != nil {
-			return Stats{}, nil, errs[i]
+			return queue.Stats{}, nil, errs[i]
 		}
 		sum.Now = maxTime(sum.Now, s.Now)
 		sum.Depth += s.Depth

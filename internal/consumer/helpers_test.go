@@ -193,9 +193,18 @@ func (e *env) held() int64 { return e.heldIn(e.keys) }
 
 func (e *env) heldIn(k queue.Keys) int64 {
 	e.t.Helper()
-	st, err := ReadStats(context.Background(), e.rdb, k)
+	st, err := queue.ReadStats(context.Background(), e.rdb, k)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return st.Held
+}
+
+// anys converts serials to command arguments.
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }

@@ -261,7 +261,7 @@ func TestStatsCountASerialInBothKeysOnce(t *testing.T) {
 		t.Fatalf("claim: %v", err)
 	}
 	e.enqueue([]string{"both-1"}, now.Add(time.Hour))
-	st, err := ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // taskMetrics gives e a task queue's metrics (the daemon's families) and
@@ -96,7 +97,7 @@ func TestTaskLatenessObservedForEveryAction(t *testing.T) {
 		if err != nil || len(got) != 1 {
 			t.Fatalf("poll: %v, %d tasks", err, len(got))
 		}
-		missed, late, err := AckTasksLateness(context.Background(), e.rdb, e.keys, tok, []string{"t-1", "never-polled"})
+		missed, late, err := queue.NewStore(e.rdb, e.keys).AckTasks(context.Background(), tok, []string{"t-1", "never-polled"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -61,7 +61,7 @@ type ReconcilerConfig struct {
 // and skipped (closeIsolating), so one poisoned row never stops the rest.
 type Reconciler struct {
 	cfg   ReconcilerConfig
-	rdb   redis.Cmdable
+	rdb   redis.UniversalClient
 	store *orders.Store
 	m     *metrics.Metrics
 	log   *zap.Logger
@@ -96,7 +96,7 @@ const (
 )
 
 // NewReconciler returns a Reconciler.
-func NewReconciler(cfg ReconcilerConfig, rdb redis.Cmdable, store *orders.Store, m *metrics.Metrics, log *zap.Logger) *Reconciler {
+func NewReconciler(cfg ReconcilerConfig, rdb redis.UniversalClient, store *orders.Store, m *metrics.Metrics, log *zap.Logger) *Reconciler {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultReconcileInterval
 	}
@@ -144,9 +144,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	defer cancel()
 	// A pause means nobody is closed (the payment provider is down, say):
 	// the safety net waits too.
-	if n, err := r.rdb.Exists(ctx, r.cfg.Keys.Paused).Result(); err != nil || n == 1 {
+	if paused, err := queue.NewStore(r.rdb, r.cfg.Keys).Paused(ctx); err != nil || paused {
 		if err != nil {
-			return 0, fmt.Errorf("reconcile: pause flag: %w", err)
+			return 0, fmt.Errorf("reconcile: %w", err)
 		}
 		return 0, nil
 	}
@@ -444,17 +444,13 @@ func (r *Reconciler) inQueue(ctx context.Context, serials []string) ([]bool, err
 		return found, nil
 	}
 	all := append([]queue.Keys{r.cfg.Keys}, r.cfg.Shards...)
-	args := anys(serials)
 	for _, k := range all {
-		in, err := inQueueScript.Run(ctx, r.rdb, []string{k.Queue, k.Lease}, args...).Int64Slice()
+		in, err := queue.NewStore(r.rdb, k).InQueue(ctx, serials)
 		if err != nil {
 			return nil, fmt.Errorf("reconcile: check queue: %w", err)
 		}
-		if len(in) != len(serials) {
-			return nil, fmt.Errorf("reconcile: check queue: %w", errReply)
-		}
 		for j := range serials {
-			found[j] = found[j] || in[j] == 1
+			found[j] = found[j] || in[j]
 		}
 	}
 	return found, nil

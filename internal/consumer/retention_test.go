@@ -409,7 +409,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 						}
 						what = "ack"
 						tok := tokens[rnd.IntN(len(tokens))]
-						if _, err := AckTasks(ctx, e.rdb, e.keys, tok, []string{pick(), pick()}[:1+rnd.IntN(2)]); err != nil {
+						if _, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(ctx, tok, []string{pick(), pick()}[:1+rnd.IntN(2)]); err != nil {
 							t.Fatal(err)
 						}
 					} else {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // TestStatsSurviveMalformedMembers: members a raw producer wrote
@@ -33,7 +35,7 @@ func TestStatsSurviveMalformedMembers(t *testing.T) {
 	if err := e.rdb.ZAdd(ctx, k.Inflight, redis.Z{Score: float64(now.UnixMilli()), Member: "orphan"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := ReadStats(ctx, e.rdb, k)
+	st, err := queue.ReadStats(ctx, e.rdb, k)
 	if err != nil {
 		t.Fatalf("stats with malformed members: %v", err)
 	}

@@ -1,9 +1,6 @@
 package consumer
 
-import (
-	"context"
-	"strings"
-)
+import "context"
 
 type heldKey struct{}
 
@@ -29,16 +26,13 @@ func Held(ctx context.Context, ids []string) (held map[string]bool, ok bool, err
 	if len(ids) == 0 {
 		return map[string]bool{}, true, nil
 	}
-	recs, err := b.c.rdb.HMGet(ctx, b.c.cfg.Keys.Lease, ids...).Result()
+	recs, has, err := b.c.q.LeaseRecords(ctx, ids)
 	if err != nil {
 		return nil, true, err
 	}
 	held = make(map[string]bool, len(ids))
 	for i, id := range ids {
-		it, claimed := b.items[id]
-		rec, _ := recs[i].(string)
-		// A record is "deadline|attempts|token[|...]".
-		if f := strings.SplitN(rec, "|", 4); claimed && len(f) >= 3 && f[2] == it.token {
+		if it, claimed := b.items[id]; claimed && has[i] && recs[i].Token == it.token {
 			held[id] = true
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // The worker's lease operations are compare-and-sets on the poll token:
@@ -36,23 +37,27 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	if len(ts) != 1 {
 		t.Fatalf("claimed %d, want 1", len(ts))
 	}
-	other := newPollToken()
+	other := queue.NewPollToken()
 	for name, f := range map[string]func(string) (int, error){
 		"extend": func(tk string) (int, error) {
-			lost, err := ExtendTasks(ctx, e.rdb, e.keys, tk, time.Minute, []string{"a"})
+			lost, err := queue.NewStore(e.rdb, e.keys).ExtendTasks(ctx, tk, time.Minute, []string{"a"})
 			return 1 - len(lost), err
 		},
-		"retry": func(tk string) (int, error) { return RetryTasks(ctx, e.rdb, e.keys, tk, 0, "x", []string{"a"}) },
-		"bury": func(tk string) (int, error) {
-			return BuryTasks(ctx, e.rdb, e.keys, tk, ReasonFailed, "x", []string{"a"})
+		"retry": func(tk string) (int, error) {
+			return queue.NewStore(e.rdb, e.keys).RetryTasks(ctx, tk, 0, "x", []string{"a"})
 		},
-		"hand back": func(tk string) (int, error) { return ReleaseTasks(ctx, e.rdb, e.keys, tk, []string{"a"}) },
+		"bury": func(tk string) (int, error) {
+			return queue.NewStore(e.rdb, e.keys).BuryTasks(ctx, tk, ReasonFailed, "x", []string{"a"})
+		},
+		"hand back": func(tk string) (int, error) {
+			return queue.NewStore(e.rdb, e.keys).ReleaseTasks(ctx, tk, []string{"a"})
+		},
 	} {
 		if n, err := f(other); err != nil || n != 0 {
 			t.Errorf("%s under another token: %d, %v; want 0, nil", name, n, err)
 		}
-		if _, err := f("-"); !errors.Is(err, ErrInvalidPollToken) {
-			t.Errorf("%s under the retry marker: %v, want ErrInvalidPollToken", name, err)
+		if _, err := f("-"); !errors.Is(err, queue.ErrInvalidPollToken) {
+			t.Errorf("%s under the retry marker: %v, want queue.ErrInvalidPollToken", name, err)
 		}
 	}
 	if tk, err := e.cl.GetTask(ctx, "a"); err != nil || tk.State != client.StateLeased || tk.Owner != tok {
@@ -61,7 +66,7 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	// Extend under the right token moves the expiry later.
 	before, _ := e.rdb.ZScore(ctx, e.keys.Inflight, "a").Result()
 	time.Sleep(5 * time.Millisecond) // so the Redis clock moves
-	if lost, err := ExtendTasks(ctx, e.rdb, e.keys, tok, 2*time.Minute, []string{"a", "nope"}); err != nil || len(lost) != 1 || lost[0] != "nope" {
+	if lost, err := queue.NewStore(e.rdb, e.keys).ExtendTasks(ctx, tok, 2*time.Minute, []string{"a", "nope"}); err != nil || len(lost) != 1 || lost[0] != "nope" {
 		t.Fatalf("extend: lost %v, %v; want [nope]", lost, err)
 	}
 	after, _ := e.rdb.ZScore(ctx, e.keys.Inflight, "a").Result()
@@ -70,14 +75,14 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	}
 	// Retry spends an attempt; the next claim gets it (delay 0) and a
 	// hand-back keeps the attempts.
-	if n, err := RetryTasks(ctx, e.rdb, e.keys, tok, 0, "boom", []string{"a"}); err != nil || n != 1 {
+	if n, err := queue.NewStore(e.rdb, e.keys).RetryTasks(ctx, tok, 0, "boom", []string{"a"}); err != nil || n != 1 {
 		t.Fatalf("retry: %d, %v", n, err)
 	}
 	ts, tok = claim()
 	if len(ts) != 1 || ts[0].Attempts != 1 {
 		t.Fatalf("claim after retry: %+v", ts)
 	}
-	if n, err := ReleaseTasks(ctx, e.rdb, e.keys, tok, []string{"a"}); err != nil || n != 1 {
+	if n, err := queue.NewStore(e.rdb, e.keys).ReleaseTasks(ctx, tok, []string{"a"}); err != nil || n != 1 {
 		t.Fatalf("hand back: %d, %v", n, err)
 	}
 	if tk, err := e.cl.GetTask(ctx, "a"); err != nil || tk.State != client.StateBackoff || tk.Attempts != 1 {
@@ -90,7 +95,7 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	// A fresh task handed back is queued again at its deadline.
 	put("b")
 	ts, tok = claim()
-	if n, err := ReleaseTasks(ctx, e.rdb, e.keys, tok, []string{"b"}); err != nil || n != 1 || len(ts) != 1 {
+	if n, err := queue.NewStore(e.rdb, e.keys).ReleaseTasks(ctx, tok, []string{"b"}); err != nil || n != 1 || len(ts) != 1 {
 		t.Fatalf("hand back b: %d, %v", n, err)
 	}
 	if tk, err := e.cl.GetTask(ctx, "b"); err != nil || tk.State != client.StateQueued {
@@ -142,7 +147,7 @@ func TestExtendAnExpiredLeaseNoOneTook(t *testing.T) {
 		t.Fatalf("claim: %d, %v", len(ts), err)
 	}
 	e.rdb.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: "e"}) // ran out long ago
-	if lost, err := ExtendTasks(ctx, e.rdb, e.keys, tok, time.Minute, []string{"e"}); err != nil || len(lost) != 0 {
+	if lost, err := queue.NewStore(e.rdb, e.keys).ExtendTasks(ctx, tok, time.Minute, []string{"e"}); err != nil || len(lost) != 0 {
 		t.Fatalf("extend: lost %v, %v; want none", lost, err)
 	}
 	if ts, _, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10, e.m, zap.NewNop()); err != nil || len(ts) != 0 {

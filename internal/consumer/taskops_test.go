@@ -23,7 +23,7 @@ func (e *env) buryTask(id, payload string) {
 	}
 	c := e.consumer(Config{BatchSize: 10, Lease: time.Minute, MaxAttempts: 1,
 		Process: func(context.Context, []Task) []error { return nil }})
-	res, err := c.claimAs(ctx, 10, "poll.test", 0)
+	res, err := c.claimAs(ctx, 10, "poll.test", 0, false)
 	if err != nil || len(res.items) != 1 {
 		e.t.Fatalf("claim %s: %v, %d items", id, err, len(res.items))
 	}
@@ -79,7 +79,7 @@ func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
 			t.Errorf("%s: dead letter gone (%v); a skipped requeue must leave it", id, err)
 		}
 	}
-	if missed, err := AckTasks(ctx, e.rdb, e.keys, tok, []string{"T-leased"}); err != nil || len(missed) != 0 {
+	if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(ctx, tok, []string{"T-leased"}); err != nil || len(missed) != 0 {
 		t.Errorf("the poll's lease no longer acks: missed %v, %v", missed, err)
 	}
 	// The plain dead letter is due now, with the payload it died with.

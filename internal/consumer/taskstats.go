@@ -76,7 +76,7 @@ func (c *TaskStatsCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *TaskStatsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	each := make([]Stats, len(c.queues))
+	each := make([]queue.Stats, len(c.queues))
 	errs := make([]error, len(c.queues))
 	sem := make(chan struct{}, statsParallel)
 	var wg sync.WaitGroup
@@ -85,7 +85,7 @@ func (c *TaskStatsCollector) Collect(ch chan<- prometheus.Metric) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			each[i], errs[i] = ReadStats(ctx, c.rdb, q.Keys)
+			each[i], errs[i] = queue.ReadStats(ctx, c.rdb, q.Keys)
 		}()
 	}
 	wg.Wait()

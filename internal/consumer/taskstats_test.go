@@ -81,7 +81,9 @@ func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
 	if got, _, err := ClaimTasks(ctx, e.rdb, k, 10, 0, time.Minute, 3, e.m, log); err != nil || len(got) != 0 {
 		t.Fatalf("claim of the bad scores: %v, %d tasks, want none", err, len(got))
 	}
-	now := e.redisNow()
+	// Whole milliseconds: a deadline is rounded up to the next one, and
+	// leased-1 would read 2.999 s overdue within the same millisecond.
+	now := e.redisNow().Truncate(time.Millisecond)
 	e.putTask(cl, "leased-1", now.Add(-3*time.Second))
 	e.putTask(cl, "wait-1", now.Add(-2*time.Second))
 	e.putTask(cl, "wait-2", now.Add(-time.Second))

@@ -21,11 +21,7 @@ func (c *Consumer) process(workCtx context.Context, items []item) {
 	batch, stmt := c.batchBudget()
 	ctx, cancel := context.WithTimeout(workCtx, batch)
 	defer cancel()
-	if c.cfg.Process != nil {
-		c.processTasks(workCtx, ctx, items)
-		return
-	}
-	c.closeItems(workCtx, ctx, stmt, dedupe(items))
+	c.h.process(workCtx, ctx, stmt, items)
 }
 
 // batchBudget returns how long a batch may run and how long the client
@@ -81,9 +77,6 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 	for _, it := range items {
 		if _, ok := isClosed[it.serial]; ok {
 			done = append(done, it)
-			if !c.cfg.DryRun {
-				c.m.Lateness.Observe(committed.Sub(time.UnixMilli(it.deadline)).Seconds())
-			}
 		} else if _, ok := dropped[it.serial]; ok {
 			gone = append(gone, it)
 		} else {
@@ -97,14 +90,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 		c.log.Info("left orders a producer or another replica took over since the claim", zap.Int("orders", len(gone)))
 		c.finish(gone)
 	}
-	if c.cfg.DryRun {
-		c.m.DryRunWouldClose.Add(float64(len(done)))
-		if len(closed) > 0 {
-			c.log.Info("dry run: would close", zap.Strings("serials", closed))
-		}
-	} else {
-		c.m.Closed.Add(float64(len(done)))
-	}
+	c.h.closed(done, closed, committed)
 
 	if len(rest) > 0 {
 		lctx, lcancel := context.WithTimeout(batchCtx, stmt)
@@ -144,15 +130,15 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 	return nil
 }
 
-// fence returns the check a close runs before it commits (fenceScript):
+// fence returns the check a close runs before it commits (handler.fence).
+func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) { return c.h.fence(items) }
+
+// fence returns the check a close runs before it commits (queue.Store.Fence):
 // which of the serials it closed are no longer this claim's. Serials it
-// drops are recorded in the returned set. A dry run commits nothing and
-// needs no fence.
-func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
+// drops are recorded in the returned set.
+func (h orderHandler) fence(items []item) (orders.Fence, map[string]struct{}) {
+	c := h.c
 	dropped := map[string]struct{}{}
-	if c.cfg.DryRun {
-		return nil, dropped
-	}
 	// A batch is one claim's, under one token (splits keep it); only
 	// items from several claims need the map of serial to token.
 	var tokens map[string]string
@@ -162,7 +148,6 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
 			tokens[it.serial] = it.token
 		}
 	}
-	k := c.cfg.Keys
 	return func(ctx context.Context, closed []string) ([]string, error) {
 		var byTok map[string][]string
 		if tokens == nil {
@@ -175,8 +160,7 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) {
 		}
 		var drop []string
 		for tok, serials := range byTok {
-			args := append([]any{tok, c.cfg.CloseDelay.Milliseconds()}, anys(serials)...)
-			got, err := fenceScript.Run(ctx, c.rdb, []string{k.Queue, k.Lease}, args...).StringSlice()
+			got, err := c.q.Fence(ctx, tok, c.cfg.CloseDelay, serials)
 			if err != nil {
 				return nil, err
 			}
@@ -209,22 +193,21 @@ func (c *Consumer) fenceFamily(ctx context.Context, closed, drop []string) ([]st
 	for _, s := range drop {
 		skip[s] = struct{}{}
 	}
-	byKey := map[string][]string{}
+	byKey := map[queue.Keys][]string{}
 	for _, s := range closed {
 		if _, ok := skip[s]; ok {
 			continue
 		}
-		for _, q := range []string{fam[0].Queue, fam[1+queue.ShardOf(s, len(fam)-1)].Queue} {
-			if q != c.cfg.Keys.Queue {
-				byKey[q] = append(byKey[q], s)
+		for _, k := range []queue.Keys{fam[0], fam[1+queue.ShardOf(s, len(fam)-1)]} {
+			if k.Queue != c.cfg.Keys.Queue {
+				byKey[k] = append(byKey[k], s)
 			}
 		}
 	}
 	var out []string
 	seen := map[string]struct{}{}
-	for q, serials := range byKey {
-		args := append([]any{c.cfg.CloseDelay.Milliseconds()}, anys(serials)...)
-		got, err := laterScript.Run(ctx, c.rdb, []string{q}, args...).StringSlice()
+	for k, serials := range byKey {
+		got, err := queue.NewStore(c.rdb, k).Later(ctx, c.cfg.CloseDelay, serials)
 		if err != nil {
 			return nil, err
 		}
@@ -482,24 +465,32 @@ func bookkeeping() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), bookkeepingTimeout)
 }
 
+// The lease bookkeeping after a batch: each is the handler's (a dry run
+// changes nothing in Redis).
+
+func (c *Consumer) finish(items []item) { c.h.finish(items) }
+
+func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason string) {
+	c.h.retry(items, delay, spend, reason)
+}
+
+func (c *Consumer) bury(items []item, reason, lastErr string) { c.h.bury(items, reason, lastErr, true) }
+
+func (c *Consumer) handBack(items []item) { c.h.handBack(items) }
+
 // finish removes settled entries (compare-and-set on the lease).
-func (c *Consumer) finish(items []item) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+func (h orderHandler) finish(items []item) { h.finishLeases(items, false) }
+
+// finishLeases is finish; payloads drops task payloads with the entries.
+func (h orderHandler) finishLeases(items []item, payloads bool) {
+	c := h.c
 	if len(items) == 0 {
 		return
 	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
-	keys := []string{k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}
-	if c.cfg.Process != nil {
-		keys = append(keys, k.Payload, k.Dead, k.Queue)
-	}
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok}, anys(serials)...)
-		if err := finishScript.Run(ctx, c.rdb, keys, args...).Err(); err != nil {
+		if _, err := c.q.Finish(ctx, tok, serials, payloads); err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
@@ -507,21 +498,14 @@ func (c *Consumer) finish(items []item) {
 	}
 }
 
-func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason string) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+// retry turns leases into backoffs due after delay.
+func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reason string) {
+	c := h.c
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
-	sp := 0
-	if spend {
-		sp = 1
-	}
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok, delay.Milliseconds(), sp, reason}, anys(serials)...)
-		res, err := retryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
-		if err != nil || len(res) != 2 {
+		res, err := c.q.Retry(ctx, queue.RetryArgs{Token: tok, Serials: serials, Delay: delay, Spend: spend, LastError: reason})
+		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
@@ -531,54 +515,44 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 		// The time is on Redis's clock; wake-ups carry producer deadlines,
 		// to which the scanner adds the close delay, so take it off here.
 		select {
-		case c.wake <- res[1] - c.cfg.CloseDelay.Milliseconds():
+		case c.wake <- res.At - c.cfg.CloseDelay.Milliseconds():
 		default:
 		}
 	}
 }
 
-func (c *Consumer) bury(items []item, reason, lastErr string) { c.buryAs(items, reason, lastErr, true) }
-
-// buryCounted is bury for items whose attempts already count every failed
-// run (a claim that re-took an expired lease counted it: ClaimTasks).
-func (c *Consumer) buryCounted(items []item, reason, lastErr string) {
-	c.buryAs(items, reason, lastErr, false)
+// bury dead-letters items; countRun adds the run that failed to their
+// attempts (false: they count it already, as a poll's claim that re-took
+// an expired lease does: ClaimTasks).
+func (h orderHandler) bury(items []item, reason, lastErr string, countRun bool) {
+	buryLeases(h.c.q, h.c.m, h.c.log, items, reason, lastErr, countRun)
 }
 
-// buryAs dead-letters items; countRun adds the run that failed to their
-// attempts.
-func (c *Consumer) buryAs(items []item, reason, lastErr string, countRun bool) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+// buryLeases is bury on store st: the scan loop's, or a poll's
+// (ClaimTasks).
+func buryLeases(st *queue.Store, m *metrics.Metrics, log *zap.Logger, items []item, reason, lastErr string, countRun bool) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok, reason, lastErr, boolArg(countRun)}, anys(serials)...)
-		n, err := buryScript.Run(ctx, c.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
+		n, err := st.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: countRun})
 		if err != nil {
-			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
-			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
+			m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			log.Warn("dead-lettering failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
 			continue
 		}
-		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
+		m.DeadLettered.WithLabelValues(reason).Add(float64(n))
 	}
 }
 
 // handBack returns claims to the queue with their true deadlines.
-func (c *Consumer) handBack(items []item) {
-	if c.cfg.DryRun {
-		return // the queue is left as it is
-	}
+func (h orderHandler) handBack(items []item) {
+	c := h.c
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	k := c.cfg.Keys
 	total := 0
 	for tok, serials := range byToken(items) {
-		args := append([]any{tok}, anys(serials)...)
-		n, err := handBackScript.Run(ctx, c.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}, args...).Int()
+		n, err := c.q.HandBack(ctx, tok, serials)
 		if err != nil {
 			c.log.Warn("hand-back failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
@@ -587,12 +561,4 @@ func (c *Consumer) handBack(items []item) {
 		total += n
 	}
 	c.log.Info("handed back unfinished claims", zap.Int("orders", total))
-}
-
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
 }

@@ -245,7 +245,7 @@ func TestStatsCountLeasedEntriesAsOverdue(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.rdb.ZAdd(ctx, e.keys.Dead, redis.Z{Score: 1, Member: "d-1"})
-	st, err := ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
 	if err != nil {
 		t.Fatal(err)
 	}

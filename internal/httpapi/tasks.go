@@ -308,7 +308,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 	if !decodeBody(w, r, &b) {
 		return
 	}
-	if !consumer.ValidPollToken(b.Token) {
+	if !queue.ValidPollToken(b.Token) {
 		writeInvalid(w, "token", `token: give the "token" of the poll that returned the tasks`)
 		return
 	}
@@ -328,7 +328,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) {
 			ids = append(ids, id)
 		}
 	}
-	missed, late, err := consumer.AckTasksLateness(r.Context(), q.Redis, q.Keys, b.Token, ids)
+	missed, late, err := q.Store.AckTasks(r.Context(), b.Token, ids)
 	if err != nil {
 		s.taskFail(w, err, q)
 		return

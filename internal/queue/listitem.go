@@ -1,6 +1,6 @@
 package queue
 
-// LuaSplitListItem is the Lua function split_item(body), shared by the
+// luaSplitListItem is the Lua function split_item(body), shared by the
 // scripts that read a list action's items (the daemon's forward script and
 // the client's take script). An item is written by the forward script as
 //
@@ -13,7 +13,7 @@ package queue
 //
 // The first `,"deadline_ms":` in the body ends the id: inside the encoded
 // id every `"` is escaped as `\"`, so the sequence cannot occur there.
-const LuaSplitListItem = `
+const luaSplitListItem = `
 local function split_item(body)
   if string.sub(body, 1, 6) ~= '{"id":' then return nil end
   local a, b = string.find(body, ',"deadline_ms":', 7, true)

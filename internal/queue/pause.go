@@ -63,3 +63,13 @@ func (s *Store) PauseState(ctx context.Context) (PauseState, error) {
 	}
 	return st, nil
 }
+
+// Paused reports whether the pause flag is set, whatever it holds (the
+// claim script's test: EXISTS).
+func (s *Store) Paused(ctx context.Context) (bool, error) {
+	n, err := s.rdb.Exists(ctx, s.keys.Paused).Result()
+	if err != nil {
+		return false, fmt.Errorf("pause flag: %w", err)
+	}
+	return n == 1, nil
+}

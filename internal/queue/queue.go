@@ -6,22 +6,27 @@
 // beside the typed method of Store that runs it and returns a result
 // struct. It knows nothing of metrics or logging; callers count and log.
 //
-// Where things are: store.go (Store), dead.go (dead letters: list,
-// requeue, purge; the dead-letter record), taskops.go (task queues'
-// paging, requeue and purge), tasks.go (task put, delete, payload; the
-// reliable list's take and ack; the list item), stream.go (stream groups
-// and the bury of exhausted entries), pause.go (the pause flag),
+// Where things are: store.go (Store), lease.go (the lease protocol: the
+// shared Lua helpers and serial rule, claim, finish, retry, fence, later,
+// bury, hand-back, in-queue, stats), leaserecord.go (the lease record's
+// codec, LeaseRecord, and LeaseRecords), tasklease.go (the poll token and
+// a poll's ack, extend, retry, bury and release), forward.go (stream and
+// list actions' forward), peek.go (the dry run's read and the scan loop's
+// head check), orders.go (order enqueue, get, cancel and the sharded
+// client's lookup), dead.go (dead letters: list, requeue, purge; the
+// dead-letter record), taskops.go (task queues' paging, requeue and
+// purge), tasks.go (task put, delete, payloads; the reliable list's take
+// and ack; the list item), stream.go (stream groups and the bury of
+// exhausted entries), pause.go (the pause flag),
 // extend.go (moving deadlines later), meta.go (the meta hash, task
 // queues' default keys), nextdue.go (the long poll's wait), listitem.go
 // (the Lua list-item splitter), shard.go (shard keys and hash slots),
 // unbatch.go (batch leases back to per-member ones, for a rollback).
 //
-// Not here yet: the lease protocol and the scripts that read or write the
-// lease record — claim, finish, retry, fence, later, bury, hand-back, the
-// stats and in-queue scripts, the forward and dry-run peek scripts, the
-// poll's claim, ack, extend and release (internal/consumer) — and the
-// order enqueue, get and cancel scripts, which drop or read a lease
-// (package client).
+// Every Lua script of orderdelay is here. Outside the store, the daemon's
+// consumer (internal/consumer) talks to Redis directly only to subscribe
+// to the wake-up channel and, in the event relay, to add close events to
+// the events stream; the demo command writes as a raw producer would.
 //
 // It depends on go-redis and the standard library only, so the public
 // client package shares it without inheriting the daemon's dependencies.
@@ -86,7 +91,7 @@ type Keys struct {
 	Inflight  string // leased and backing-off entries, scored by expiry
 	Deadlines string // the same entries, scored by their true deadline
 	Lease     string // per-entry lease record
-	// Batch leases of the order queue (see consumer's scripts): Leases
+	// Batch leases of the order queue (see lease.go): Leases
 	// scores each claim's token by its lease expiry; LeaseBatch holds, per
 	// token, the members it leased (field token), how many of them it
 	// still holds (field "#"+token) and the oldest of their deadlines

@@ -14,7 +14,7 @@ import (
 // the daemon's durable tier writes through the same methods as its own
 // writer.
 
-// Write modes of the put script (and of package client's enqueue script).
+// Write modes of the put script (and of the order enqueue script, Enqueue).
 const (
 	ModeCreate     = "nx"    // add only if absent
 	ModeReschedule = "set"   // set the deadline whether or not it exists
@@ -244,7 +244,7 @@ func (s *Store) DeleteTasks(ctx context.Context, writer string, ids []string) (i
 }
 
 // ListItem is an item of a list action's ready list, as the forward script
-// writes it (see LuaSplitListItem).
+// writes it (see luaSplitListItem).
 type ListItem struct {
 	ID         string          `json:"id"`
 	DeadlineMS int64           `json:"deadline_ms"`
@@ -279,9 +279,9 @@ var ErrNothingToTake = errors.New("nothing to take")
 //
 // Returns {item, deliveries including this one}, or nil when the list is
 // empty or holds only items whose ids are taken. The id is read without
-// decoding the payload (see LuaSplitListItem); an item of another
+// decoding the payload (see luaSplitListItem); an item of another
 // shape is keyed by its whole body.
-var takeScript = redis.NewScript(LuaSplitListItem + `
+var takeScript = redis.NewScript(luaSplitListItem + `
 for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
   local item = redis.call('LINDEX', KEYS[1], -1)
   local id = split_item(item) or item
@@ -356,4 +356,18 @@ func (s *Store) AckTaken(ctx context.Context, id string) (bool, error) {
 		return false, fmt.Errorf("ack: %w", err)
 	}
 	return n == 1, nil
+}
+
+// Payloads reads the payloads of tasks ids in one command; ok[i] is false
+// when ids[i] has none.
+func (s *Store) Payloads(ctx context.Context, ids []string) (payloads []string, ok []bool, err error) {
+	vals, err := s.rdb.HMGet(ctx, s.keys.Payload, ids...).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("payloads: %w", err)
+	}
+	payloads, ok = make([]string, len(ids)), make([]bool, len(ids))
+	for i, v := range vals {
+		payloads[i], ok[i] = v.(string)
+	}
+	return payloads, ok, nil
 }

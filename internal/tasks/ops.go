@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/lib/pq"
 
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -116,18 +114,13 @@ func (r *Runtime) List(ctx context.Context, state, cursor string, limit int, wit
 		case ListInflight:
 			until := time.UnixMilli(int64(z.Score)).UTC()
 			t.State, t.Until = "leased", &until
-			// "deadline|attempts|token|last error"; token "-" is a backoff.
-			parts := strings.SplitN(rec, "|", 4)
-			if len(parts) >= 3 { // the last error may be missing
-				if ms, err := strconv.ParseInt(parts[0], 10, 64); err == nil {
-					t.Due = time.UnixMilli(ms).UTC()
+			if l, ok := queue.ParseLeaseRecord(rec); ok {
+				if l.Deadline != 0 {
+					t.Due = time.UnixMilli(l.Deadline).UTC()
 				}
-				t.Attempts, _ = strconv.Atoi(parts[1])
-				if parts[2] == "-" {
+				t.Attempts, t.LastError = l.Attempts, l.LastError
+				if l.Backoff() {
 					t.State = "backoff"
-				}
-				if len(parts) == 4 {
-					t.LastError = parts[3]
 				}
 			}
 		}
@@ -165,7 +158,7 @@ type Stats struct {
 
 // Stats reads the queue's numbers.
 func (r *Runtime) Stats(ctx context.Context) (Stats, error) {
-	s, err := consumer.ReadStats(ctx, r.Redis, r.Keys)
+	s, err := queue.ReadStats(ctx, r.Redis, r.Keys)
 	if err != nil {
 		return Stats{}, err
 	}

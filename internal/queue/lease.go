@@ -1,6 +1,12 @@
-package consumer
+package queue
 
-import "github.com/redis/go-redis/v9"
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The lease mechanism: a claim MOVES an entry out of the queue key into
 // same-slot companions, so a producer's later write is always told apart
@@ -474,6 +480,122 @@ if not changed then return {now, answer(qHead), earlier(infHead, batHead), claim
 return {now, answer(head(KEYS[1])), earlier(head(KEYS[2]), head(KEYS[9])), claimed, dead, 0, fresh}
 `)
 
+// ClaimArgs are a claim's parameters (claimScript's ARGV).
+type ClaimArgs struct {
+	Limit             int           // most entries to lease
+	Lease             time.Duration // how long the lease lasts
+	Token             string        // lease token, unique per claim; no '|', no "\n"
+	CloseDelay        time.Duration // an entry is due at its deadline + CloseDelay
+	CountRedeliveries bool          // a re-claim of an expired lease spends an attempt (poll queues)
+	MaxBytes          int           // byte budget of a poll's answer; 0: none
+	Overhead          int           // with MaxBytes: bytes a task costs besides its payload and twice its id
+	Batch             bool          // lease the claim as one batch (the order queue); false: per member
+}
+
+// Leased is one entry a claim leased.
+type Leased struct {
+	Serial   string
+	Deadline int64 // Unix ms: the true deadline
+	Attempts int   // attempts spent so far
+}
+
+// ClaimResult is what a claim (Claim), a dry run's peek or a forward did.
+type ClaimResult struct {
+	Now        int64          // Redis's clock, Unix ms
+	NextQueue  int64          // the queue key's earliest deadline afterwards, or -1
+	NextExpiry int64          // the earliest lease or backoff expiry afterwards, or -1
+	Items      []Leased       // entries leased (or peeked)
+	Reclaimed  int            // of Items, those whose lease by a replica had expired
+	Paused     bool           // closing is paused: nothing was claimed or changed
+	Dead       map[string]int // entries dead-lettered, by reason (nil: none)
+}
+
+// Claim runs claimScript once: it leases at most a.Limit due entries under
+// a.Token and dead-letters the malformed ones it meets.
+func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
+	k := s.keys
+	raw, err := claimScript.Run(ctx, s.rdb,
+		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
+		a.Limit, a.Lease.Milliseconds(), a.Token, MaxAhead.Milliseconds(),
+		a.CloseDelay.Milliseconds(), boolArg(a.CountRedeliveries), a.MaxBytes, a.Overhead, boolArg(a.Batch)).Slice()
+	if err != nil {
+		return ClaimResult{}, fmt.Errorf("claim: %w", err)
+	}
+	res, err := parseClaim(raw)
+	if err != nil {
+		return ClaimResult{}, fmt.Errorf("claim: %w", err)
+	}
+	return res, nil
+}
+
+// parseClaim reads a claim's reply (claimScript), or the first six fields
+// of a peek's or a forward's, which have no fresh list.
+func parseClaim(raw []any) (ClaimResult, error) {
+	var r ClaimResult
+	if len(raw) == 6 {
+		raw = append(raw[:6:6], []any{})
+	}
+	if len(raw) != 7 {
+		return r, fmt.Errorf("%w: %d fields, want 6 or 7", ErrReply, len(raw))
+	}
+	var paused int64
+	ints := [...]struct {
+		i int
+		p *int64
+	}{{0, &r.Now}, {1, &r.NextQueue}, {2, &r.NextExpiry}, {5, &paused}}
+	for _, f := range ints {
+		v, ok := raw[f.i].(int64)
+		if !ok {
+			return r, fmt.Errorf("%w: field %d is %T", ErrReply, f.i, raw[f.i])
+		}
+		*f.p = v
+	}
+	r.Paused = paused == 1
+	claimed, ok1 := raw[3].([]any)
+	dead, ok2 := raw[4].([]any)
+	fresh, ok3 := raw[6].([]any)
+	if !ok1 || !ok2 || !ok3 || len(claimed)%4 != 0 || len(dead)%2 != 0 || len(fresh)%2 != 0 {
+		return r, fmt.Errorf("%w: malformed claimed, dead or fresh list", ErrReply)
+	}
+	r.Items = make([]Leased, 0, len(claimed)/4+len(fresh)/2)
+	for i := 0; i < len(claimed); i += 4 {
+		s, ok := claimed[i].(string)
+		d, ok2 := claimed[i+1].(int64)
+		a, ok3 := claimed[i+2].(int64)
+		again, ok4 := claimed[i+3].(int64)
+		if !ok || !ok2 || !ok3 || !ok4 {
+			return r, fmt.Errorf("%w: malformed claimed entry %d", ErrReply, i/4)
+		}
+		r.Items = append(r.Items, Leased{Serial: s, Deadline: d, Attempts: int(a)})
+		if again == 1 {
+			r.Reclaimed++
+		}
+	}
+	for i := 0; i < len(fresh); i += 2 {
+		s, ok := fresh[i].(string)
+		d, ok2 := fresh[i+1].(int64)
+		if !ok || !ok2 {
+			return r, fmt.Errorf("%w: malformed fresh entry %d", ErrReply, i/2)
+		}
+		r.Items = append(r.Items, Leased{Serial: s, Deadline: d})
+	}
+	if len(dead) > 0 {
+		r.Dead = map[string]int{}
+		for i := 1; i < len(dead); i += 2 {
+			reason, _ := dead[i].(string)
+			r.Dead[reason]++
+		}
+	}
+	return r, nil
+}
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
 // finishScript removes settled entries (closed, or paid/closed already).
 //
 //	KEYS[1] -> {queue}:inflight KEYS[2] -> {queue}:deadlines KEYS[3] -> {queue}:lease
@@ -489,7 +611,7 @@ return {now, answer(head(KEYS[1])), earlier(head(KEYS[2]), head(KEYS[9])), claim
 // reused the id): it is that dead letter's now, for a requeue, and goes
 // when the dead letter is purged. It also stays when the id is in the
 // queue key again (a producer re-added it with a raw ZADD during the
-// lease): that live task runs with it, as after a poll's ack (ackScript).
+// lease): that live task runs with it, as after a poll's ack (pollAckScript).
 // Returns the number removed.
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]
@@ -519,6 +641,26 @@ end
 return #rem
 `)
 
+// Finish removes the entries serials still leased under token: they were
+// closed, or were settled already. payloads is true for task queues, whose
+// payloads go with the entry (see finishScript). It returns the number
+// removed.
+func (s *Store) Finish(ctx context.Context, token string, serials []string, payloads bool) (int, error) {
+	k := s.keys
+	keys := []string{k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}
+	if payloads {
+		keys = append(keys, k.Payload, k.Dead, k.Queue)
+	}
+	n, err := finishScript.Run(ctx, s.rdb, keys, append([]any{token}, anys(serials)...)...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("finish: %w", err)
+	}
+	return n, nil
+}
+
+// FinishScriptHash is finishScript's SHA1, for tests that make it fail.
+func FinishScriptHash() string { return finishScript.Hash() }
+
 // retryScript turns leases into backoffs: the entry stays out of the queue,
 // its expiry becomes now + delay, its token "-" and, when ARGV[3] is 1, its
 // attempt count grows by one. A batch lease's member becomes a per-member
@@ -545,6 +687,36 @@ for _, e in ipairs(mine) do
 end
 return {#mine, at}
 `)
+
+// RetryArgs are a retry's parameters (retryScript).
+type RetryArgs struct {
+	Token     string        // the lease token the entries are held under
+	Serials   []string      // the entries
+	Delay     time.Duration // backoff, from now on Redis's clock
+	Spend     bool          // the retry spends an attempt
+	LastError string        // recorded in the lease record ('|' becomes '/')
+}
+
+// RetryResult is what a retry did.
+type RetryResult struct {
+	Moved int   // entries turned into backoffs (the others' lease was lost)
+	At    int64 // when they are due again, Unix ms on Redis's clock
+}
+
+// Retry turns the leases of a.Serials still held under a.Token into
+// backoffs due after a.Delay.
+func (s *Store) Retry(ctx context.Context, a RetryArgs) (RetryResult, error) {
+	k := s.keys
+	args := append([]any{a.Token, a.Delay.Milliseconds(), boolArg(a.Spend), a.LastError}, anys(a.Serials)...)
+	res, err := retryScript.Run(ctx, s.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
+	if err != nil {
+		return RetryResult{}, fmt.Errorf("retry: %w", err)
+	}
+	if len(res) != 2 {
+		return RetryResult{}, fmt.Errorf("retry: %w: %d fields, want 2", ErrReply, len(res))
+	}
+	return RetryResult{Moved: int(res[0]), At: res[1]}, nil
+}
 
 // fenceScript is asked, while a close transaction holds its rows and
 // before it commits, which of the serials it closed are no longer this
@@ -575,6 +747,18 @@ end
 return drop
 `)
 
+// Fence returns the serials, among those a close under token is about to
+// commit, that are no longer that claim's to close (see fenceScript).
+func (s *Store) Fence(ctx context.Context, token string, closeDelay time.Duration, serials []string) ([]string, error) {
+	k := s.keys
+	args := append([]any{token, closeDelay.Milliseconds()}, anys(serials)...)
+	got, err := fenceScript.Run(ctx, s.rdb, []string{k.Queue, k.Lease}, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("fence: %w", err)
+	}
+	return got, nil
+}
+
 // laterScript is the fence's question to another key of the same logical
 // queue (the queue key, or a serial's shard): which of the serials does it
 // hold with a deadline not yet due (a producer wrote it there)?
@@ -596,6 +780,18 @@ for i = 2, #ARGV, 500 do
 end
 return out
 `)
+
+// Later returns the serials the store's queue key holds with a deadline
+// not yet due (less closeDelay): the fence's question to another key of
+// the same logical queue (see laterScript).
+func (s *Store) Later(ctx context.Context, closeDelay time.Duration, serials []string) ([]string, error) {
+	args := append([]any{closeDelay.Milliseconds()}, anys(serials)...)
+	got, err := laterScript.Run(ctx, s.rdb, []string{s.keys.Queue}, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("fence: %w", err)
+	}
+	return got, nil
+}
 
 // buryScript dead-letters leased entries.
 //
@@ -627,6 +823,27 @@ end
 return #mine
 `)
 
+// BuryArgs are a bury's parameters (buryScript).
+type BuryArgs struct {
+	Token     string   // the lease token the entries are held under
+	Serials   []string // the entries
+	Reason    string   // the dead-letter reason (Reason*, or a task action's)
+	LastError string   // recorded in the dead-letter record ('|' becomes '/')
+	CountRun  bool     // add the run that failed to the attempts (false: the record counts it already)
+}
+
+// Bury dead-letters a.Serials still leased under a.Token and returns how
+// many it moved; the others' lease was lost.
+func (s *Store) Bury(ctx context.Context, a BuryArgs) (int, error) {
+	k := s.keys
+	args := append([]any{a.Token, a.Reason, a.LastError, boolArg(a.CountRun)}, anys(a.Serials)...)
+	n, err := buryScript.Run(ctx, s.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter: %w", err)
+	}
+	return n, nil
+}
+
 // handBackScript returns leased entries to the queue with their true
 // deadline, so another replica can take them at once.
 //
@@ -649,6 +866,18 @@ end
 return #mine
 `)
 
+// HandBack returns serials still leased under token to the queue key with
+// their true deadlines, and returns how many it handed back.
+func (s *Store) HandBack(ctx context.Context, token string, serials []string) (int, error) {
+	k := s.keys
+	args := append([]any{token}, anys(serials)...)
+	n, err := handBackScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}, args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("hand back: %w", err)
+	}
+	return n, nil
+}
+
 // inQueueScript tells the reconciler which serials a queue still holds.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:lease
@@ -668,6 +897,23 @@ for i = 1, #ARGV, 500 do
 end
 return out
 `)
+
+// InQueue reports, for each serial, whether the store holds it: in the
+// queue key, or leased or backing off. One script reads both, atomically.
+func (s *Store) InQueue(ctx context.Context, serials []string) ([]bool, error) {
+	in, err := inQueueScript.Run(ctx, s.rdb, []string{s.keys.Queue, s.keys.Lease}, anys(serials)...).Int64Slice()
+	if err != nil {
+		return nil, fmt.Errorf("in queue: %w", err)
+	}
+	if len(in) != len(serials) {
+		return nil, fmt.Errorf("in queue: %w: %d answers for %d serials", ErrReply, len(in), len(serials))
+	}
+	out := make([]bool, len(in))
+	for i, v := range in {
+		out[i] = v == 1
+	}
+	return out, nil
+}
 
 // statsScript reads the queue gauges in one consistent step, on Redis's
 // clock. The reads are O(log n), plus O(k) in the entries leased per
@@ -783,3 +1029,38 @@ h = redis.call('ZRANGE', KEYS[1], '(' .. now, now + 315360000000, 'BYSCORE', 'LI
 if h[2] then nextD = tonumber(h[2]) end
 return {now, depth, overdue, oldest, redis.call('ZCARD', KEYS[4]), nextD, held + batched}
 `)
+
+// Stats are a queue's gauges, read from Redis in one step. They are the
+// same on every replica.
+type Stats struct {
+	Now          time.Time     // Redis's clock
+	Depth        int64         // entries queued, leased or backing off
+	Overdue      int64         // entries past their deadline, leased ones included
+	OldestDue    time.Duration // age of the oldest overdue entry (0 if none)
+	DeadLetters  int64         // entries in the dead-letter set
+	NextDeadline time.Time     // earliest deadline still ahead (zero if none)
+	Held         int64         // entries leased or backing off, by any replica or poll
+}
+
+// Stats reads the store's gauges (statsScript).
+func (s *Store) Stats(ctx context.Context) (Stats, error) { return ReadStats(ctx, s.rdb, s.keys) }
+
+// ReadStats reads the gauges of the queue with keys k, for callers that
+// hold only a script runner.
+func ReadStats(ctx context.Context, rdb redis.Scripter, k Keys) (Stats, error) {
+	v, err := statsScript.Run(ctx, rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Dead, k.Leases, k.LeaseBatch, k.Lease}).Int64Slice()
+	if err != nil {
+		return Stats{}, fmt.Errorf("read stats: %w", err)
+	}
+	if len(v) != 7 {
+		return Stats{}, fmt.Errorf("read stats: %w: %d fields, want 7", ErrReply, len(v))
+	}
+	s := Stats{Now: time.UnixMilli(v[0]), Depth: v[1], Overdue: v[2], DeadLetters: v[4], Held: v[6]}
+	if v[3] >= 0 && v[3] <= v[0] {
+		s.OldestDue = time.Duration(v[0]-v[3]) * time.Millisecond
+	}
+	if v[5] >= 0 {
+		s.NextDeadline = time.UnixMilli(v[5])
+	}
+	return s, nil
+}
