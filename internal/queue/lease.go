@@ -113,6 +113,19 @@ local function bulk(cmd, key, args)
     redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
   end
 end
+-- records reads the lease records (from lease) and the queue scores (from
+-- queue) of list, 500 at a time: the i-th of each is list[i]'s,
+-- false where there is none.
+local function records(lease, queue, list)
+  local recs, queued = {}, {}
+  for i = 1, #list, 500 do
+    local last = math.min(i + 499, #list)
+    local part = redis.call('HMGET', lease, unpack(list, i, last))
+    local qs = redis.call('ZMSCORE', queue, unpack(list, i, last))
+    for j = 1, #part do recs[i + j - 1] = part[j]; queued[i + j - 1] = qs[j] end
+  end
+  return recs, queued
+end
 -- carries reports whether lease record rec ("deadline|attempts|token|last
 -- error") carries the token of needle, "|" .. token .. "|", with one plain
 -- search: a daemon's token has a ':' (Consumer.token), so it never equals
@@ -298,13 +311,7 @@ if #exp > 0 then
   changed = true
   local list = {}
   for i = 1, #exp, 2 do list[#list+1] = exp[i] end
-  local recs, queued = {}, {}
-  for i = 1, #list, 500 do
-    local last = math.min(i + 499, #list)
-    local part = redis.call('HMGET', KEYS[4], unpack(list, i, last))
-    local qs = redis.call('ZMSCORE', KEYS[1], unpack(list, i, last))
-    for j = 1, #part do recs[i + j - 1] = part[j]; queued[i + j - 1] = qs[j] end
-  end
+  local recs, queued = records(KEYS[4], KEYS[1], list)
   local stale, staleRecs = {}, {}
   for i = 1, #list do
     local s = list[i]
@@ -346,13 +353,7 @@ if batch and n < limit and not full and batHead and batHead <= now then
     local list = {}
     for m in string.gmatch(redis.call('HGET', KEYS[10], t) or '', '[^\n]+') do list[#list+1] = m end
     read = read + #list
-    local recs, queued = {}, {}
-    for i = 1, #list, 500 do
-      local last = math.min(i + 499, #list)
-      local part = redis.call('HMGET', KEYS[4], unpack(list, i, last))
-      local qs = redis.call('ZMSCORE', KEYS[1], unpack(list, i, last))
-      for j = 1, #part do recs[i + j - 1] = part[j]; queued[i + j - 1] = qs[j] end
-    end
+    local recs, queued = records(KEYS[4], KEYS[1], list)
     local stale, rest = {}, {}
     local needle = '|' .. t .. '|'
     for i = 1, #list do
@@ -1004,16 +1005,12 @@ if batched > 0 and batched <= 2000 and listed <= 2000 then
     local needle = '|' .. t .. '|'
     local list = {}
     for m in string.gmatch(lists[ti], '[^\n]+') do list[#list+1] = m end
-    for i = 1, #list, 500 do
-      local last = math.min(i + 499, #list)
-      local recs = redis.call('HMGET', KEYS[7], unpack(list, i, last))
-      local qs = redis.call('ZMSCORE', KEYS[1], unpack(list, i, last))
-      for j = 1, #recs do
-        if carries(recs[j], needle) and not qs[j] then
-          batched = batched + 1
-          local d = parse(recs[j])
-          if d and d >= 946684800000 and (oldest == -1 or d < oldest) then oldest = d end
-        end
+    local recs, qs = records(KEYS[7], KEYS[1], list)
+    for j = 1, #list do
+      if carries(recs[j], needle) and not qs[j] then
+        batched = batched + 1
+        local d = parse(recs[j])
+        if d and d >= 946684800000 and (oldest == -1 or d < oldest) then oldest = d end
       end
     end
   end
