@@ -125,7 +125,7 @@ func (p *pausingStore) Close(ctx context.Context, serials []string, fence orders
 // COMMIT then fails and it closes nothing; B finds the row free); and do not
 // spend attempts, or at least never dead-letter, for 55P03 on a row whose
 // order is otherwise closable (back off with the cap instead).
-func TestAdversaryStalledReplicaBeforeCommitGetsOrderDeadLettered(t *testing.T) {
+func TestAdversaryStalledReplicaBeforeCommitNeverDeadLettersTheOrder(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	e.store.SetTimeouts(5*time.Second, 50*time.Millisecond)
 	ctx := context.Background()
@@ -181,7 +181,7 @@ func TestAdversaryStalledReplicaBeforeCommitGetsOrderDeadLettered(t *testing.T) 
 // turns read-only (a failover to a standby, 25006). The close statement
 // fails with an error about the database, not the order, yet the batch is
 // bisected and every order in it dead-lettered.
-func TestAdversaryReadOnlyDatabaseDeadLettersTheBatch(t *testing.T) {
+func TestAdversaryReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.redisNow().Add(-time.Second)
