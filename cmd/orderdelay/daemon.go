@@ -161,12 +161,14 @@ func wire(cfg config.Config, log *zap.Logger) (d *daemon, closeClients func(), e
 		rq, _ := d.tasks.Queue(reminders.Name) // declared: checked above
 		d.prod.WithReminders(rq.Client, cfg.ReminderBefore)
 	}
-	d.cons = consumer.NewGroup(consumer.Config{
+	if d.cons, err = consumer.NewGroup(consumer.Config{
 		Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
 		Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, DrainTimeout: cfg.DrainTimeout,
 		MaxAttempts: cfg.MaxAttempts, BackoffMax: cfg.BackoffMax, Owner: replicaName(),
 		CloseDelay: cfg.CloseDelay, MaxCloseRate: cfg.MaxCloseRate, DryRun: cfg.DryRun,
-	}, d.keys, d.rdb, closer, d.m, log)
+	}, d.keys, d.rdb, closer, d.m, log); err != nil {
+		return nil, nil, usageError{err}
+	}
 	if d.tools, err = admin.New(d.rdb, cfg.QueueKey, d.db, shardOpts(cfg)...); err != nil {
 		return nil, nil, usageError{err}
 	}
