@@ -11,21 +11,23 @@
 // The run ends when the parent context ends, when an actor's Watch calls
 // its stop (a signal handler: the daemon's SIGTERM and SIGINT), or when any
 // actor fails: a Start, a Run or a Watch that returns an error. The first
-// two are no failure. Stopping (if set) is called at
-// once — even while a Start is still on its way out — and then the stages
-// that started are stopped in reverse order: it cancels the
-// context of every actor of a stage at once and waits until all of them
-// have returned before it stops the stage listed before. The last stage is
-// the first stopped, the first (typically the listeners) the last.
+// two are no failure. Stopping (if set) is called at once — even while a
+// Start is still on its way out — and then the stages that started are
+// stopped in reverse order: it cancels the context of every actor of a
+// stage at once and waits until all of them have returned before it stops
+// the stage listed before. The last stage is the first stopped, the first
+// the last: in the daemon, the signal handler's, listed before the
+// listeners'.
 //
 // A Watch goes on like a Run until its own stage is stopped, even after it
 // called stop: a signal handler listed first keeps the signals caught (a
 // second one ignored) until everything after it has stopped.
 //
 // Run returns the first failure, named by its actor, or nil when the parent
-// context or a Watch ended the run. A Run that returns nil before it is stopped has
-// simply finished (a one-shot check): that ends nothing. Errors that say
-// only "context canceled" once stopping has begun are not failures.
+// context or a Watch ended the run. A Run or a Watch that returns nil
+// before it is stopped has simply finished (a one-shot check): that ends
+// nothing. Errors that say only "context canceled" once stopping has begun
+// are not failures.
 //
 // Why not github.com/oklog/run: it starts every actor at once and calls
 // the interrupts one after the other without waiting for each actor to
