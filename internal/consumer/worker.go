@@ -490,10 +490,19 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
-		if _, err := c.q.Finish(ctx, tok, serials, payloads); err != nil {
+		n, err := c.q.Finish(ctx, tok, serials, payloads)
+		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
+		} else if n < len(serials) {
+			// The lease record went between the claim and now: a producer
+			// rescheduled or cancelled the entry through the API or the
+			// client (possibly after the fence, while the close
+			// committed), or another replica took it over. Whatever entry
+			// they wrote stays, and is settled when it comes due.
+			c.log.Info("settled entries were no longer this claim's to remove; an entry a producer wrote meanwhile is settled when it comes due",
+				zap.Int("orders", len(serials)-n))
 		}
 	}
 }
