@@ -515,7 +515,9 @@ type ClaimResult struct {
 // a.Token and dead-letters the malformed ones it meets.
 func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 	k := s.keys
-	raw, err := claimScript.Run(ctx, s.rdb,
+	// Never resent by the client: a second run would claim more under the
+	// same token (runOnce).
+	raw, err := runOnce(ctx, s.rdb, claimScript,
 		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
 		a.Limit, a.Lease.Milliseconds(), a.Token, MaxAhead.Milliseconds(),
 		a.CloseDelay.Milliseconds(), boolArg(a.CountRedeliveries), a.MaxBytes, a.Overhead, boolArg(a.Batch)).Slice()
