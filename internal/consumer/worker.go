@@ -310,10 +310,14 @@ const maxCostly = 2
 // slow or locked row for the price of one timeout, where halving the batch
 // would pay one per level. Errors that cost a timeout are bounded: after
 // maxCostly of them, or when the batch's time runs out, the rest goes back
-// untried; and if those were all statement timeouts, the database itself
-// is taken to be slow, as for an outage.
+// untried; and if those were all statement timeouts of orders not known
+// to be slow (slowRows), with no order closing in between, the database
+// itself is taken to be slow, as for an outage. Each order whose close
+// cost a timeout is remembered as slow: the next batch that claims it
+// tries it alone, after the others (closeBatch).
 func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	costly, timeouts := 0, 0
+	answered := false // a statement of this batch went through
 	var last error
 	for i, it := range items {
 		rest := items[i:]
@@ -321,7 +325,7 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		case workCtx.Err() != nil:
 			c.handBack(rest)
 			return
-		case timeouts >= maxCostly:
+		case timeouts >= maxCostly && !answered:
 			c.unavailable(workCtx, rest, last, "close", true)
 			return
 		case costly >= maxCostly || !c.timeForAStatement(batchCtx):
@@ -330,11 +334,14 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		}
 		err := c.closeItems(workCtx, batchCtx, stmt, []item{it})
 		switch {
+		case err == nil:
+			answered = true
+			c.slow.forget(it.serial)
 		case orders.Costly(err):
 			costly++
 			last = err
-			if orders.TimedOut(err) {
-				timeouts++
+			if first := c.slow.mark(it.serial, c.now()); first && orders.TimedOut(err) {
+				timeouts++ // only new offenders say the database is slow
 			}
 		case err != nil && !orders.Contended(err) && orders.Transient(err):
 			// The database (or the queue) went away: that order was
@@ -490,10 +497,19 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
-		if _, err := c.q.Finish(ctx, tok, serials, payloads); err != nil {
+		n, err := c.q.Finish(ctx, tok, serials, payloads)
+		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
+		} else if n < len(serials) {
+			// The lease record went between the claim and now: a producer
+			// rescheduled or cancelled the entry through the API or the
+			// client (possibly after the fence, while the close
+			// committed), or another replica took it over. Whatever entry
+			// they wrote stays, and is settled when it comes due.
+			c.log.Info("settled entries were no longer this claim's to remove; an entry a producer wrote meanwhile is settled when it comes due",
+				zap.Int("orders", len(serials)-n))
 		}
 	}
 }

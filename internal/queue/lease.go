@@ -535,7 +535,9 @@ type ClaimResult struct {
 // a.Token and dead-letters the malformed ones it meets.
 func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 	k := s.keys
-	raw, err := claimScript.Run(ctx, s.rdb,
+	// Never resent by the client: a second run would claim more under the
+	// same token (runOnce).
+	raw, err := runOnce(ctx, s.rdb, claimScript,
 		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
 		a.Limit, a.Lease.Milliseconds(), a.Token, MaxAhead.Milliseconds(),
 		a.CloseDelay.Milliseconds(), boolArg(a.CountRedeliveries), a.MaxBytes, a.Overhead, boolArg(a.Batch)).Slice()
@@ -668,14 +670,15 @@ return #rem
 // Finish removes the entries serials still leased under token: they were
 // closed, or were settled already. payloads is true for task queues, whose
 // payloads go with the entry (see finishScript). It returns the number
-// removed.
+// removed. A serial named twice counts once (distinct), here and in Retry,
+// Bury and HandBack.
 func (s *Store) Finish(ctx context.Context, token string, serials []string, payloads bool) (int, error) {
 	k := s.keys
 	keys := []string{k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}
 	if payloads {
 		keys = append(keys, k.Payload, k.Dead, k.Queue)
 	}
-	n, err := finishScript.Run(ctx, s.rdb, keys, append([]any{token}, anys(serials)...)...).Int()
+	n, err := finishScript.Run(ctx, s.rdb, keys, append([]any{token}, anys(distinct(serials))...)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("finish: %w", err)
 	}
@@ -731,7 +734,7 @@ type RetryResult struct {
 // backoffs due after a.Delay.
 func (s *Store) Retry(ctx context.Context, a RetryArgs) (RetryResult, error) {
 	k := s.keys
-	args := append([]any{a.Token, a.Delay.Milliseconds(), boolArg(a.Spend), a.LastError}, anys(a.Serials)...)
+	args := append([]any{a.Token, a.Delay.Milliseconds(), boolArg(a.Spend), a.LastError}, anys(distinct(a.Serials))...)
 	res, err := retryScript.Run(ctx, s.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("retry: %w", err)
@@ -862,7 +865,7 @@ type BuryArgs struct {
 // many it moved; the others' lease was lost.
 func (s *Store) Bury(ctx context.Context, a BuryArgs) (int, error) {
 	k := s.keys
-	args := append([]any{a.Token, a.Reason, a.LastError, boolArg(a.CountRun)}, anys(a.Serials)...)
+	args := append([]any{a.Token, a.Reason, a.LastError, boolArg(a.CountRun)}, anys(distinct(a.Serials))...)
 	n, err := buryScript.Run(ctx, s.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("dead-letter: %w", err)
@@ -896,7 +899,7 @@ return #mine
 // their true deadlines, and returns how many it handed back.
 func (s *Store) HandBack(ctx context.Context, token string, serials []string) (int, error) {
 	k := s.keys
-	args := append([]any{token}, anys(serials)...)
+	args := append([]any{token}, anys(distinct(serials))...)
 	n, err := handBackScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("hand back: %w", err)

@@ -58,3 +58,30 @@ func anys(ss []string) []any {
 	}
 	return out
 }
+
+// distinct returns serials without repeats, in first-seen order (serials
+// itself when it has none). The lease scripts count the members they take
+// off a batch lease by the records they match: a serial named twice would
+// be counted twice, and the batch's count would reach zero (dropping the
+// batch from {Q}:leases, so a dead holder's remaining members were never
+// re-claimed) while it still held members.
+func distinct(serials []string) []string {
+	if len(serials) < 2 {
+		return serials
+	}
+	seen := make(map[string]struct{}, len(serials))
+	for i, s := range serials {
+		if _, dup := seen[s]; dup {
+			out := append(make([]string, 0, len(serials)-1), serials[:i]...)
+			for _, s := range serials[i+1:] {
+				if _, dup := seen[s]; !dup {
+					seen[s] = struct{}{}
+					out = append(out, s)
+				}
+			}
+			return out
+		}
+		seen[s] = struct{}{}
+	}
+	return serials
+}

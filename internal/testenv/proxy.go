@@ -10,10 +10,11 @@ import (
 
 // Proxy is a TCP proxy a test owns, for outages: Down cuts every connection
 // and refuses new ones, Up lets them through again, SetTarget sends new
-// connections elsewhere (a Service following a failover), and Stall holds
+// connections elsewhere (a Service following a failover), Stall holds
 // the server's replies back for a while (a statement that committed on the
-// server while its client's deadline ran out). The servers behind it are
-// never touched.
+// server while its client's deadline ran out), and DropReplies loses them
+// (a connection cut after the server did the work). The servers behind it
+// are never touched.
 type Proxy struct {
 	ln net.Listener
 
@@ -21,6 +22,7 @@ type Proxy struct {
 	target string
 	down   bool
 	stall  time.Time // server-to-client bytes are held until then
+	drop   int       // server-to-client reads to discard, cutting their connection
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 }
@@ -81,6 +83,27 @@ func (p *Proxy) Stall(d time.Duration) {
 	p.mu.Unlock()
 }
 
+// DropReplies discards the next n reads of server bytes, on whichever
+// connections they come, and cuts each of those connections: the server
+// has done the work (a script ran) and the client never hears of it. The
+// client's own retry, if it has one, goes out on a new connection.
+func (p *Proxy) DropReplies(n int) {
+	p.mu.Lock()
+	p.drop = n
+	p.mu.Unlock()
+}
+
+// dropping reports whether the read just made is to be discarded.
+func (p *Proxy) dropping() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drop > 0 {
+		p.drop--
+		return true
+	}
+	return false
+}
+
 // held waits out a stall in progress.
 func (p *Proxy) held() {
 	p.mu.Lock()
@@ -92,13 +115,17 @@ func (p *Proxy) held() {
 }
 
 // stallingCopy copies src to dst like io.Copy, holding each chunk back
-// while a stall lasts.
+// while a stall lasts, and ends (losing the chunk) when DropReplies says
+// to drop it.
 func (p *Proxy) stallingCopy(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.held()
+			if p.dropping() {
+				return // the caller closes both ends
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}

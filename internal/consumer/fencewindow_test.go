@@ -1,0 +1,239 @@
+package consumer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// A producer's reschedule at each point of a close transaction
+// (orders.Store.closeOnce: BEGIN, close statement, txid, fence, COMMIT),
+// run inline by a hook: the producer's write is acknowledged before the
+// close goes on, with no sleep deciding the order.
+
+// hookedStore runs at(point) at each point of every close: "statement"
+// before the close statement (BEGIN not yet sent), "fence" after the
+// statement locked and updated the rows, before the fence asks Redis,
+// and "commit" after the fence said yes, before COMMIT.
+type hookedStore struct {
+	*orders.Store
+	at func(point string)
+}
+
+func (h hookedStore) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
+	h.at("statement")
+	return h.Store.Close(ctx, serials, func(ctx context.Context, closed []string) ([]string, error) {
+		h.at("fence")
+		drop, err := fence(ctx, closed)
+		if err == nil && len(drop) == 0 {
+			h.at("commit")
+		}
+		return drop, err
+	})
+}
+
+// reschedulers are the two ways a producer moves a deadline: a raw ZADD,
+// and the API's or the Go client's reschedule (the enqueue script, which
+// drops the lease record).
+func (e *env) reschedulers() map[string]func(serial string, at time.Time) {
+	return map[string]func(string, time.Time){
+		"raw ZADD": func(s string, at time.Time) { e.enqueue([]string{s}, at) },
+		"client": func(s string, at time.Time) {
+			e.t.Helper()
+			if _, _, err := e.cl.Enqueue(context.Background(), s, at, client.Reschedule); err != nil {
+				e.t.Fatal(err)
+			}
+		},
+	}
+}
+
+// claimWhenDue claims until the entry of serial comes back (it is not due
+// before then: the claim script compares on Redis's clock) and returns the
+// claim, checking it was taken at or after want, its deadline.
+func (e *env) claimWhenDue(t *testing.T, c *Consumer, serial string, want time.Time) claimResult {
+	t.Helper()
+	var res claimResult
+	eventually(t, "the rescheduled entry comes due", 30*time.Second, func() bool {
+		var err error
+		res, err = c.claimBatch(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.items) > 0
+	})
+	if len(res.items) != 1 || res.items[0].serial != serial {
+		t.Fatalf("claimed %+v, want only %s", res.items, serial)
+	}
+	if d := res.items[0].deadline; d != queue.DeadlineMillis(want) || res.now < d {
+		t.Fatalf("claimed at %d with deadline %d, want deadline %d and not before it", res.now, d, queue.DeadlineMillis(want))
+	}
+	return res
+}
+
+func (e *env) closedAt(serial string) time.Time {
+	e.t.Helper()
+	var at time.Time
+	if err := e.db.Get(&at, "SELECT closed_at FROM orders WHERE serial_no = $1", serial); err != nil {
+		e.t.Fatal(err)
+	}
+	return at
+}
+
+// (a) A reschedule acknowledged before the close statement began, or
+// while the statement ran and before the fence asked: honoured. The close
+// rolls back, the order stays pending, nothing is counted, and the order
+// closes at the new deadline, not before.
+func TestRescheduleBeforeTheFenceIsHonoured(t *testing.T) {
+	for _, point := range []string{"statement", "fence"} {
+		for name := range (&env{}).reschedulers() {
+			t.Run(point+"/"+name, func(t *testing.T) {
+				e := newEnv(t, orderStatements())
+				ctx := context.Background()
+				past := e.redisNow().Add(-time.Second)
+				s := e.orders("honoured", 1, past)[0]
+				e.enqueue([]string{s}, past)
+				later := e.redisNow().Add(700 * time.Millisecond)
+				fired := false
+				c := e.consumer(Config{})
+				c.store = hookedStore{Store: e.store, at: func(p string) {
+					if p == point && !fired {
+						fired = true
+						e.reschedulers()[name](s, later)
+					}
+				}}
+				res, err := c.claimBatch(ctx)
+				if err != nil || len(res.items) != 1 {
+					t.Fatalf("claim: %v, %d items", err, len(res.items))
+				}
+				c.process(ctx, res.items)
+				if !fired {
+					t.Fatalf("the close never reached %q", point)
+				}
+				if st := e.status(s); st != "pending" {
+					t.Fatalf("status %s: closed although the reschedule was acknowledged before the fence", st)
+				}
+				if v := testutil.ToFloat64(e.m.Closed); v != 0 {
+					t.Errorf("closed_total %v, want 0", v)
+				}
+				got, err := e.cl.Get(ctx, s)
+				if err != nil || got.State != client.StateQueued || got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
+					t.Fatalf("entry %+v (%v), want queued at the new deadline", got, err)
+				}
+				if n := e.held(); n != 0 {
+					t.Errorf("%d entries still leased or backing off", n)
+				}
+				res = e.claimWhenDue(t, c, s, later)
+				c.process(ctx, res.items)
+				if st := e.status(s); st != "closed" {
+					t.Fatalf("status %s at the new deadline, want closed", st)
+				}
+				if at := e.closedAt(s); at.Before(later) {
+					t.Errorf("closed at %v, before the new deadline %v", at, later)
+				}
+				if v := testutil.ToFloat64(e.m.Closed); v != 1 {
+					t.Errorf("closed_total %v, want 1", v)
+				}
+				e.assertNoEntries(t, s)
+			})
+		}
+	}
+}
+
+// (b) A reschedule that lands after the fence said yes and before COMMIT
+// loses: the order closes (the contract allows it: the close was in
+// flight). Afterwards nothing is inconsistent: the lease keys are empty,
+// the producer's new entry waits in the queue key and, when it comes due,
+// is dropped as settled — not closed again, not dead-lettered — and the
+// metrics and the log say so.
+func TestRescheduleBetweenFenceAndCommitIsSettledAfterwards(t *testing.T) {
+	for name := range (&env{}).reschedulers() {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, orderStatements())
+			ctx := context.Background()
+			past := e.redisNow().Add(-time.Second)
+			serials := e.orders("window", 3, past)
+			e.enqueue(serials, past)
+			s := serials[1]
+			later := e.redisNow().Add(700 * time.Millisecond)
+			fired := false
+			core, logs := observer.New(zap.InfoLevel)
+			c := e.consumer(Config{})
+			c.log = zap.New(core)
+			c.store = hookedStore{Store: e.store, at: func(p string) {
+				if p == "commit" && !fired {
+					fired = true
+					e.reschedulers()[name](s, later)
+				}
+			}}
+			res, err := c.claimBatch(ctx)
+			if err != nil || len(res.items) != 3 {
+				t.Fatalf("claim: %v, %d items", err, len(res.items))
+			}
+			c.process(ctx, res.items)
+			if !fired {
+				t.Fatal("the close never reached its commit")
+			}
+			for _, o := range serials {
+				if st := e.status(o); st != "closed" {
+					t.Fatalf("%s is %s: the fence had said yes, the close commits", o, st)
+				}
+			}
+			closedAt := e.closedAt(s)
+			if v := testutil.ToFloat64(e.m.Closed); v != 3 {
+				t.Errorf("closed_total %v, want 3", v)
+			}
+			if n := e.held(); n != 0 {
+				t.Errorf("%d entries still leased or backing off after the batch", n)
+			}
+			for _, k := range []string{e.keys.Leases, e.keys.Inflight, e.keys.Deadlines} {
+				if n := e.card(k); n != 0 {
+					t.Errorf("%s holds %d entries after the batch", k, n)
+				}
+			}
+			if n, _ := e.rdb.HLen(ctx, e.keys.Lease).Result(); n != 0 {
+				t.Errorf("%d lease records left after the batch", n)
+			}
+			if n, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); n != 0 {
+				t.Errorf("%d batch-lease fields left after the batch", n)
+			}
+			got, err := e.cl.Get(ctx, s)
+			if err != nil || got.State != client.StateQueued || got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
+				t.Fatalf("the producer's entry: %+v (%v), want queued at its new deadline", got, err)
+			}
+			if logs.FilterMessageSnippet("no longer this claim's").FilterField(zap.Int("orders", 1)).Len() == 0 && name == "client" {
+				t.Errorf("nothing logged about the entry a producer rewrote during the close; logs: %v", logs.All())
+			}
+			res = e.claimWhenDue(t, c, s, later)
+			c.process(ctx, res.items)
+			if v := testutil.ToFloat64(e.m.Closed); v != 3 {
+				t.Errorf("closed_total %v after the new entry came due, want 3 (closed once)", v)
+			}
+			if v := testutil.ToFloat64(e.m.Skipped.WithLabelValues(metrics.SkipSettled)); v != 1 {
+				t.Errorf("skipped_total{settled} %v, want 1: the new entry is settled", v)
+			}
+			for _, r := range []string{queue.ReasonNotFound, queue.ReasonCloseFailed} {
+				if v := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(r)); v != 0 {
+					t.Errorf("dead_lettered_total{%s} %v, want 0", r, v)
+				}
+			}
+			if at := e.closedAt(s); !at.Equal(closedAt) {
+				t.Errorf("closed_at moved from %v to %v: closed twice", closedAt, at)
+			}
+			for _, o := range serials {
+				e.assertNoEntries(t, o)
+			}
+			if n := e.held(); n != 0 {
+				t.Errorf("%d entries still held at the end", n)
+			}
+		})
+	}
+}
