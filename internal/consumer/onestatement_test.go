@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,3 +126,59 @@ func TestCustomStatementsKeepTheLookup(t *testing.T) {
 }
 
 func anyArray(ss ...string) any { return pq.Array(ss) }
+
+// An order paid while the close waits for its row (the payment held the
+// lock): the update re-checks the newest row and leaves it alone; the one
+// statement saw it pending, so it cannot call it settled and asks the
+// lookup after the commit, which sees it paid: settled in this round, its
+// entry removed, the rest of the batch closed.
+func TestOrderPaidWhileTheCloseWaitsIsSettledByTheLookup(t *testing.T) {
+	e, st := countingEnv(t, orderStatements())
+	ctx := context.Background()
+	past := e.redisNow().Add(-time.Second)
+	serials := e.orders("race", 3, past)
+	e.enqueue(serials, past)
+	pay, err := e.db.Beginx()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pay.Rollback() //nolint:errcheck
+	var payPID int
+	if err := pay.Get(&payPID, `SELECT pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pay.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, serials[1]); err != nil {
+		t.Fatal(err)
+	}
+	c := e.consumer(Config{BatchSize: 20})
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 3 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	before := st.N()
+	processed := make(chan struct{})
+	go func() { defer close(processed); c.process(ctx, res.items) }()
+	e.waitBlockedBy(t, payPID)
+	if err := pay.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	<-processed
+	var sent []string // the consumer's, not the test's polls of pg_stat_activity
+	for _, q := range st.Since(before) {
+		if !strings.Contains(q, "pg_stat_activity") {
+			sent = append(sent, q)
+		}
+	}
+	if len(sent) != 2 {
+		t.Errorf("%d statements, want 2 (the close, then the lookup of the order paid while it ran): %q", len(sent), sent)
+	}
+	if got := e.statusCounts(); got["closed"] != 2 || got["paid"] != 1 {
+		t.Fatalf("statuses %v, want the paid order left alone and the other two closed", got)
+	}
+	if v := testutil.ToFloat64(e.m.Skipped.WithLabelValues(metrics.SkipSettled)); v != 1 {
+		t.Errorf("skipped{settled} %v, want 1", v)
+	}
+	if n := e.card(e.keys.Queue) + e.held(); n != 0 {
+		t.Errorf("%d entries left, want none: the paid order is settled", n)
+	}
+}

@@ -3,11 +3,14 @@ package orders_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/testenv"
@@ -243,4 +246,36 @@ func sortedOutcome(o orders.Outcome) orders.Outcome {
 func equalOutcome(a, b orders.Outcome) bool {
 	eq := func(x, y []string) bool { return len(x) == 0 && len(y) == 0 || slices.Equal(x, y) }
 	return eq(a.Closed, b.Closed) && eq(a.Settled, b.Settled) && eq(a.Unknown, b.Unknown)
+}
+
+// The one statement locks rows in the order its update scans them. The
+// update takes its serials from an array built by a subquery, which the
+// planner cannot size: on a table of any real size it scans the primary
+// key, which takes the array in index order — rows are locked in serial
+// order at every batch size, as the dropped FOR UPDATE pass did.
+func TestSettleUpdatesThroughThePrimaryKey(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	if _, err := db.Exec(`INSERT INTO orders (serial_no, status, expires_at)
+		SELECT format('S-%s', lpad(i::text, 8, '0')), CASE WHEN i % 10 = 0 THEN 'paid' ELSE 'pending' END, now()
+		FROM generate_series(1, 20000) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`ANALYZE orders`); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 500, 2000, 10000} {
+		serials := make([]string, n)
+		for i := range serials {
+			serials[i] = fmt.Sprintf("S-%08d", 20000-i*2) // descending, every other one
+		}
+		var lines []string
+		if err := db.Select(&lines, `EXPLAIN `+orders.DefaultSettleSQL, pq.Array(serials)); err != nil {
+			t.Fatal(err)
+		}
+		plan := strings.Join(lines, "\n")
+		upd := plan[strings.Index(plan, "Update on orders"):]
+		if !strings.Contains(upd, "Index Scan using orders_pkey") || strings.Contains(upd, "Bitmap") || strings.Contains(upd, "Seq Scan on orders") {
+			t.Errorf("%d serials: the update does not scan the primary key:\n%s", n, plan)
+		}
+	}
 }
