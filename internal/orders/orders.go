@@ -639,6 +639,20 @@ func (s *Store) Verify(ctx context.Context) error {
 			"the overdue statement pages by keyset: it takes " + OverdueParams + ", and returns " + OverdueColumns +
 				" (see README, Custom statements)"},
 	}
+	if s.OneStatement() {
+		// The built-in statement is checked against the table too: a
+		// reference table changed under the defaults fails here, at start,
+		// rather than on every batch.
+		checks = append(checks, struct {
+			name, setting, query string
+			params               []string
+			args                 []any
+			cols                 []column
+			hint                 string
+		}{"close and lookup in one statement (the reference schema's)", "ORDERDELAY_CLOSE_SQL", s.settleSQL,
+			[]string{"text[]"}, []any{pq.Array([]string{})}, settleColumns,
+			"the orders table differs from the reference schema; configure the close and lookup statements for it (see README, Custom statements)"})
+	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return err
@@ -670,6 +684,9 @@ var (
 	serialColumn   = []column{{"the serial", textTypes}}
 	lookupColumns  = []column{{"the serial", textTypes}, {"whether the order is still pending", []string{"BOOL"}}}
 	overdueColumns = []column{{"the serial", textTypes}, {"the deadline", []string{"TIMESTAMPTZ"}}}
+	settleColumns  = []column{{"the serial", textTypes}, {"whether it closed the order", []string{"BOOL"}},
+		{"whether the order was pending", []string{"BOOL"}}, {"the transaction id", []string{"INT8"}},
+		{"the server", []string{"TEXT"}}}
 )
 
 // StatementError says which configured statement failed verification.

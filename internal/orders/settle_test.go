@@ -279,3 +279,20 @@ func TestSettleUpdatesThroughThePrimaryKey(t *testing.T) {
 		}
 	}
 }
+
+// Verify checks the built-in one statement against the table as well: a
+// reference table changed under the default statements is refused at
+// start, not on every batch.
+func TestVerifyChecksTheOneStatement(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	s := orders.NewStore(db, orders.Statements{})
+	if err := s.Verify(ctxT(t)); err != nil {
+		t.Fatalf("Verify of the defaults: %v", err)
+	}
+	orders.SetSettleSQL(s, `SELECT serial_no, true, true, 1::int4, 'x'::text FROM orders WHERE serial_no = ANY($1)`)
+	err := s.Verify(ctxT(t))
+	var se *orders.StatementError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "one statement") || !strings.Contains(err.Error(), "transaction id") {
+		t.Fatalf("Verify with a one statement returning int4 ids = %v, want a StatementError naming it", err)
+	}
+}
