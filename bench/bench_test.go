@@ -234,6 +234,12 @@ func BenchmarkBatchClose(b *testing.B) {
 				return len(out), err
 			})
 		})
+		b.Run("orderdelay-settle/"+strconv.Itoa(size), func(b *testing.B) {
+			benchClose(b, size, func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+				out, err := orders.NewStore(sqlx.NewDb(db, "postgres"), orders.Statements{}).Settle(ctx, s, nil)
+				return len(out.Closed), err
+			})
+		})
 		b.Run("ceiling-sql/"+strconv.Itoa(size), func(b *testing.B) {
 			benchClose(b, size, func(ctx context.Context, db *sql.DB, s []string) (int, error) {
 				return countRows(ctx, db, ceilingSQL, pq.Array(s))
@@ -247,15 +253,15 @@ func BenchmarkBatchClose(b *testing.B) {
 // its own Go code.
 type allClosed struct{}
 
-func (allClosed) Close(ctx context.Context, s []string, fence orders.Fence) ([]string, error) {
+func (allClosed) Settle(ctx context.Context, s []string, fence orders.Fence) (orders.Outcome, error) {
 	if fence == nil {
-		return s, nil
+		return orders.Outcome{Closed: s}, nil
 	}
 	drop, err := fence(ctx, s)
 	if err != nil || len(drop) > 0 {
-		return nil, fmt.Errorf("fence: dropped %d, %v", len(drop), err)
+		return orders.Outcome{}, fmt.Errorf("fence: dropped %d, %v", len(drop), err)
 	}
-	return s, nil
+	return orders.Outcome{Closed: s}, nil
 }
 
 func (allClosed) Lookup(context.Context, []string) ([]orders.Found, error) { return nil, nil }

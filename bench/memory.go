@@ -18,9 +18,9 @@ import (
 // a consumer over it leases what it claims and holds it.
 type holding struct{}
 
-func (holding) Close(ctx context.Context, _ []string, _ orders.Fence) ([]string, error) {
+func (holding) Settle(ctx context.Context, _ []string, _ orders.Fence) (orders.Outcome, error) {
 	<-ctx.Done()
-	return nil, ctx.Err()
+	return orders.Outcome{}, ctx.Err()
 }
 
 func (holding) Lookup(ctx context.Context, _ []string) ([]orders.Found, error) {

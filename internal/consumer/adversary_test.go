@@ -100,8 +100,8 @@ type pausingStore struct {
 	release chan struct{} // close to let it commit
 }
 
-func (p *pausingStore) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
-	return p.Store.Close(ctx, serials, func(ctx context.Context, closed []string) ([]string, error) {
+func (p *pausingStore) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
+	return p.Store.Settle(ctx, serials, func(ctx context.Context, closed []string) ([]string, error) {
 		drop, err := fence(ctx, closed)
 		close(p.paused)
 		<-p.release
@@ -347,8 +347,8 @@ func newGate(s *orders.Store, afterFence bool) *gate {
 	return &gate{Store: s, afterFence: afterFence, paused: make(chan struct{}), release: make(chan struct{})}
 }
 
-func (g *gate) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
-	return g.Store.Close(ctx, serials, func(ctx context.Context, closed []string) ([]string, error) {
+func (g *gate) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
+	return g.Store.Settle(ctx, serials, func(ctx context.Context, closed []string) ([]string, error) {
 		if !g.afterFence {
 			close(g.paused)
 			<-g.release

@@ -156,11 +156,14 @@ func (c *Config) setDefaults() {
 // Store is what the consumer needs from the database (orders.Store and
 // its WithOutbox and DryRun variants).
 type Store interface {
-	// Close closes the pending orders among serials and returns those it
-	// closed; fence is asked before the commit (see orders.Fence).
-	Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error)
+	// Settle closes the pending orders among serials and says which of the
+	// others are settled and which it cannot answer for; fence is asked
+	// before the commit (see orders.Fence). With the reference schema's
+	// statements that is one statement; with custom ones, the close
+	// statement alone (everything not closed is Unknown).
+	Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error)
 	// Lookup returns the serials that have a row and whether each is
-	// still pending.
+	// still pending: asked after the commit about Settle's Unknown.
 	Lookup(ctx context.Context, serials []string) ([]orders.Found, error)
 }
 

@@ -16,7 +16,7 @@ import (
 )
 
 // A producer's reschedule at each point of a close transaction
-// (orders.Store.closeOnce: BEGIN, close statement, txid, fence, COMMIT),
+// (orders.Store.closeOnce: BEGIN, the statement, fence, COMMIT),
 // run inline by a hook: the producer's write is acknowledged before the
 // close goes on, with no sleep deciding the order.
 
@@ -29,9 +29,9 @@ type hookedStore struct {
 	at func(point string)
 }
 
-func (h hookedStore) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
+func (h hookedStore) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
 	h.at("statement")
-	return h.Store.Close(ctx, serials, func(ctx context.Context, closed []string) ([]string, error) {
+	return h.Store.Settle(ctx, serials, func(ctx context.Context, closed []string) ([]string, error) {
 		h.at("fence")
 		drop, err := fence(ctx, closed)
 		if err == nil && len(drop) == 0 {

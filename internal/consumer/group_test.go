@@ -42,7 +42,7 @@ func (e *env) zadd(key string, serials []string, deadline time.Time) {
 	}
 }
 
-// recordingStore closes through Store and records, per Close call, the
+// recordingStore closes through Store and records, per Settle call, the
 // serial prefix of its batch ("k3" for key 3) and the most calls at once.
 type recordingStore struct {
 	Store
@@ -52,7 +52,7 @@ type recordingStore struct {
 	most     int
 }
 
-func (r *recordingStore) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
+func (r *recordingStore) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
 	r.mu.Lock()
 	prefix, _, _ := strings.Cut(serials[0], "-")
 	r.batches = append(r.batches, prefix)
@@ -65,7 +65,7 @@ func (r *recordingStore) Close(ctx context.Context, serials []string, fence orde
 		r.inFlight--
 		r.mu.Unlock()
 	}()
-	return r.Store.Close(ctx, serials, fence)
+	return r.Store.Settle(ctx, serials, fence)
 }
 
 func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {

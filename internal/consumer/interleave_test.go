@@ -192,13 +192,13 @@ type commitBetween struct {
 	before func()
 }
 
-func (s *commitBetween) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
-	closed, err := s.Store.Close(ctx, serials, fence)
+func (s *commitBetween) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
+	out, err := s.Store.Settle(ctx, serials, fence)
 	if s.before != nil {
 		s.before()
 		s.before = nil
 	}
-	return closed, err
+	return out, err
 }
 
 // Item 6: one row locked longer than lock_timeout must not hold its batch:

@@ -56,11 +56,19 @@ func dedupe(items []item) []item {
 // about the data splits the batch in halves until the serial that causes it
 // is alone, so good orders are not held back by a bad one. It returns the
 // close or lookup statement's error, once handled (oneByOne counts them).
+//
+// The close (Store.Settle) answers for the orders it closed and, with the
+// reference schema's statements, for those it found settled; what it cannot
+// answer for (no row in its snapshot, a row changed while it ran, or —
+// with custom statements — anything it did not close) is asked again with
+// the lookup, after the commit, in a new snapshot: a pending row there was
+// invisible to the close (its producer committed after the close began) and
+// is retried without an attempt spent, never settled.
 func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Duration, items []item) error {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
 	fence, dropped := c.fence(items)
-	closed, err := c.store.Close(ctx, serialsOf(items), fence)
+	out, err := c.store.Settle(ctx, serialsOf(items), fence)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
 		c.failed(workCtx, batchCtx, stmt, items, err, "close")
@@ -69,17 +77,26 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 	c.m.SetUp(metrics.DepPostgres, true)
 	c.pgBackReset()
 	committed := c.now()
-	isClosed := make(map[string]struct{}, len(closed))
-	for _, s := range closed {
-		isClosed[s] = struct{}{}
+	answer := make(map[string]bool, len(out.Closed)+len(out.Settled)) // true: closed
+	for _, s := range out.Closed {
+		answer[s] = true
 	}
-	var done, rest, gone []item
+	for _, s := range out.Settled {
+		answer[s] = false
+	}
+	var done, settled, rest, gone []item
 	for _, it := range items {
-		if _, ok := isClosed[it.serial]; ok {
-			done = append(done, it)
-		} else if _, ok := dropped[it.serial]; ok {
+		closed, known := answer[it.serial]
+		if _, ok := dropped[it.serial]; ok && !known {
 			gone = append(gone, it)
-		} else {
+			continue
+		}
+		switch {
+		case closed:
+			done = append(done, it)
+		case known:
+			settled = append(settled, it)
+		default:
 			rest = append(rest, it)
 		}
 	}
@@ -90,14 +107,18 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 		c.log.Info("left orders a producer or another replica took over since the claim", zap.Int("orders", len(gone)))
 		c.finish(gone)
 	}
-	c.h.closed(done, closed, committed)
+	c.h.closed(done, out.Closed, committed)
+	nSettled := len(settled)
+	done = append(done, settled...) // paid or closed already: settled
 
+	var missing int
 	if len(rest) > 0 {
 		lctx, lcancel := context.WithTimeout(batchCtx, stmt)
 		found, err := c.store.Lookup(lctx, serialsOf(rest))
 		lcancel()
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
+			c.m.Skipped.WithLabelValues(metrics.SkipSettled).Add(float64(nSettled))
 			c.finish(done)
 			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup")
 			return err
@@ -106,27 +127,27 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 		for _, f := range found {
 			state[f.Serial] = f.Pending
 		}
-		var missing, pending []item
-		settled := 0
+		var notFound, pending []item
 		for _, it := range rest {
 			switch p, ok := state[it.serial]; {
 			case !ok:
-				missing = append(missing, it)
+				notFound = append(notFound, it)
 			case p:
 				pending = append(pending, it)
 			default:
 				done = append(done, it) // paid or closed already: settled
-				settled++
+				nSettled++
 			}
 		}
-		c.m.Skipped.WithLabelValues(metrics.SkipSettled).Add(float64(settled))
-		c.m.Skipped.WithLabelValues(metrics.SkipNotFound).Add(float64(len(missing)))
+		missing = len(notFound)
 		c.stillPending(pending)
-		c.notFound(missing)
+		c.notFound(notFound)
 	}
+	c.m.Skipped.WithLabelValues(metrics.SkipSettled).Add(float64(nSettled))
+	c.m.Skipped.WithLabelValues(metrics.SkipNotFound).Add(float64(missing))
 	c.finish(done)
-	c.log.Debug("batch done", zap.Int("claimed", len(items)), zap.Int("closed", len(closed)),
-		zap.Int("settled", len(done)-len(closed)), zap.Strings("closed_serials", closed))
+	c.log.Debug("batch done", zap.Int("claimed", len(items)), zap.Int("closed", len(out.Closed)),
+		zap.Int("settled", nSettled), zap.Strings("closed_serials", out.Closed))
 	return nil
 }
 

@@ -7,6 +7,15 @@
 // The SQL decides. Closing is one set-based, conditional statement, so an
 // order paid a microsecond earlier is never closed and a close that runs
 // twice closes once.
+//
+// Two paths close a batch (Store.Settle). With the reference schema's
+// statements (neither the close nor the lookup configured: OneStatement)
+// one statement, DefaultSettleSQL, closes the pending orders and says which
+// of the others are settled, and carries the transaction id: one round trip
+// per batch between BEGIN and COMMIT. With a custom close or lookup
+// statement the close statement runs alone and a query fetches the
+// transaction id. Either way the caller asks the lookup, after the commit,
+// about what the close could not answer for (Outcome.Unknown).
 package orders
 
 import (
@@ -45,6 +54,46 @@ RETURNING serial_no`
 // invisible to it (its producer committed after the close's snapshot) and
 // is retried; only a row that is no longer pending is settled.
 const DefaultLookupSQL = `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
+
+// DefaultSettleSQL is the close and the lookup of the reference schema in
+// one statement, which Store.Settle runs when neither the close nor the
+// lookup statement is configured: one round trip per batch where the two
+// statements take a close, a query for the transaction id and a lookup.
+//
+// One snapshot answers for every serial among $1: closed updates the rows
+// that are pending, re-checking the status on the newest row version (a row
+// paid or closed by another transaction while this one waited for its lock
+// is left alone), and returns each with the transaction id (a COMMIT whose
+// answer is lost is settled by asking the server about it: committed); the
+// second branch reads the rows of the serials it did not close — about one
+// in ten in a shop where one order in ten is paid — as the snapshot has
+// them. So each row comes back once: (serial, closed, pending in the
+// snapshot, and on closed rows the transaction id and the server's start
+// time, else NULL). Not closed and not pending is settled; not closed but
+// pending was changed by another transaction while the statement ran. A
+// serial with no row in the snapshot does not come back: its producer may
+// have committed after the snapshot. The caller asks the lookup about those
+// two (a second statement, only for them).
+//
+// No FOR UPDATE pass: the update takes its serials from an array built by
+// a subquery, which the planner cannot size, so it scans the primary key
+// whatever the batch size (TestSettleUpdatesThroughThePrimaryKey), and that
+// scan takes the array in index order: rows are locked in serial order, as
+// the pre-pass did, without locking each row twice. (A plan other than the
+// primary key — a table of a few pages read whole — locks in table order;
+// a deadlock with another closer is then possible and is answered like any
+// other 40P01: retried without an attempt, the batch closed order by order.)
+const DefaultSettleSQL = `WITH closed AS (
+  UPDATE orders
+  SET status = 'closed', closed_at = now(), close_reason = 'timeout',
+      closed_by = current_setting('application_name')
+  WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[])))
+    AND status = 'pending'
+  RETURNING serial_no, txid_current() AS xid)
+SELECT serial_no, true, true, xid, (SELECT ` + serverSQL + `) FROM closed
+UNION ALL
+SELECT serial_no, false, status = 'pending', NULL, NULL FROM orders
+WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[]) EXCEPT SELECT serial_no FROM closed))`
 
 // DefaultOverdueSQL returns up to $2 pending orders whose deadline passed
 // more than $1 milliseconds ago, in (deadline, serial) order, starting after
@@ -85,6 +134,10 @@ func DefaultStatements() Statements {
 type Store struct {
 	db    *sqlx.DB
 	stmts Statements
+	// settleSQL closes and looks up in one statement (DefaultSettleSQL);
+	// empty when the close or the lookup statement is a custom one: Settle
+	// then runs the close statement alone.
+	settleSQL string
 	// Server-side limits of a close transaction (SET LOCAL); zero: the
 	// session's. See SetTimeouts.
 	statementTimeout, lockTimeout time.Duration
@@ -125,8 +178,17 @@ func NewStore(db *sqlx.DB, s Statements) *Store {
 	if s.Overdue == "" {
 		s.Overdue = d.Overdue
 	}
-	return &Store{db: db, stmts: s}
+	st := &Store{db: db, stmts: s}
+	if s.Close == d.Close && s.Lookup == d.Lookup {
+		st.settleSQL = DefaultSettleSQL
+	}
+	return st
 }
+
+// OneStatement reports whether Settle closes and looks up in one statement
+// (the reference schema's: neither the close nor the lookup statement is
+// configured) rather than running the close statement alone.
+func (s *Store) OneStatement() bool { return s.settleSQL != "" }
 
 // DB returns the store's database handle.
 func (s *Store) DB() *sqlx.DB { return s.db }
@@ -151,22 +213,56 @@ func (e *FenceError) Error() string { return "close rolled back: queue check fai
 
 func (e *FenceError) Unwrap() error { return e.Err }
 
-// Close closes the pending orders among serials in one transaction and
-// returns those it closed. If fence is not nil it is called before COMMIT;
-// when it drops serials the transaction is rolled back and the close runs
-// again without them, so a dropped serial is never closed.
-func (s *Store) Close(ctx context.Context, serials []string, fence Fence) ([]string, error) {
-	closed, err := s.closeTx(ctx, serials, fence, "", false)
-	return closed, clientCut(ctx, err)
+// Outcome is what a close knows of each serial it was asked about
+// (Settle). A serial is in at most one list; one the fence dropped is in
+// none.
+type Outcome struct {
+	// Closed were closed by this call, and the transaction committed.
+	Closed []string
+	// Settled had a row that was no longer pending (paid, or closed
+	// before) in the statement's snapshot: nothing is left to do.
+	Settled []string
+	// Unknown is what the statement cannot answer for; ask Lookup after
+	// the commit: a serial with no row in its snapshot (the producer may
+	// have committed after it), a row another transaction changed while
+	// the statement ran (found pending, then paid, closed or deleted
+	// before the update reached it) and, when the close statement runs
+	// alone, every serial it did not close.
+	Unknown []string
 }
 
-// closeTx is Close; outbox, if not empty, is the reason of the close events
-// recorded in the same transaction; dryRun rolls back instead of committing.
-func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outbox string, dryRun bool) ([]string, error) {
+// Close closes the pending orders among serials in one transaction and
+// returns those it closed, with the close statement. If fence is not nil it
+// is called before COMMIT; when it drops serials the transaction is rolled
+// back and the close runs again without them, so a dropped serial is never
+// closed.
+func (s *Store) Close(ctx context.Context, serials []string, fence Fence) ([]string, error) {
+	out, err := s.closeTx(ctx, serials, fence, "", false, false)
+	return out.Closed, clientCut(ctx, err)
+}
+
+// Settle closes the pending orders among serials, fenced as Close, and says
+// what it knows of the others. With the reference schema's statements
+// (OneStatement) that takes one statement, DefaultSettleSQL, which also
+// tells the orders that are settled and carries the transaction id; with
+// a custom close or lookup statement it is Close, and every serial not
+// closed is Unknown.
+func (s *Store) Settle(ctx context.Context, serials []string, fence Fence) (Outcome, error) {
+	out, err := s.closeTx(ctx, serials, fence, "", false, s.OneStatement())
+	return out, clientCut(ctx, err)
+}
+
+// closeTx is Close, or Settle when one is set (run DefaultSettleSQL);
+// outbox, if not empty, is the reason of the close events recorded in the
+// same transaction; dryRun rolls back instead of committing.
+func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (Outcome, error) {
 	for {
-		closed, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun)
-		if err != nil || len(drop) == 0 {
-			return closed, err
+		out, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun, one)
+		if err != nil {
+			return Outcome{}, err
+		}
+		if len(drop) == 0 {
+			return out, nil
 		}
 		dropped := make(map[string]struct{}, len(drop))
 		for _, d := range drop {
@@ -179,62 +275,158 @@ func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outb
 			}
 		}
 		if len(kept) == len(serials) { // the fence dropped nothing we asked for
-			return nil, fmt.Errorf("close: fence dropped serials that were not closed: %q", drop)
+			return Outcome{}, fmt.Errorf("close: fence dropped serials that were not closed: %q", drop)
 		}
 		if serials = kept; len(serials) == 0 {
-			return nil, nil
+			return Outcome{}, nil
 		}
 	}
 }
 
-func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun bool) (closed, drop []string, err error) {
+func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (out Outcome, drop []string, err error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return nil, nil, &BeginError{Err: err}
+		return Outcome{}, nil, &BeginError{Err: err}
 	}
 	// Roll back even if ctx was cancelled meanwhile; after Commit a no-op.
 	defer tx.Rollback() //nolint:errcheck // nothing to keep
 	if err := s.SetLocalTimeouts(ctx, tx); err != nil {
-		return nil, nil, err
-	}
-	closed, err = s.CloseOn(ctx, tx, serials)
-	if err != nil {
-		return nil, nil, err
-	}
-	if dryRun {
-		return closed, nil, nil // rolled back by the deferred Rollback
-	}
-	if outbox != "" {
-		if err := RecordClosed(ctx, tx, closed, outbox); err != nil {
-			return nil, nil, err
-		}
+		return Outcome{}, nil, err
 	}
 	// The transaction's id and the server that gave it, so that a COMMIT
 	// whose answer is lost (the connection dropped, the client's deadline
 	// passed while the server committed) can be settled by asking that
-	// server (committed).
+	// server (committed). The one statement returns them with the closed
+	// rows; after the close statement alone they take a query.
 	var xid txRef
-	if len(closed) > 0 {
-		if err := tx.QueryRowContext(ctx, txRefSQL).Scan(&xid.id, &xid.server); err != nil {
-			return nil, nil, err
+	if one {
+		out, xid, err = s.settleOn(ctx, tx, serials)
+		if err != nil {
+			return Outcome{}, nil, err
+		}
+	} else {
+		closed, err := s.CloseOn(ctx, tx, serials)
+		if err != nil {
+			return Outcome{}, nil, err
+		}
+		out = Outcome{Closed: closed, Unknown: without(serials, closed)}
+	}
+	if dryRun {
+		return out, nil, nil // rolled back by the deferred Rollback
+	}
+	if outbox != "" {
+		if err := RecordClosed(ctx, tx, out.Closed, outbox); err != nil {
+			return Outcome{}, nil, err
 		}
 	}
-	if fence != nil && len(closed) > 0 {
-		drop, err := fence(ctx, closed)
+	if !one && len(out.Closed) > 0 {
+		if err := tx.QueryRowContext(ctx, txRefSQL).Scan(&xid.id, &xid.server); err != nil {
+			return Outcome{}, nil, err
+		}
+	}
+	if fence != nil && len(out.Closed) > 0 {
+		drop, err := fence(ctx, out.Closed)
 		if err != nil {
-			return nil, nil, &FenceError{Err: err}
+			return Outcome{}, nil, &FenceError{Err: err}
 		}
 		if len(drop) > 0 {
-			return nil, drop, nil // rolled back; the caller retries without them
+			return Outcome{}, drop, nil // rolled back; the caller retries without them
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		if xid.id != 0 && s.committed(xid, closed) {
-			return closed, nil, nil // the COMMIT landed; only its answer was lost
+		if xid.id != 0 && s.committed(xid, out.Closed) {
+			return out, nil, nil // the COMMIT landed; only its answer was lost
 		}
-		return nil, nil, err
+		return Outcome{}, nil, err
 	}
-	return closed, nil, nil
+	return out, nil, nil
+}
+
+// settleOn runs DefaultSettleSQL (or what a test put in its place) on q and
+// reads its answer: one row per serial that has a row (serial, closed,
+// pending, and on closed rows the transaction id and the server's start
+// time). Anything else is ErrBadResult, found before the fence and COMMIT.
+func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (Outcome, txRef, error) {
+	var xid txRef
+	rows, err := q.QueryContext(ctx, s.settleSQL, pq.Array(serials))
+	if err != nil {
+		return Outcome{}, xid, err
+	}
+	defer rows.Close()
+	if cols, err := rows.Columns(); err == nil && len(cols) != 5 {
+		return Outcome{}, xid, fmt.Errorf("%w: %w: %d columns, want 5", ErrBadResult, ErrBadShape, len(cols))
+	}
+	trim := blankPadded(rows)
+	seen := make(map[string]bool, len(serials))
+	for _, sn := range serials {
+		seen[sn] = false
+	}
+	out := Outcome{Closed: make([]string, 0, len(serials))}
+	for rows.Next() {
+		var sn, server sql.NullString
+		var closed, pending sql.NullBool
+		var id sql.NullInt64
+		if err := rows.Scan(&sn, &closed, &pending, &id, &server); err != nil {
+			return Outcome{}, xid, fmt.Errorf("%w: %w", ErrBadResult, err)
+		}
+		if !sn.Valid || !closed.Valid || !pending.Valid {
+			return Outcome{}, xid, fmt.Errorf("%w: NULL serial, closed or pending flag", ErrBadResult)
+		}
+		serial := trim(sn.String)
+		switch already, asked := seen[serial]; {
+		case !asked:
+			return Outcome{}, xid, fmt.Errorf("%w: serial %q was not asked about", ErrBadResult, serial)
+		case already:
+			return Outcome{}, xid, fmt.Errorf("%w: serial %q returned twice", ErrBadResult, serial)
+		}
+		seen[serial] = true
+		switch {
+		case closed.Bool:
+			if !pending.Bool {
+				return Outcome{}, xid, fmt.Errorf("%w: %q closed but not pending", ErrBadResult, serial)
+			}
+			if !id.Valid || !server.Valid {
+				return Outcome{}, xid, fmt.Errorf("%w: %q closed without a transaction id and server", ErrBadResult, serial)
+			}
+			if xid.id != 0 && (xid.id != id.Int64 || xid.server != server.String) {
+				return Outcome{}, xid, fmt.Errorf("%w: two transaction ids in one statement", ErrBadResult)
+			}
+			xid = txRef{id: id.Int64, server: server.String}
+			out.Closed = append(out.Closed, serial)
+		case pending.Bool:
+			out.Unknown = append(out.Unknown, serial) // changed while the statement ran
+		default:
+			out.Settled = append(out.Settled, serial)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return Outcome{}, xid, err
+	}
+	for _, sn := range serials {
+		if !seen[sn] {
+			seen[sn] = true // a serial asked twice is unknown once
+			out.Unknown = append(out.Unknown, sn)
+		}
+	}
+	return out, xid, nil
+}
+
+// without returns the serials not in drop, in order.
+func without(serials, drop []string) []string {
+	if len(drop) == 0 {
+		return serials
+	}
+	skip := make(map[string]struct{}, len(drop))
+	for _, d := range drop {
+		skip[d] = struct{}{}
+	}
+	out := make([]string, 0, len(serials)-min(len(drop), len(serials)))
+	for _, sn := range serials {
+		if _, ok := skip[sn]; !ok {
+			out = append(out, sn)
+		}
+	}
+	return out
 }
 
 // commitStatusWait bounds how long a close whose COMMIT answer was lost asks
@@ -447,6 +639,20 @@ func (s *Store) Verify(ctx context.Context) error {
 			"the overdue statement pages by keyset: it takes " + OverdueParams + ", and returns " + OverdueColumns +
 				" (see README, Custom statements)"},
 	}
+	if s.OneStatement() {
+		// The built-in statement is checked against the table too: a
+		// reference table changed under the defaults fails here, at start,
+		// rather than on every batch.
+		checks = append(checks, struct {
+			name, setting, query string
+			params               []string
+			args                 []any
+			cols                 []column
+			hint                 string
+		}{"close and lookup in one statement (the reference schema's)", "ORDERDELAY_CLOSE_SQL", s.settleSQL,
+			[]string{"text[]"}, []any{pq.Array([]string{})}, settleColumns,
+			"the orders table differs from the reference schema; configure the close and lookup statements for it (see README, Custom statements)"})
+	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return err
@@ -478,6 +684,9 @@ var (
 	serialColumn   = []column{{"the serial", textTypes}}
 	lookupColumns  = []column{{"the serial", textTypes}, {"whether the order is still pending", []string{"BOOL"}}}
 	overdueColumns = []column{{"the serial", textTypes}, {"the deadline", []string{"TIMESTAMPTZ"}}}
+	settleColumns  = []column{{"the serial", textTypes}, {"whether it closed the order", []string{"BOOL"}},
+		{"whether the order was pending", []string{"BOOL"}}, {"the transaction id", []string{"INT8"}},
+		{"the server", []string{"TEXT"}}}
 )
 
 // StatementError says which configured statement failed verification.
@@ -544,7 +753,15 @@ type DryRun struct{ *Store }
 // Close reports which of serials the close statement would close. Nothing
 // commits, so there is nothing to fence.
 func (d DryRun) Close(ctx context.Context, serials []string, _ Fence) ([]string, error) {
-	return d.closeTx(ctx, serials, nil, "", true)
+	out, err := d.closeTx(ctx, serials, nil, "", true, false)
+	return out.Closed, clientCut(ctx, err)
+}
+
+// Settle is Store.Settle rolled back: Closed is what would have been
+// closed. (Defined here, not promoted from Store, whose Settle commits.)
+func (d DryRun) Settle(ctx context.Context, serials []string, _ Fence) (Outcome, error) {
+	out, err := d.closeTx(ctx, serials, nil, "", true, d.OneStatement())
+	return out, clientCut(ctx, err)
 }
 
 // VerifyStatement checks that a task queue's statement takes `$1 text[]`
@@ -587,7 +804,16 @@ type WithOutbox struct{ *Store }
 // Close closes the pending orders among serials and records their events,
 // in one transaction, fenced as Store.Close.
 func (o WithOutbox) Close(ctx context.Context, serials []string, fence Fence) ([]string, error) {
-	return o.closeTx(ctx, serials, fence, "timeout", false)
+	out, err := o.closeTx(ctx, serials, fence, "timeout", false, false)
+	return out.Closed, clientCut(ctx, err)
+}
+
+// Settle is Store.Settle that also records a close event per closed order,
+// in the same transaction. (Defined here, not promoted from Store, whose
+// Settle records none.)
+func (o WithOutbox) Settle(ctx context.Context, serials []string, fence Fence) (Outcome, error) {
+	out, err := o.closeTx(ctx, serials, fence, "timeout", false, o.OneStatement())
+	return out, clientCut(ctx, err)
 }
 
 // CloseEvent is one close event of the outbox.

@@ -251,59 +251,67 @@ func TestLookupReturnsExistingOnlyAndWhetherPending(t *testing.T) {
 // A close whose fence drops a serial is rolled back and redone without it:
 // the dropped serial stays pending, the others close.
 func TestCloseFenceDropsAreNeverCommitted(t *testing.T) {
-	db, _ := testenv.Postgres(t)
-	insert(t, db, order{"keep", "pending", -time.Hour}, order{"drop", "pending", -time.Hour})
-	s := orders.NewStore(db, orders.Statements{})
-	calls := 0
-	got, err := s.Close(ctxT(t), []string{"keep", "drop"}, func(_ context.Context, closed []string) ([]string, error) {
-		calls++
-		if slices.Contains(closed, "drop") {
-			return []string{"drop"}, nil
-		}
-		return nil, nil
-	})
-	if err != nil || !slices.Equal(got, []string{"keep"}) {
-		t.Fatalf("Close = %v, %v; want [keep]", got, err)
-	}
-	if calls != 2 {
-		t.Errorf("fence called %d times, want 2 (once per attempt)", calls)
-	}
-	if st := status(t, db, "drop"); st != "pending" {
-		t.Errorf("dropped serial is %s, want pending", st)
-	}
-	// A fence that cannot answer commits nothing.
-	insert(t, db, order{"unsure", "pending", -time.Hour})
-	_, err = s.Close(ctxT(t), []string{"unsure"}, func(context.Context, []string) ([]string, error) {
-		return nil, errors.New("redis: connection refused")
-	})
-	var fe *orders.FenceError
-	if !errors.As(err, &fe) {
-		t.Fatalf("Close with a failing fence = %v, want a *FenceError", err)
-	}
-	if st := status(t, db, "unsure"); st != "pending" {
-		t.Errorf("closed without an answer from the fence: %s", st)
+	for _, path := range closePaths {
+		t.Run(path.name, func(t *testing.T) {
+			db, _ := testenv.Postgres(t)
+			insert(t, db, order{"keep", "pending", -time.Hour}, order{"drop", "pending", -time.Hour})
+			s := orders.NewStore(db, orders.Statements{})
+			calls := 0
+			got, err := path.close(ctxT(t), s, []string{"keep", "drop"}, func(_ context.Context, closed []string) ([]string, error) {
+				calls++
+				if slices.Contains(closed, "drop") {
+					return []string{"drop"}, nil
+				}
+				return nil, nil
+			})
+			if err != nil || !slices.Equal(got, []string{"keep"}) {
+				t.Fatalf("Close = %v, %v; want [keep]", got, err)
+			}
+			if calls != 2 {
+				t.Errorf("fence called %d times, want 2 (once per attempt)", calls)
+			}
+			if st := status(t, db, "drop"); st != "pending" {
+				t.Errorf("dropped serial is %s, want pending", st)
+			}
+			// A fence that cannot answer commits nothing.
+			insert(t, db, order{"unsure", "pending", -time.Hour})
+			_, err = path.close(ctxT(t), s, []string{"unsure"}, func(context.Context, []string) ([]string, error) {
+				return nil, errors.New("redis: connection refused")
+			})
+			var fe *orders.FenceError
+			if !errors.As(err, &fe) {
+				t.Fatalf("Close with a failing fence = %v, want a *FenceError", err)
+			}
+			if st := status(t, db, "unsure"); st != "pending" {
+				t.Errorf("closed without an answer from the fence: %s", st)
+			}
+		})
 	}
 }
 
 // With SetTimeouts a close that waits on a row lock is cut by the server
 // (55P03), not by the client, so nothing is left in doubt.
 func TestCloseTimeoutsAreTheServers(t *testing.T) {
-	db, _ := testenv.Postgres(t)
-	insert(t, db, order{"held", "pending", -time.Hour})
-	tx, err := db.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.Exec(`SELECT 1 FROM orders WHERE serial_no = 'held' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	s := orders.NewStore(db, orders.Statements{})
-	s.SetTimeouts(5*time.Second, 50*time.Millisecond)
-	_, err = s.Close(ctxT(t), []string{"held"}, nil)
-	var pqErr *pq.Error
-	if !errors.As(err, &pqErr) || pqErr.Code != "55P03" {
-		t.Fatalf("close of a locked row = %v, want the server's 55P03", err)
+	for _, path := range closePaths {
+		t.Run(path.name, func(t *testing.T) {
+			db, _ := testenv.Postgres(t)
+			insert(t, db, order{"held", "pending", -time.Hour})
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := tx.Exec(`SELECT 1 FROM orders WHERE serial_no = 'held' FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+			s := orders.NewStore(db, orders.Statements{})
+			s.SetTimeouts(5*time.Second, 50*time.Millisecond)
+			_, err = path.close(ctxT(t), s, []string{"held"}, nil)
+			var pqErr *pq.Error
+			if !errors.As(err, &pqErr) || pqErr.Code != "55P03" {
+				t.Fatalf("close of a locked row = %v, want the server's 55P03", err)
+			}
+		})
 	}
 }
 
@@ -797,39 +805,43 @@ func TestSchemaVersionMatchesMigrations(t *testing.T) {
 // closed — the store asks the server what became of the transaction —
 // rather than failing and being counted as "settled" on its retry.
 func TestCloseWhoseCommitAnswerIsLostIsStillReported(t *testing.T) {
-	db, dsn := testenv.Postgres(t)
-	insert(t, db, order{"unheard", "pending", -time.Hour})
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := testenv.NewProxy(t, u.Host)
-	u.Host = px.Addr()
-	viaProxy, err := sqlx.Open("postgres", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
-	s := orders.NewStore(viaProxy, orders.Statements{})
-	got, err := s.Close(ctxT(t), []string{"unheard"}, func(context.Context, []string) ([]string, error) {
-		// Right before COMMIT: hold the server's answers back; once the
-		// server has committed, cut the connection they travel on.
-		px.Stall(3 * time.Second)
-		go func() {
-			defer func() { px.Down(); px.Up() }()
-			for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-				var st string
-				if db.Get(&st, "SELECT status FROM orders WHERE serial_no = 'unheard'") == nil && st == "closed" {
-					return
-				}
+	for _, path := range closePaths {
+		t.Run(path.name, func(t *testing.T) {
+			db, dsn := testenv.Postgres(t)
+			insert(t, db, order{"unheard", "pending", -time.Hour})
+			u, err := url.Parse(dsn)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}()
-		return nil, nil
-	})
-	if st := status(t, db, "unheard"); st != "closed" {
-		t.Fatalf("the server did not commit (%s): the test proved nothing", st)
-	}
-	if err != nil || !slices.Equal(got, []string{"unheard"}) {
-		t.Fatalf("Close = %v, %v; want [unheard]: the commit landed, only its answer was lost", got, err)
+			px := testenv.NewProxy(t, u.Host)
+			u.Host = px.Addr()
+			viaProxy, err := sqlx.Open("postgres", u.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { viaProxy.Close() })
+			s := orders.NewStore(viaProxy, orders.Statements{})
+			got, err := path.close(ctxT(t), s, []string{"unheard"}, func(context.Context, []string) ([]string, error) {
+				// Right before COMMIT: hold the server's answers back; once the
+				// server has committed, cut the connection they travel on.
+				px.Stall(3 * time.Second)
+				go func() {
+					defer func() { px.Down(); px.Up() }()
+					for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+						var st string
+						if db.Get(&st, "SELECT status FROM orders WHERE serial_no = 'unheard'") == nil && st == "closed" {
+							return
+						}
+					}
+				}()
+				return nil, nil
+			})
+			if st := status(t, db, "unheard"); st != "closed" {
+				t.Fatalf("the server did not commit (%s): the test proved nothing", st)
+			}
+			if err != nil || !slices.Equal(got, []string{"unheard"}) {
+				t.Fatalf("Close = %v, %v; want [unheard]: the commit landed, only its answer was lost", got, err)
+			}
+		})
 	}
 }

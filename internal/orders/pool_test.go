@@ -108,7 +108,7 @@ func TestPoolStatementTimeoutIsTheServers(t *testing.T) {
 	defer cancel()
 	for _, store := range []interface {
 		Close(context.Context, []string, orders.Fence) ([]string, error)
-	}{s, orders.WithOutbox{Store: s}} {
+	}{s, orders.WithOutbox{Store: s}, settleAsClose{s}, settleAsClose{orders.WithOutbox{Store: s}}} {
 		_, err := store.Close(ctx, []string{"slow"}, nil)
 		var pqErr *pq.Error
 		if !errors.As(err, &pqErr) || pqErr.Code != "57014" || !strings.Contains(pqErr.Message, "statement timeout") {
@@ -165,4 +165,17 @@ func TestOpenConnectErrorIsTransient(t *testing.T) {
 	if !orders.Transient(err) {
 		t.Errorf("Transient(%v) = false", err)
 	}
+}
+
+// settleAsClose runs a store's Settle (the one statement) where a test
+// calls Close.
+type settleAsClose struct {
+	s interface {
+		Settle(context.Context, []string, orders.Fence) (orders.Outcome, error)
+	}
+}
+
+func (a settleAsClose) Close(ctx context.Context, serials []string, fence orders.Fence) ([]string, error) {
+	out, err := a.s.Settle(ctx, serials, fence)
+	return out.Closed, err
 }

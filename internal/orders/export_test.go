@@ -1,0 +1,5 @@
+package orders
+
+// SetSettleSQL puts q in place of DefaultSettleSQL in s, so tests can feed
+// Settle results the reference statement never returns.
+func SetSettleSQL(s *Store, q string) { s.settleSQL = q }

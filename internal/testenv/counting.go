@@ -1,0 +1,105 @@
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+)
+
+// Statements counts the statements a pool sent to the server (queries and
+// execs, not BEGIN or COMMIT), and keeps their text.
+type Statements struct {
+	n    atomic.Int64
+	mu   sync.Mutex
+	text []string
+}
+
+// N is how many statements were sent so far.
+func (s *Statements) N() int64 { return s.n.Load() }
+
+// Since returns the texts of the statements after the first n.
+func (s *Statements) Since(n int64) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.text[n:]...)
+}
+
+func (s *Statements) add(q string) {
+	s.mu.Lock()
+	s.text = append(s.text, q)
+	s.mu.Unlock()
+	s.n.Add(1)
+}
+
+// CountingPostgres is Postgres through a driver that counts every statement
+// the pool sends, so a test can assert how many round trips a code path
+// takes.
+func CountingPostgres(t testing.TB) (*sqlx.DB, string, *Statements) {
+	t.Helper()
+	_, dsn := CreateDatabase(t)
+	c, err := pq.NewConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &Statements{}
+	db := sqlx.NewDb(sql.OpenDB(countingConnector{c, st}), "postgres")
+	t.Cleanup(func() { db.Close() })
+	return db, dsn, st
+}
+
+type countingConnector struct {
+	driver.Connector
+	st *Statements
+}
+
+func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{conn, c.st}, nil
+}
+
+// countingConn forwards to lib/pq's connection, which implements every
+// interface below.
+type countingConn struct {
+	driver.Conn
+	st *Statements
+}
+
+func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	c.st.add(q)
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+}
+
+func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	c.st.add(q)
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
+}
+
+func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	c.st.add(q)
+	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+}
+
+func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+}
+
+func (c *countingConn) Ping(ctx context.Context) error { return c.Conn.(driver.Pinger).Ping(ctx) }
+
+func (c *countingConn) ResetSession(ctx context.Context) error {
+	return c.Conn.(driver.SessionResetter).ResetSession(ctx)
+}
+
+func (c *countingConn) IsValid() bool { return c.Conn.(driver.Validator).IsValid() }
+
+func (c *countingConn) CheckNamedValue(nv *driver.NamedValue) error {
+	return c.Conn.(driver.NamedValueChecker).CheckNamedValue(nv)
+}
