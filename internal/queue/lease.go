@@ -515,14 +515,10 @@ type ClaimResult struct {
 // a.Token and dead-letters the malformed ones it meets.
 func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 	k := s.keys
-	raw, err := claimScript.Run(ctx, s.rdb,
+	res, err := runClaim(ctx, s.rdb,
 		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
 		a.Limit, a.Lease.Milliseconds(), a.Token, MaxAhead.Milliseconds(),
-		a.CloseDelay.Milliseconds(), boolArg(a.CountRedeliveries), a.MaxBytes, a.Overhead, boolArg(a.Batch)).Slice()
-	if err != nil {
-		return ClaimResult{}, fmt.Errorf("claim: %w", err)
-	}
-	res, err := parseClaim(raw)
+		a.CloseDelay.Milliseconds(), boolArg(a.CountRedeliveries), a.MaxBytes, a.Overhead, boolArg(a.Batch))
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
