@@ -364,3 +364,39 @@ func BenchmarkClaimReplyRaw(b *testing.B) {
 		}
 	}
 }
+
+// Every reply that says the script did not run is sent again through
+// Script.Run (on a cluster client, that is what follows MOVED and ASK);
+// other error replies are not.
+func TestRunClaimSendsAgainOnlyWhatDidNotRun(t *testing.T) {
+	ok := array(integer(5), integer(-1), integer(-1), "*0\r\n", "*0\r\n", integer(0), array(bulk("b"), integer(4)))
+	for _, c := range []struct {
+		reply string
+		again bool
+	}{
+		{"-MOVED 3999 127.0.0.1:6381\r\n", true},
+		{"-ASK 3999 127.0.0.1:6381\r\n", true},
+		{"-LOADING Redis is loading the dataset in memory\r\n", true},
+		{"-READONLY You can't write against a read only replica.\r\n", true},
+		{"-CLUSTERDOWN The cluster is down\r\n", true},
+		{"-TRYAGAIN Multiple keys request during rehashing of slot\r\n", true},
+		{"-MASTERDOWN Link with MASTER is down\r\n", true},
+		{"-NOREPLICAS Not enough good replicas to write.\r\n", true},
+		{"-ERR max number of clients reached\r\n", true},
+		{"-BUSY Redis is busy running a script.\r\n", false},
+		{"-OOM command not allowed when used memory > 'maxmemory'.\r\n", false},
+		{"-ERR Error running script (call to f_x): @user_script:1: boom\r\n", false},
+		{"!21\r\nERR blob error, RESP3\r\n", false},
+	} {
+		f, rdb := newFakeRedis(t)
+		f.reply(c.reply, ok)
+		res, err := runClaim(context.Background(), rdb, []string{"q"}, 1)
+		cmds := f.commands()
+		switch {
+		case c.again && (err != nil || len(res.Items) != 1 || len(cmds) != 2):
+			t.Errorf("%q: %+v, %v after %q; want the claim sent again and read", c.reply, res, err, cmds)
+		case !c.again && (err == nil || len(cmds) != 1 || !strings.Contains(c.reply, err.Error())):
+			t.Errorf("%q: %+v, %v after %q; want its error, sent once", c.reply, res, err, cmds)
+		}
+	}
+}
