@@ -278,8 +278,11 @@ func BenchmarkClaimFinish(b *testing.B) {
 	if err := zaddAll(ctx, rdb, keys.Queue, set, 0, b.N); err != nil {
 		b.Fatal(err)
 	}
-	c := consumer.New(consumer.Config{Keys: keys}, rdb, allClosed{},
+	c, err := consumer.New(consumer.Config{Keys: keys}, rdb, allClosed{},
 		metrics.New(prometheus.NewRegistry(), "bench", "bench"), zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	b.ResetTimer()

@@ -44,9 +44,12 @@ func leasedMemory(ctx context.Context, e *env, n int) (pending, leased float64, 
 	}
 	mem1 := usedMemory(ctx, e.rdb)
 	batch := consumer.DefaultBatchSize
-	c := consumer.New(consumer.Config{Keys: keys, Workers: (n + batch - 1) / batch, BatchSize: batch,
+	c, err := consumer.New(consumer.Config{Keys: keys, Workers: (n + batch - 1) / batch, BatchSize: batch,
 		Lease: time.Hour, StatementTimeout: time.Minute, DrainTimeout: 10 * time.Millisecond},
 		e.rdb, holding{}, metrics.New(prometheus.NewRegistry(), "bench", "bench"), zap.NewNop())
+	if err != nil {
+		return 0, 0, err
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(runCtx) }() //nolint:errcheck // nil on cancel

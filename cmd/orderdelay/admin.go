@@ -190,7 +190,9 @@ func cmdPurge(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	})
 }
 
-// inspectOrder is `orderdelay inspect SERIAL`.
+// inspectOrder is `orderdelay inspect SERIAL`. A row it cannot read
+// (PostgreSQL unreachable, say) fails the command, exit 1, once what Redis
+// holds is printed: half an answer is not a done one.
 func inspectOrder(ctx context.Context, stdout io.Writer, cfg config.Config, serial string, asJSON bool) error {
 	if err := queue.ValidateSerial(serial); err != nil {
 		return usageError{err}
@@ -200,48 +202,59 @@ func inspectOrder(ctx context.Context, stdout io.Writer, cfg config.Config, seri
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			return printJSON(stdout, rep)
+		if err := printOrder(stdout, serial, rep, asJSON); err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "serial    %s\n", serial)
-		if q := rep.Queue; q == nil {
-			fmt.Fprintln(stdout, "redis     not in the queue")
-		} else {
-			fmt.Fprintf(stdout, "redis     %s, deadline %s, %d attempts\n", q.State, q.Deadline.UTC().Format(time.RFC3339Nano), q.Attempts)
-			if !q.Until.IsZero() {
-				fmt.Fprintf(stdout, "          until %s", q.Until.UTC().Format(time.RFC3339Nano))
-				if q.Owner != "" {
-					fmt.Fprintf(stdout, ", leased by %s", q.Owner)
-				}
-				fmt.Fprintln(stdout)
-			}
-			if q.Reason != "" || q.LastError != "" {
-				fmt.Fprintf(stdout, "          reason %q, last error %q\n", q.Reason, q.LastError)
-			}
-		}
-		switch r := rep.Row; {
-		case rep.RowError != "":
-			fmt.Fprintf(stdout, "postgres  cannot read the row: %s\n", rep.RowError)
-		case r == nil:
-			fmt.Fprintln(stdout, "postgres  no row in orders")
-		default:
-			fmt.Fprintf(stdout, "postgres  %s, expires %s", r.Status, r.ExpiresAt.UTC().Format(time.RFC3339Nano))
-			if r.ClosedAt != nil {
-				fmt.Fprintf(stdout, ", closed %s", r.ClosedAt.UTC().Format(time.RFC3339Nano))
-			}
-			if r.CloseReason != nil {
-				fmt.Fprintf(stdout, " (%s)", *r.CloseReason)
-			}
-			if r.ClosedBy != nil {
-				fmt.Fprintf(stdout, " by %s", *r.ClosedBy)
-			}
-			if r.PaidAt != nil {
-				fmt.Fprintf(stdout, ", paid %s", r.PaidAt.UTC().Format(time.RFC3339Nano))
-			}
-			fmt.Fprintln(stdout)
+		if rep.RowError != "" {
+			return fmt.Errorf("PostgreSQL: cannot read the row of order %q: %s", serial, rep.RowError)
 		}
 		return nil
 	})
+}
+
+// printOrder prints inspect SERIAL's report.
+func printOrder(stdout io.Writer, serial string, rep admin.OrderReport, asJSON bool) error {
+	if asJSON {
+		return printJSON(stdout, rep)
+	}
+	fmt.Fprintf(stdout, "serial    %s\n", serial)
+	if q := rep.Queue; q == nil {
+		fmt.Fprintln(stdout, "redis     not in the queue")
+	} else {
+		fmt.Fprintf(stdout, "redis     %s, deadline %s, %d attempts\n", q.State, q.Deadline.UTC().Format(time.RFC3339Nano), q.Attempts)
+		if !q.Until.IsZero() {
+			fmt.Fprintf(stdout, "          until %s", q.Until.UTC().Format(time.RFC3339Nano))
+			if q.Owner != "" {
+				fmt.Fprintf(stdout, ", leased by %s", q.Owner)
+			}
+			fmt.Fprintln(stdout)
+		}
+		if q.Reason != "" || q.LastError != "" {
+			fmt.Fprintf(stdout, "          reason %q, last error %q\n", q.Reason, q.LastError)
+		}
+	}
+	switch r := rep.Row; {
+	case rep.RowError != "":
+		fmt.Fprintf(stdout, "postgres  cannot read the row: %s\n", rep.RowError)
+	case r == nil:
+		fmt.Fprintln(stdout, "postgres  no row in orders")
+	default:
+		fmt.Fprintf(stdout, "postgres  %s, expires %s", r.Status, r.ExpiresAt.UTC().Format(time.RFC3339Nano))
+		if r.ClosedAt != nil {
+			fmt.Fprintf(stdout, ", closed %s", r.ClosedAt.UTC().Format(time.RFC3339Nano))
+		}
+		if r.CloseReason != nil {
+			fmt.Fprintf(stdout, " (%s)", *r.CloseReason)
+		}
+		if r.ClosedBy != nil {
+			fmt.Fprintf(stdout, " by %s", *r.ClosedBy)
+		}
+		if r.PaidAt != nil {
+			fmt.Fprintf(stdout, ", paid %s", r.PaidAt.UTC().Format(time.RFC3339Nano))
+		}
+		fmt.Fprintln(stdout)
+	}
+	return nil
 }
 
 // cmdUnbatch is `orderdelay unbatch`: batch leases back to per-member

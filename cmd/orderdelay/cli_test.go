@@ -311,3 +311,31 @@ func TestHelpGroupsSettings(t *testing.T) {
 		}
 	}
 }
+
+// inspect SERIAL with Redis up and PostgreSQL down: it still prints the
+// order's queue entry, but it could not show the row, so it exits 1
+// naming PostgreSQL (it exited 0, the failure only in its output). inspect
+// without a serial reads only Redis and is unaffected.
+func TestInspectOrderPostgresDown(t *testing.T) {
+	env := upEnv(t)
+	pgPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env["ORDERDELAY_DATABASE_URL"] = fmt.Sprintf("postgres://127.0.0.1:%d/orderdelay?sslmode=disable", pgPort)
+	if r := runCLI(context.Background(), env, "enqueue", "o-1", "--after", "1h"); r.code != 0 {
+		t.Fatalf("enqueue: %s", r)
+	}
+	for _, args := range [][]string{{"inspect", "o-1"}, {"inspect", "--json", "o-1"}} {
+		r := runCLI(context.Background(), env, args...)
+		if r.code != 1 || !strings.Contains(r.stderr, "orderdelay: PostgreSQL") || !strings.Contains(r.stderr, "refused") {
+			t.Errorf("orderdelay %q with PostgreSQL down: want exit 1 and a message naming PostgreSQL and the refusal; got %s", args, r)
+		}
+		if !strings.Contains(r.stdout, "o-1") || !strings.Contains(r.stdout, "queued") {
+			t.Errorf("orderdelay %q with PostgreSQL down: want the queue entry still shown; got %s", args, r)
+		}
+	}
+	if r := runCLI(context.Background(), env, "inspect"); r.code != 0 {
+		t.Errorf("inspect (Redis only) with PostgreSQL down: want exit 0; got %s", r)
+	}
+}

@@ -8,6 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -60,6 +63,9 @@ type daemonOptions struct {
 	started func(ctx context.Context, d *daemon)
 	// listen, if set, replaces net.Listen for the HTTP listeners (tests).
 	listen func(network, addr string) (net.Listener, error)
+	// stopped, if set, is told each stage's name once it has stopped
+	// (tests).
+	stopped func(stage string)
 }
 
 // daemon is the wired process: its clients and the parts the actors run.
@@ -156,12 +162,14 @@ func wire(cfg config.Config, log *zap.Logger) (d *daemon, closeClients func(), e
 		rq, _ := d.tasks.Queue(reminders.Name) // declared: checked above
 		d.prod.WithReminders(rq.Client, cfg.ReminderBefore)
 	}
-	d.cons = consumer.NewGroup(consumer.Config{
+	if d.cons, err = consumer.NewGroup(consumer.Config{
 		Workers: cfg.Workers, BatchSize: cfg.BatchSize, ScanInterval: cfg.ScanInterval,
 		Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, DrainTimeout: cfg.DrainTimeout,
 		MaxAttempts: cfg.MaxAttempts, BackoffMax: cfg.BackoffMax, Owner: replicaName(),
 		CloseDelay: cfg.CloseDelay, MaxCloseRate: cfg.MaxCloseRate, DryRun: cfg.DryRun,
-	}, d.keys, d.rdb, closer, d.m, log)
+	}, d.keys, d.rdb, closer, d.m, log); err != nil {
+		return nil, nil, usageError{err}
+	}
 	if d.tools, err = admin.New(d.rdb, cfg.QueueKey, d.db, shardOpts(cfg)...); err != nil {
 		return nil, nil, usageError{err}
 	}
@@ -219,7 +227,8 @@ func reminderQueue(cfg config.Config, f tasks.File) (q tasks.Queue, ok bool, err
 // liveness is how long the scan loop may be silent before /healthz fails.
 func liveness(cfg config.Config) time.Duration { return 3*cfg.ScanInterval + 30*time.Second }
 
-// runDaemon runs until ctx ends or one of its actors fails. Unreachable
+// runDaemon runs until SIGTERM or SIGINT (its signals actor), until ctx
+// ends, or until one of its actors fails. Unreachable
 // Redis or PostgreSQL is not fatal: the daemon reports it (readiness,
 // dependency_up) and retries. A statement that fails verification is
 // (exit 2); so is a port that cannot be bound at start, and an HTTP server
@@ -230,6 +239,12 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	if err := cfg.CheckExposure(); err != nil {
 		return usageError{err}
 	}
+	// Caught from here on, so that one arriving while the daemon is wired
+	// and its ports bound is not lost: the signals actor acts on it as
+	// soon as the run begins.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
 	log.Info("starting orderdelay", zap.String("version", version), zap.String("revision", revision),
 		zap.String("redis_url", config.Mask(cfg.RedisURL)), zap.String("redis_mode", cfg.RedisMode),
 		zap.String("database_url", config.Mask(cfg.DatabaseURL)), zap.String("queue_key", cfg.QueueKey),
@@ -246,7 +261,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	if err != nil {
 		return err
 	}
-	err = d.actors(serve, opts).Run(ctx)
+	err = d.actors(d.signals(sigs), serve, opts).Run(ctx)
 	if se := (*orders.StatementError)(nil); errors.As(err, &se) {
 		return usageError{err}
 	}
@@ -257,10 +272,10 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 	return nil
 }
 
-// actors is the daemon: its stages in start order. Shutdown — on the
-// signal (main's NotifyContext ends ctx), or when any actor fails — goes
-// through them backwards, a stage stopped only once every actor of the
-// stage after it has returned:
+// actors is the daemon: its stages in start order. Shutdown — on SIGTERM
+// or SIGINT (the signals actor), when ctx ends (the demo's --duration,
+// tests), or when any actor fails — goes through them backwards, a stage
+// stopped only once every actor of the stage after it has returned:
 //
 //  1. /readyz answers 503 (Stopping, before anything stops), so load
 //     balancers move producers away;
@@ -272,13 +287,16 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 //  4. http: the listeners stop accepting and requests in progress finish
 //     (up to httpShutdownTimeout) — the API serves producers, /metrics and
 //     /healthz until the consumers have drained;
-//  5. the Redis and PostgreSQL clients close (runDaemon's defer).
+//  5. signals: the signal handler ends — until then a second SIGTERM or
+//     SIGINT is caught and ignored, so it cannot cut the drain short;
+//  6. the Redis and PostgreSQL clients close (runDaemon's defer).
 //
-// Starting goes the other way: the listeners are bound before anything
-// runs (runDaemon), the checks start, and the work stage starts with the
-// database's preflight: nothing that closes orders, relays or purges runs
-// before PostgreSQL answered and the statements verified.
-func (d *daemon) actors(serve lifecycle.Actor, opts daemonOptions) lifecycle.Group {
+// Starting goes the other way: the signals are caught first, the
+// listeners are bound before anything runs (runDaemon), the checks start,
+// and the work stage starts with the database's preflight: nothing that
+// closes orders, relays or purges runs before PostgreSQL answered and the
+// statements verified.
+func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) lifecycle.Group {
 	cfg := d.cfg
 	checks := []lifecycle.Actor{{Name: "redis check", Run: func(ctx context.Context) error {
 		return preflight.WatchRedis(ctx, d.rdb, d.m, d.log)
@@ -328,6 +346,7 @@ func (d *daemon) actors(serve lifecycle.Actor, opts daemonOptions) lifecycle.Gro
 	work = append(work, lifecycle.Actor{Name: "consumer", Run: d.cons.Run})
 	return lifecycle.Group{
 		Stages: []lifecycle.Stage{
+			{Name: "signals", Actors: []lifecycle.Actor{signals}},
 			{Name: "http", Actors: []lifecycle.Actor{serve}},
 			{Name: "checks", Actors: checks},
 			{Name: "work", Actors: work},
@@ -340,8 +359,37 @@ func (d *daemon) actors(serve lifecycle.Actor, opts daemonOptions) lifecycle.Gro
 				d.log.Info("stopping: draining")
 			}
 		},
-		Stopped: func(stage string) { d.log.Debug("stopped", zap.String("stage", stage)) },
+		Stopped: func(stage string) {
+			d.log.Debug("stopped", zap.String("stage", stage))
+			if opts.stopped != nil {
+				opts.stopped(stage)
+			}
+		},
 	}
+}
+
+// signals is the actor that ends the run, cleanly, on the first SIGTERM or
+// SIGINT received on sigs. It goes on catching them until its stage is
+// stopped — the last, once HTTP has stopped — and ignores the later ones:
+// the drain is never cut short.
+func (d *daemon) signals(sigs <-chan os.Signal) lifecycle.Actor {
+	return lifecycle.Actor{Name: "signals", Watch: func(ctx context.Context, stop func()) error {
+		stopping := false
+		for {
+			select {
+			case s := <-sigs:
+				if stopping {
+					d.log.Warn("signal ignored: already stopping", zap.Stringer("signal", s))
+					continue
+				}
+				d.log.Info("signal received: stopping", zap.Stringer("signal", s))
+				stopping = true
+				stop()
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}}
 }
 
 // httpShutdownTimeout is how long requests in progress may finish once the

@@ -4,8 +4,12 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,11 +143,27 @@ func TestDaemonEndsWhenHTTPServeFails(t *testing.T) {
 const lockedCloseSQL = `SELECT s FROM unnest($1::text[]) s
 WHERE length(s) + (SELECT 0 FROM pg_advisory_xact_lock(778)) < 0`
 
-// TestDaemonShutdownOrder: on the signal, readiness answers 503 at once;
-// the API keeps serving (producers can still enqueue, metrics are
-// scraped) while the consumer finishes its in-flight batch; only after
-// that does HTTP stop accepting.
+// TestDaemonShutdownOrder: on SIGTERM (the process's own, caught by the
+// daemon's signal actor) or when the parent context ends, readiness
+// answers 503 at once; the API keeps serving (producers can still
+// enqueue, metrics are scraped) while the consumer finishes its in-flight
+// batch — a second signal meanwhile changes nothing — and only after that
+// does HTTP stop accepting, the stages stopping in the reverse of their
+// start order, the signal handler last.
 func TestDaemonShutdownOrder(t *testing.T) {
+	for _, how := range []string{"SIGTERM", "context"} {
+		t.Run(how, func(t *testing.T) { testShutdownOrder(t, how == "SIGTERM") })
+	}
+}
+
+func testShutdownOrder(t *testing.T, bySignal bool) {
+	if bySignal {
+		// Should the daemon not catch them, the signals land here instead
+		// of killing the test binary: the test then fails on its waits.
+		guard := make(chan os.Signal, 4)
+		signal.Notify(guard, syscall.SIGTERM, syscall.SIGINT)
+		defer signal.Stop(guard)
+	}
 	rdb, keys := testenv.Redis(t)
 	db, dsn := testenv.Postgres(t)
 	ctx := context.Background()
@@ -173,7 +193,15 @@ func TestDaemonShutdownOrder(t *testing.T) {
 		"ORDERDELAY_RECONCILE_INTERVAL": "0",
 	})
 	rec := &recordingListener{}
-	d := startDaemon(t, cfg, daemonOptions{listen: rec.listen})
+	var (
+		mu      sync.Mutex
+		stopped []string
+	)
+	d := startDaemon(t, cfg, daemonOptions{listen: rec.listen, stopped: func(stage string) {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = append(stopped, stage)
+	}})
 	var base string
 	get := func(path string) (int, error) {
 		resp, err := http.Get(base + path)
@@ -204,13 +232,28 @@ func TestDaemonShutdownOrder(t *testing.T) {
 		return n == 1 && b == 0
 	})
 
-	d.cancel()
+	if bySignal {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		d.cancel()
+	}
 	waitUntil("503 from /readyz", func() bool { code, _ := get("/readyz"); return code == http.StatusServiceUnavailable })
 	// The batch is still held by the lock: the daemon is draining, and
 	// HTTP still serves.
 	for _, path := range []string{"/metrics", "/healthz", "/v1/timeouts/shut-1"} {
 		if code, err := get(path); err != nil || code == http.StatusServiceUnavailable {
 			t.Errorf("GET %s while the consumer drains: %d %v, want it served", path, code, err)
+		}
+	}
+	if bySignal {
+		// A second signal while draining is caught too, and ignored.
+		if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		if code, err := get("/metrics"); err != nil || code != http.StatusOK {
+			t.Errorf("GET /metrics after a second signal: %d %v, want it served: the drain goes on", code, err)
 		}
 	}
 	if d.ended() {
@@ -223,6 +266,11 @@ func TestDaemonShutdownOrder(t *testing.T) {
 	if _, err := get("/healthz"); err == nil {
 		t.Errorf("GET /healthz after the run: %v, want the connection refused", err)
 	}
+	mu.Lock()
+	if want := []string{"work", "checks", "http", "signals"}; !slices.Equal(stopped, want) {
+		t.Errorf("stages stopped in the order %q, want %q (the reverse of their start)", stopped, want)
+	}
+	mu.Unlock()
 	var status string
 	if err := db.Get(&status, `SELECT status FROM orders WHERE serial_no = 'shut-1'`); err != nil || status != "pending" {
 		// lockedCloseSQL closes nothing: the point is only the order.

@@ -50,11 +50,19 @@ var (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := context.Background(), func() {}
+	if len(os.Args) < 2 || !isDaemon(os.Args[1]) {
+		// The daemon catches SIGTERM and SIGINT itself, as one of its
+		// actors (see actors); every other command stops on them.
+		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	}
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
 }
+
+// isDaemon reports whether the command runs the daemon.
+func isDaemon(cmd string) bool { return cmd == "run" || cmd == "demo" }
 
 // usageError is a command-line or configuration mistake: exit status 2.
 type usageError struct{ err error }

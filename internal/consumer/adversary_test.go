@@ -604,7 +604,10 @@ func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
 	if _, _, err := cl.Enqueue(ctx, s, past, client.Create); err != nil {
 		t.Fatal(err)
 	}
-	g := NewGroup(Config{}, all, e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	g, err := NewGroup(Config{}, all, e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := g.Consumers()[1+queue.ShardOf(s, 2)]
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {

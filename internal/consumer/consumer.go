@@ -72,6 +72,10 @@ const (
 )
 
 // Config configures a Consumer. Zero values take the defaults above.
+//
+// It is the order queue's (a Store, none of DryRun, Process and Forward),
+// a dry run of it (DryRun and a Store), or a task queue's (Process or
+// Forward; the Store is not used): New refuses any other combination.
 type Config struct {
 	Keys             queue.Keys
 	Workers          int           // batches closed concurrently
@@ -196,8 +200,39 @@ type Consumer struct {
 	pelCursor   map[string]string
 }
 
-// New returns a Consumer.
-func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Consumer {
+// check refuses the configurations whose handler could not work — each
+// would fail at the first due entry, the nil Store ones with a nil
+// dereference in a worker: one handler at most of DryRun, Forward and
+// Process; a Store for the two that close orders (the order queue and a
+// dry run of it), which task queues do not need; a forward to a stream or
+// a list; a worker budget with room for a batch.
+func (c *Config) check(store Store) error {
+	switch {
+	case c.DryRun && c.Process != nil:
+		return errors.New("consumer: DryRun with Process: a dry run reads the order queue through its Store; a task queue is not served in a dry run")
+	case c.DryRun && c.Forward != nil:
+		return errors.New("consumer: DryRun with Forward: a dry run reads the order queue through its Store; a task queue is not served in a dry run")
+	case c.Forward != nil && c.Process != nil:
+		return errors.New("consumer: Forward with Process: a queue forwards its due tasks or runs an action on them, not both")
+	case c.Forward != nil && c.Forward.Kind != "stream" && c.Forward.Kind != "list":
+		return fmt.Errorf("consumer: Forward.Kind %q: want \"stream\" or \"list\"", c.Forward.Kind)
+	case c.Forward == nil && c.Process == nil && store == nil:
+		if c.DryRun {
+			return errors.New("consumer: DryRun without a Store: a dry run rolls its closes back through the Store (orders.DryRun)")
+		}
+		return errors.New("consumer: no Store: the order queue closes orders through it (a task queue sets Process or Forward)")
+	case c.Slots != nil && cap(c.Slots) == 0:
+		return errors.New("consumer: Slots has no room: no batch could ever be claimed")
+	}
+	return nil
+}
+
+// New returns a Consumer, or an error naming the settings of cfg that
+// cannot work together (see Config).
+func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) (*Consumer, error) {
+	if err := cfg.check(store); err != nil {
+		return nil, err
+	}
 	cfg.setDefaults()
 	c := &Consumer{cfg: cfg, rdb: rdb, store: store, m: m, log: log, now: time.Now, pgBack: newDependencyBackoff(cfg.BackoffMax)}
 	c.q = queue.NewStore(rdb, cfg.Keys)
@@ -210,7 +245,7 @@ func New(cfg Config, rdb redis.UniversalClient, store Store, m *metrics.Metrics,
 		c.limiter = rate.NewLimiter(rate.Limit(cfg.MaxCloseRate), cfg.BatchSize)
 	}
 	c.beat.Store(time.Now().UnixNano())
-	return c
+	return c, nil
 }
 
 // newDependencyBackoff is the wait after a failed Redis or PostgreSQL call:

@@ -73,8 +73,11 @@ func TestDryRunHandlerChangesNothingOnAnyPath(t *testing.T) {
 	statuses := e.statusCounts()
 	dead := testutil.CollectAndCount(e.m.DeadLettered)
 	for _, maxAttempts := range []int{1, 10} { // no row: dead letter, then retry
-		c := New(Config{Keys: e.keys, DryRun: true, BatchSize: 100, MaxAttempts: maxAttempts}, e.rdb,
+		c, err := New(Config{Keys: e.keys, DryRun: true, BatchSize: 100, MaxAttempts: maxAttempts}, e.rdb,
 			orders.DryRun{Store: e.store}, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if _, ok := c.h.(dryRunHandler); !ok {
 			t.Fatalf("handler %T for a dry run, want dryRunHandler", c.h)
 		}

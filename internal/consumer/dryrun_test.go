@@ -51,7 +51,10 @@ func TestDryRunHeadCheckDoesNotPeekAgain(t *testing.T) {
 	counter := &commandCounter{}
 	e.rdb.AddHook(counter)
 	cfg := Config{Keys: e.keys, DryRun: true, ScanInterval: time.Hour, HeadCheck: 20 * time.Millisecond}
-	c := New(cfg, e.rdb, orders.DryRun{Store: e.store}, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	c, err := New(cfg, e.rdb, orders.DryRun{Store: e.store}, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	stop := runConsumer(t, c)
 
 	eventually(t, "due order reported", 20*time.Second, func() bool { return testutil.ToFloat64(e.m.DryRunWouldClose) == 1 })

@@ -38,11 +38,18 @@ type Group struct {
 
 // NewGroup returns consumers for keys (the queue key first, then the
 // shards), configured as cfg (whose Keys is ignored). With one key it is
-// exactly New(cfg) on that key.
-func NewGroup(cfg Config, keys []queue.Keys, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) *Group {
+// exactly New(cfg) on that key; it refuses what New refuses.
+func NewGroup(cfg Config, keys []queue.Keys, rdb redis.UniversalClient, store Store, m *metrics.Metrics, log *zap.Logger) (*Group, error) {
 	if len(keys) == 1 {
 		cfg.Keys = keys[0]
-		return &Group{cons: []*Consumer{New(cfg, rdb, store, m, log)}}
+		c, err := New(cfg, rdb, store, m, log)
+		if err != nil {
+			return nil, err
+		}
+		return &Group{cons: []*Consumer{c}}, nil
+	}
+	if err := cfg.check(store); err != nil {
+		return nil, err
 	}
 	cfg.setDefaults()
 	cfg.Slots = make(chan struct{}, cfg.Workers)
@@ -62,9 +69,13 @@ func NewGroup(cfg Config, keys []queue.Keys, rdb redis.UniversalClient, store St
 		if i > 0 {
 			c.Owner = owner + "#" + strconv.Itoa(i-1) // shard i-1; lease tokens say which
 		}
-		g.cons = append(g.cons, New(c, rdb, store, m, log.With(zap.String("queue", k.Queue))))
+		cons, err := New(c, rdb, store, m, log.With(zap.String("queue", k.Queue)))
+		if err != nil {
+			return nil, err
+		}
+		g.cons = append(g.cons, cons)
 	}
-	return g
+	return g, nil
 }
 
 // Consumers returns the group's consumers, the queue key's first.

@@ -77,8 +77,11 @@ func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
 		e.zadd(k.Queue, e.orders(fmt.Sprintf("k%d", i), perKey, due), due)
 	}
 	rec := &recordingStore{Store: e.store}
-	g := NewGroup(Config{Workers: workers, BatchSize: batch, HeadCheck: 20 * time.Millisecond}, all,
+	g, err := NewGroup(Config{Workers: workers, BatchSize: batch, HeadCheck: 20 * time.Millisecond}, all,
 		e.rdb, rec, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if n := len(g.Consumers()); n != len(all) {
 		t.Fatalf("%d consumers, want one per key (%d)", n, len(all))
 	}
@@ -141,16 +144,26 @@ func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
 func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
 	e := newRedisEnv(t)
 	cfg := Config{Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second}
-	g := NewGroup(cfg, []queue.Keys{e.keys}, e.rdb, nil, e.m, zap.NewNop())
+	g, err := NewGroup(cfg, []queue.Keys{e.keys}, e.rdb, unusedStore{}, e.m, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(g.Consumers()) != 1 {
 		t.Fatalf("%d consumers, want 1", len(g.Consumers()))
 	}
 	got := g.Consumers()[0].Config()
-	want := New(Config{Keys: e.keys, Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second, Owner: got.Owner}, e.rdb, nil, e.m, zap.NewNop()).Config()
+	plain, err := New(Config{Keys: e.keys, Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second, Owner: got.Owner}, e.rdb, unusedStore{}, e.m, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := plain.Config()
 	if got.Slots != nil || got.Limiter != nil || got.HeadCheck != want.HeadCheck || got.Keys != want.Keys || got.Workers != want.Workers {
 		t.Errorf("group of one: config %+v, want that of New: %+v", got, want)
 	}
-	sharded := NewGroup(cfg, e.shardKeys(4), e.rdb, nil, e.m, zap.NewNop())
+	sharded, err := NewGroup(cfg, e.shardKeys(4), e.rdb, unusedStore{}, e.m, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
 	cs := sharded.Consumers()
 	for i, c := range cs {
 		cc := c.Config()

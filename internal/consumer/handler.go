@@ -44,8 +44,8 @@ type handler interface {
 	handBack(items []item)
 }
 
-// newHandler returns c's handler; a dry run wins over the task settings
-// (the daemon serves no task queue in a dry run).
+// newHandler returns c's handler. At most one of DryRun, Forward and
+// Process is set: New refuses the others (Config.check).
 func newHandler(c *Consumer) handler {
 	o := orderHandler{c: c}
 	switch {

@@ -71,8 +71,16 @@ func (e *env) consumer(cfg Config) *Consumer {
 	if e.store != nil {
 		store = e.store
 	}
-	return New(cfg, e.rdb, store, e.m, zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel)))
+	c, err := New(cfg, e.rdb, store, e.m, zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
 }
+
+// unusedStore is a Store for consumers a test builds but never runs: New
+// wants one for the order queue.
+type unusedStore struct{ Store }
 
 // redisNow is Redis's clock.
 func (e *env) redisNow() time.Time {

@@ -8,18 +8,26 @@
 // in a goroutine of its own. So everything listed after a Start happens
 // after it.
 //
-// The run ends when the parent context ends or when any actor fails: a
-// Start or a Run that returns an error. Stopping (if set) is called at
-// once — even while a Start is still on its way out — and then the stages
-// that started are stopped in reverse order: it cancels the
-// context of every actor of a stage at once and waits until all of them
-// have returned before it stops the stage listed before. The last stage is
-// the first stopped, the first (typically the listeners) the last.
+// The run ends when the parent context ends, when an actor's Watch calls
+// its stop (a signal handler: the daemon's SIGTERM and SIGINT), or when any
+// actor fails: a Start, a Run or a Watch that returns an error. The first
+// two are no failure. Stopping (if set) is called at once — even while a
+// Start is still on its way out — and then the stages that started are
+// stopped in reverse order: it cancels the context of every actor of a
+// stage at once and waits until all of them have returned before it stops
+// the stage listed before. The last stage is the first stopped, the first
+// the last: in the daemon, the signal handler's, listed before the
+// listeners'.
+//
+// A Watch goes on like a Run until its own stage is stopped, even after it
+// called stop: a signal handler listed first keeps the signals caught (a
+// second one ignored) until everything after it has stopped.
 //
 // Run returns the first failure, named by its actor, or nil when the parent
-// context ended the run. A Run that returns nil before it is stopped has
-// simply finished (a one-shot check): that ends nothing. Errors that say
-// only "context canceled" once stopping has begun are not failures.
+// context or a Watch ended the run. A Run or a Watch that returns nil
+// before it is stopped has simply finished (a one-shot check): that ends
+// nothing. Errors that say only "context canceled" once stopping has begun
+// are not failures.
 //
 // Why not github.com/oklog/run: it starts every actor at once and calls
 // the interrupts one after the other without waiting for each actor to
@@ -43,6 +51,10 @@ type Actor struct {
 	// Run, if set, works until ctx ends and then returns nil (after
 	// finishing or handing back its work). An error ends the run.
 	Run func(ctx context.Context) error
+	// Watch, if set, runs like Run and may also end the run — cleanly,
+	// as the parent context ending does — by calling stop (more calls do
+	// nothing). It keeps running until its stage is stopped.
+	Watch func(ctx context.Context, stop func()) error
 }
 
 // Stage is a set of actors stopped together.
@@ -82,6 +94,7 @@ func (g Group) Run(parent context.Context) error {
 		}
 		end()
 	}
+	stop := func() { end() }
 	// Stopping runs as soon as the run ends, even while a Start is still
 	// on its way out (a migration cannot be interrupted).
 	stoppingDone := make(chan struct{})
@@ -118,11 +131,14 @@ start:
 					break start
 				}
 			}
-			if a.Run != nil {
+			for _, run := range []func(context.Context) error{a.Run, watch(a.Watch, stop)} {
+				if run == nil {
+					continue
+				}
 				r.wg.Add(1)
 				go func() {
 					defer r.wg.Done()
-					if err := a.Run(ctx); err != nil {
+					if err := run(ctx); err != nil {
 						fail(a.Name, err)
 					}
 				}()
@@ -140,4 +156,12 @@ start:
 	mu.Lock()
 	defer mu.Unlock()
 	return first
+}
+
+// watch is w as a Run, given stop; nil without w.
+func watch(w func(context.Context, func()) error, stop func()) func(context.Context) error {
+	if w == nil {
+		return nil
+	}
+	return func(ctx context.Context) error { return w(ctx, stop) }
 }

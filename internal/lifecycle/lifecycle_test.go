@@ -237,3 +237,54 @@ func TestStoppingRunsWhileAStartCannotBeInterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAWatchEndsTheRunCleanlyAndStopsLast: an actor that watches for the
+// end (a signal handler) ends the run by calling stop — not a failure —
+// while it keeps running until its own stage is stopped, after every
+// stage listed after it; a second stop changes nothing.
+func TestAWatchEndsTheRunCleanlyAndStopsLast(t *testing.T) {
+	j := &journal{}
+	signal := make(chan string)
+	draining, release := make(chan struct{}), make(chan struct{})
+	var cause error = errors.New("Stopping not called")
+	g := Group{
+		Stages: []Stage{
+			{Name: "signals", Actors: []Actor{{Name: "signals", Watch: func(ctx context.Context, stop func()) error {
+				for {
+					select {
+					case s := <-signal:
+						j.add("signal " + s)
+						stop()
+					case <-ctx.Done():
+						j.add("stopped signals")
+						return nil
+					}
+				}
+			}}}},
+			{Name: "http", Actors: []Actor{loop(j, "serve", nil, nil)}},
+			{Name: "work", Actors: []Actor{loop(j, "consumer", draining, release)}},
+		},
+		Stopping: func(err error) { cause = err },
+		Stopped:  func(stage string) { j.add("stage " + stage + " stopped") },
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(context.Background()) }()
+	signal <- "TERM"
+	<-draining
+	signal <- "INT" // still watched while the others stop: no second stop, no failure
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v, want nil: a watch that stops the run is no failure", err)
+	}
+	if cause != nil {
+		t.Errorf("Stopping was told %v, want nil", cause)
+	}
+	ev := j.events()
+	want := []string{"stage work stopped", "stage http stopped", "stopped signals", "stage signals stopped"}
+	if got := slices.DeleteFunc(slices.Clone(ev), func(s string) bool { return !slices.Contains(want, s) }); !slices.Equal(got, want) {
+		t.Errorf("stop order %q, want %q; events: %q", got, want, ev)
+	}
+	if i := slices.Index(ev, "signal INT"); i < 0 || i > slices.Index(ev, "stopped signals") {
+		t.Errorf("the second signal was not seen by the watch before it stopped: %q", ev)
+	}
+}

@@ -383,47 +383,67 @@ end
 
 -- 2. due entries of the queue. Most have no lease record: they are
 -- leased with their score as Redis prints it (an integer below 2^53 prints
--- in full) and answered in fresh, two fields each.
+-- in full) and answered in fresh, two fields each. This is the per-order
+-- cost of a backlog drain, so the common case is kept to table stores
+-- and one string concatenation per entry (BenchmarkDrainScripts).
 local room = limit - n
 if room > 0 and not full and qHead and qHead <= cutoff then
   changed = true
   local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
-  local rem, nrem = {}, 0
-  -- Lease records left by earlier attempts (or held by a lease this entry
-  -- takes over), read in one call per 500.
   local list = {}
-  for i = 1, #due, 2 do list[(i + 1) / 2] = due[i] end
-  local recs = hmget(KEYS[4], list)
+  for i = 1, #due / 2 do list[i] = due[2 * i - 1] end
+  -- Lease records left by earlier attempts (or held by a lease this entry
+  -- takes over), read in one call per 500 — unless the lease hash is
+  -- empty: then no entry has one.
+  local recs = {}
+  if redis.call('HLEN', KEYS[4]) > 0 then recs = hmget(KEYS[4], list) end
+  -- One anchored match over all the serials: when every byte is printable
+  -- ASCII, only a serial's length can make it invalid; otherwise each is
+  -- checked in full.
+  local printable = string.find(table.concat(list), '^[\32-\126]*$') ~= nil
+  local floor = math.floor
   local over, overRecs = {}, {}
   local zsfx = '|0' .. sfx
-  for i = 1, #due, 2 do
-    local s, raw = due[i], due[i+1]
+  -- The entries handled (leased or buried) are the first nrem of the
+  -- queue key by rank: ZRANGE from -inf starts at rank 0, and nothing
+  -- below changes the queue key before they are removed.
+  local nrem = 0
+  for i = 1, #list do
+    local s, raw = list[i], due[2 * i]
     local d = tonumber(raw)
-    if not valid_serial(s) or d ~= math.floor(d) then
-      nrem = nrem + 1; rem[nrem] = s
+    local len = #s
+    if len == 0 or len > 128 or not (printable or valid_serial(s)) or d ~= floor(d) then
       bury(s, 'malformed', raw)
     elseif d < 946684800000 then
-      nrem = nrem + 1; rem[nrem] = s
       bury(s, 'score_out_of_range', raw)
-    elseif not fits(s) then
+    elseif budget > 0 and not fits(s) then
       break
     else
-      nrem = nrem + 1; rem[nrem] = s
-      local rec = recs[(i + 1) / 2]
+      local rec = recs[i]
       if rec then
         local _, a = parse(rec)
         over[#over+1] = s; overRecs[#over] = rec
         lease(s, d, a or 0)
         claimed[#claimed+1] = s; claimed[#claimed+1] = d
         claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
+      elseif batch then
+        -- lease(s, d, 0, raw .. zsfx), inline
+        n = n + 1
+        nla = nla + 1; leaseArgs[nla] = s
+        nla = nla + 1; leaseArgs[nla] = raw .. zsfx
+        nmem = nmem + 1; members[nmem] = s
+        if not oldest or d < oldest then oldest = d end
+        nf = nf + 1; fresh[nf] = s
+        nf = nf + 1; fresh[nf] = d
       else
         lease(s, d, 0, raw .. zsfx)
         nf = nf + 1; fresh[nf] = s
         nf = nf + 1; fresh[nf] = d
       end
     end
+    nrem = i
   end
-  if #rem > 0 then bulk('ZREM', KEYS[1], rem) end
+  if nrem > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, nrem - 1) end
   -- Leases this claim takes over (a producer wrote the serial into the
   -- queue key while another claim held it): that claim's batch no longer
   -- holds them, and their per-member entries go.
@@ -613,17 +633,20 @@ func boolArg(b bool) string {
 var finishScript = redis.NewScript(luaHelpers + `
 local token = ARGV[1]
 local needle = '|' .. token .. '|'
+local find = string.find
 local rem, k = {}, 0
 for i = 2, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)
   local recs = redis.call('HMGET', KEYS[3], unpack(ARGV, i, last))
   for j = 1, #recs do
-    if carries(recs[j], needle) then k = k + 1; rem[k] = ARGV[i + j - 1] end
+    -- carries(recs[j], needle), inline: this runs for every order closed
+    local r = recs[j]
+    if r and find(r, needle, 1, true) then k = k + 1; rem[k] = ARGV[i + j - 1] end
   end
 end
-if #rem > 0 then
+if k > 0 then
   bulk('HDEL', KEYS[3], rem)
-  if not release(KEYS[4], KEYS[5], token, #rem) then
+  if not release(KEYS[4], KEYS[5], token, k) then
     bulk('ZREM', KEYS[1], rem)
     bulk('ZREM', KEYS[2], rem)
   end
@@ -731,14 +754,16 @@ var fenceScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local cutoff = now - tonumber(ARGV[2])
 local needle = '|' .. ARGV[1] .. '|'
-local drop = {}
+local find = string.find
+local drop, nd = {}, 0
 for i = 3, #ARGV, 500 do
   local last = math.min(i + 499, #ARGV)
   local recs = redis.call('HMGET', KEYS[2], unpack(ARGV, i, last))
   local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
   for j = 1, #recs do
-    local q = qs[j]
-    if not carries(recs[j], needle) or (q and tonumber(q) > cutoff) then drop[#drop+1] = ARGV[i + j - 1] end
+    -- carries(recs[j], needle), inline: this runs for every order closed
+    local r, q = recs[j], qs[j]
+    if not r or not find(r, needle, 1, true) or (q and tonumber(q) > cutoff) then nd = nd + 1; drop[nd] = ARGV[i + j - 1] end
   end
 end
 return drop

@@ -40,11 +40,15 @@ type Manager struct {
 	db     *sqlx.DB
 	log    *zap.Logger
 	owner  string
+	// cons is the consumer of each queue the daemon serves (all but poll
+	// queues), built with the queues so that a configuration it cannot
+	// run is refused before anything starts.
+	cons map[string]*consumer.Consumer
 }
 
 // NewManager prepares the queues of f. db is needed only by sql actions.
 func NewManager(f File, rdb redis.UniversalClient, db *sqlx.DB, fam *metrics.TaskFamilies, log *zap.Logger, owner string) (*Manager, error) {
-	m := &Manager{queues: map[string]*Runtime{}, rdb: rdb, db: db, log: log, owner: owner}
+	m := &Manager{queues: map[string]*Runtime{}, rdb: rdb, db: db, log: log, owner: owner, cons: map[string]*consumer.Consumer{}}
 	for _, q := range f.Queues {
 		cl, err := client.New(rdb, q.Key)
 		if err != nil {
@@ -62,6 +66,13 @@ func NewManager(f File, rdb redis.UniversalClient, db *sqlx.DB, fam *metrics.Tas
 		}
 		m.queues[q.Name] = r
 		m.order = append(m.order, q.Name)
+		if q.Action.Type != ActionPoll {
+			c, err := consumer.New(m.consumerConfig(r), rdb, nil, r.Metrics, log.Named(q.Name))
+			if err != nil {
+				return nil, fmt.Errorf("queue %q: %w", q.Name, err)
+			}
+			m.cons[q.Name] = c
+		}
 	}
 	return m, nil
 }
@@ -90,15 +101,15 @@ func (m *Manager) Verify(ctx context.Context) error {
 }
 
 // Run runs a consumer for every queue the daemon itself serves (all but
-// poll queues, which consumers poll through the API) until ctx ends.
+// poll queues, which consumers poll through the API) until ctx ends. It
+// runs once per Manager.
 func (m *Manager) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, name := range m.order {
-		r := m.queues[name]
-		if r.Config.Action.Type == ActionPoll {
+		r, c := m.queues[name], m.cons[name]
+		if c == nil { // a poll queue
 			continue
 		}
-		cfg := m.consumerConfig(r)
 		if r.Durable != nil {
 			wg.Add(1)
 			go func() {
@@ -106,7 +117,6 @@ func (m *Manager) Run(ctx context.Context) {
 				r.Durable.RunLoader(ctx)
 			}()
 		}
-		c := consumer.New(cfg, m.rdb, nil, r.Metrics, m.log.Named(name))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

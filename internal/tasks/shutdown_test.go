@@ -74,7 +74,10 @@ func (s *shutdownEnv) run(drain time.Duration) (stop func()) {
 	s.t.Helper()
 	cfg := s.m.consumerConfig(s.r)
 	cfg.DrainTimeout = drain
-	c := consumer.New(cfg, s.rdb, nil, s.r.Metrics, zaptest.NewLogger(s.t))
+	c, err := consumer.New(cfg, s.rdb, nil, s.r.Metrics, zaptest.NewLogger(s.t))
+	if err != nil {
+		s.t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }() //nolint:errcheck // nil when ctx ends

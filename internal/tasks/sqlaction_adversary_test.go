@@ -314,12 +314,15 @@ func testDeletedDuringIsolation(t *testing.T, durable, reclaim bool) {
 		d := &Durable{DB: db, Queue: "q", Log: zaptest.NewLogger(t)}
 		process = d.Executor(process, 5)
 	}
-	c := consumer.New(consumer.Config{
+	c, err := consumer.New(consumer.Config{
 		Keys: keys, Workers: 1, BatchSize: 20, Lease: 40 * time.Second, StatementTimeout: 30 * time.Second,
 		DrainTimeout: time.Second, MaxAttempts: 5, ScanInterval: 100 * time.Millisecond, Owner: "t",
 		Retry:   func(int) time.Duration { return time.Hour },
 		Process: process,
 	}, rdb, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() { defer close(stopped); c.Run(runCtx) }() //nolint:errcheck // nil once runCtx ends

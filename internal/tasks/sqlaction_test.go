@@ -59,7 +59,7 @@ func startSQLQueue(t *testing.T, db *sqlx.DB, statement string, wrap func(consum
 		action = wrap(action)
 	}
 	// A lease of 2 s: each batch has 1.75 s, each statement 0.44 s.
-	c := consumer.New(consumer.Config{
+	c, err := consumer.New(consumer.Config{
 		Keys: keys, Workers: 1, BatchSize: 20, Lease: 2 * time.Second, StatementTimeout: 1500 * time.Millisecond,
 		DrainTimeout: time.Second, MaxAttempts: sqlTestMaxAttempts, BackoffMax: 2 * time.Second,
 		ScanInterval: 100 * time.Millisecond, Owner: "t",
@@ -69,6 +69,9 @@ func startSQLQueue(t *testing.T, db *sqlx.DB, statement string, wrap func(consum
 			return action(ctx, tasks)
 		},
 	}, rdb, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
