@@ -46,6 +46,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer, getenv func(st
 	}
 	log := newLogger(cfg, stderr)
 	defer log.Sync() //nolint:errcheck // stderr
+	gcDefaults(getenv)
 	return runDaemon(ctx, cfg, log, daemonOptions{migrate: migrateFirst})
 }
 

@@ -3,7 +3,9 @@ package consumer
 import (
 	"context"
 	"errors"
+	"iter"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -39,18 +41,34 @@ func (c *Consumer) batchBudget() (batch, stmt time.Duration) {
 }
 
 // dedupe keeps the first item of each serial: one statement never works on
-// a serial twice, and each closed order is counted once.
+// a serial twice, and each closed order is counted once. A claim leases a
+// serial once, so a batch without repeats (the rule) comes back as it is,
+// checked on a set that is reused; only a batch with repeats is copied.
 func dedupe(items []item) []item {
-	seen := make(map[string]struct{}, len(items))
-	out := items[:0:0]
-	for _, it := range items {
-		if _, ok := seen[it.serial]; !ok {
-			seen[it.serial] = struct{}{}
-			out = append(out, it)
+	seen := seenPool.Get().(map[string]struct{})
+	defer func() { clear(seen); seenPool.Put(seen) }()
+	for i, it := range items {
+		if _, ok := seen[it.serial]; ok {
+			// The first repeat: copy what came before it, then keep
+			// going, keeping only serials not seen yet.
+			out := append(make([]item, 0, len(items)-1), items[:i]...)
+			for _, it := range items[i+1:] {
+				if _, ok := seen[it.serial]; !ok {
+					seen[it.serial] = struct{}{}
+					out = append(out, it)
+				}
+			}
+			return out
 		}
+		seen[it.serial] = struct{}{}
 	}
-	return out
+	return items
 }
+
+// seenPool holds the sets dedupe checks batches on: a batch's set is as
+// large as the batch, and one per batch made dedupe the largest allocation
+// of a drain.
+var seenPool = sync.Pool{New: func() any { return map[string]struct{}{} }}
 
 // closeItems closes what it can of items and settles the rest. An error
 // about the data splits the batch in halves until the serial that causes it
@@ -170,22 +188,25 @@ func (h orderHandler) fence(items []item) (orders.Fence, map[string]struct{}) {
 		}
 	}
 	return func(ctx context.Context, closed []string) ([]string, error) {
-		var byTok map[string][]string
-		if tokens == nil {
-			byTok = map[string][]string{items[0].token: closed}
-		} else {
-			byTok = map[string][]string{}
-			for _, s := range closed {
-				byTok[tokens[s]] = append(byTok[tokens[s]], s)
-			}
-		}
 		var drop []string
-		for tok, serials := range byTok {
-			got, err := c.q.Fence(ctx, tok, c.cfg.CloseDelay, serials)
+		if tokens == nil {
+			got, err := c.q.Fence(ctx, items[0].token, c.cfg.CloseDelay, closed)
 			if err != nil {
 				return nil, err
 			}
-			drop = append(drop, got...)
+			drop = got
+		} else {
+			byTok := map[string][]string{}
+			for _, s := range closed {
+				byTok[tokens[s]] = append(byTok[tokens[s]], s)
+			}
+			for tok, serials := range byTok {
+				got, err := c.q.Fence(ctx, tok, c.cfg.CloseDelay, serials)
+				if err != nil {
+					return nil, err
+				}
+				drop = append(drop, got...)
+			}
 		}
 		more, err := c.fenceFamily(ctx, closed, drop)
 		if err != nil {
@@ -456,16 +477,29 @@ func (c *Consumer) pgBackReset() {
 }
 
 // byToken groups items by the claim that leased them (a split batch keeps
-// one token, but the scripts take one token per call).
-func byToken(items []item) map[string][]string {
-	if tok, one := oneToken(items); one {
-		return map[string][]string{tok: serialsOf(items)}
+// one token, but the scripts take one token per call), tokens in the order
+// they first appear. A batch is one claim's: that group is the batch's
+// serials, with no map to build.
+func byToken(items []item) iter.Seq2[string, []string] {
+	return func(yield func(string, []string) bool) {
+		if tok, one := oneToken(items); one {
+			yield(tok, serialsOf(items))
+			return
+		}
+		g := map[string][]string{}
+		var order []string
+		for _, it := range items {
+			if _, ok := g[it.token]; !ok {
+				order = append(order, it.token)
+			}
+			g[it.token] = append(g[it.token], it.serial)
+		}
+		for _, tok := range order {
+			if !yield(tok, g[tok]) {
+				return
+			}
+		}
 	}
-	g := map[string][]string{}
-	for _, it := range items {
-		g[it.token] = append(g[it.token], it.serial)
-	}
-	return g
 }
 
 // oneToken reports whether every item has the same lease token, and it.

@@ -3,3 +3,6 @@ package orders
 // SetSettleSQL puts q in place of DefaultSettleSQL in s, so tests can feed
 // Settle results the reference statement never returns.
 func SetSettleSQL(s *Store, q string) { s.settleSQL = q }
+
+// TextArrayForTest is textArray, for tests that write rows in bulk.
+func TextArrayForTest(ss []string) any { return textArray(ss) }

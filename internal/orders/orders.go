@@ -348,7 +348,7 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 // time). Anything else is ErrBadResult, found before the fence and COMMIT.
 func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (Outcome, txRef, error) {
 	var xid txRef
-	rows, err := q.QueryContext(ctx, s.settleSQL, pq.Array(serials))
+	rows, err := q.QueryContext(ctx, s.settleSQL, textArray(serials))
 	if err != nil {
 		return Outcome{}, xid, err
 	}
@@ -495,7 +495,7 @@ func (s *Store) committed(xid txRef, closed []string) bool {
 
 // CloseOn is Close on q (a transaction, for the reconciler).
 func (s *Store) CloseOn(ctx context.Context, q Querier, serials []string) ([]string, error) {
-	closed, err := querySerials(ctx, q, s.stmts.Close, len(serials), pq.Array(serials))
+	closed, err := querySerials(ctx, q, s.stmts.Close, len(serials), textArray(serials))
 	return closed, clientCut(ctx, err)
 }
 
@@ -508,16 +508,18 @@ type Found struct {
 // Lookup returns the serials among serials that have an order row, and
 // whether each is still pending.
 func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
-	rows, err := s.db.QueryContext(ctx, s.stmts.Lookup, pq.Array(serials))
+	rows, err := s.db.QueryContext(ctx, s.stmts.Lookup, textArray(serials))
 	if err != nil {
 		return nil, clientCut(ctx, err)
 	}
 	defer rows.Close()
 	trim := blankPadded(rows)
 	out := make([]Found, 0, len(serials))
+	// Scanned into once per statement, not per row: Scan takes them as
+	// pointers, so they live on the heap. Each Scan sets them whole.
+	var sn sql.NullString
+	var pending sql.NullBool
 	for rows.Next() {
-		var sn sql.NullString
-		var pending sql.NullBool
 		if err := rows.Scan(&sn, &pending); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadResult, err)
 		}
@@ -601,8 +603,8 @@ func querySerials(ctx context.Context, q Querier, query string, sizeHint int, ar
 	defer rows.Close()
 	trim := blankPadded(rows)
 	out := make([]string, 0, sizeHint)
+	var s sql.NullString // once per statement, as in Lookup: each Scan sets it whole
 	for rows.Next() {
-		var s sql.NullString
 		if err := rows.Scan(&s); err != nil {
 			if cols, cerr := rows.Columns(); cerr == nil && len(cols) != 1 {
 				return nil, fmt.Errorf("%w: %w: %d columns, want 1", ErrBadResult, ErrBadShape, len(cols))

@@ -112,7 +112,7 @@ var ErrNotDead = errors.New("not in the dead-letter set")
 // ErrNotDead.
 func (s *Store) Requeue(ctx context.Context, serials ...string) (int, error) {
 	k := s.keys
-	n, err := requeueScript.Run(ctx, s.rdb, []string{k.Queue, k.Dead, k.DeadInfo}, anys(serials)...).Int()
+	n, err := requeueScript.Run(ctx, s.rdb, []string{k.Queue, k.Dead, k.DeadInfo}, scriptArgs(serials)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("requeue: %w", err)
 	}

@@ -535,16 +535,10 @@ type ClaimResult struct {
 // a.Token and dead-letters the malformed ones it meets.
 func (s *Store) Claim(ctx context.Context, a ClaimArgs) (ClaimResult, error) {
 	k := s.keys
-	// Never resent by the client: a second run would claim more under the
-	// same token (runOnce).
-	raw, err := runOnce(ctx, s.rdb, claimScript,
+	res, err := runClaim(ctx, s.rdb,
 		[]string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch},
 		a.Limit, a.Lease.Milliseconds(), a.Token, MaxAhead.Milliseconds(),
-		a.CloseDelay.Milliseconds(), boolArg(a.CountRedeliveries), a.MaxBytes, a.Overhead, boolArg(a.Batch)).Slice()
-	if err != nil {
-		return ClaimResult{}, fmt.Errorf("claim: %w", err)
-	}
-	res, err := parseClaim(raw)
+		a.CloseDelay.Milliseconds(), boolArg(a.CountRedeliveries), a.MaxBytes, a.Overhead, boolArg(a.Batch))
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
@@ -678,7 +672,7 @@ func (s *Store) Finish(ctx context.Context, token string, serials []string, payl
 	if payloads {
 		keys = append(keys, k.Payload, k.Dead, k.Queue)
 	}
-	n, err := finishScript.Run(ctx, s.rdb, keys, append([]any{token}, anys(distinct(serials))...)...).Int()
+	n, err := finishScript.Run(ctx, s.rdb, keys, scriptArgs(distinct(serials), token)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("finish: %w", err)
 	}
@@ -734,7 +728,7 @@ type RetryResult struct {
 // backoffs due after a.Delay.
 func (s *Store) Retry(ctx context.Context, a RetryArgs) (RetryResult, error) {
 	k := s.keys
-	args := append([]any{a.Token, a.Delay.Milliseconds(), boolArg(a.Spend), a.LastError}, anys(distinct(a.Serials))...)
+	args := scriptArgs(distinct(a.Serials), a.Token, a.Delay.Milliseconds(), boolArg(a.Spend), a.LastError)
 	res, err := retryScript.Run(ctx, s.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("retry: %w", err)
@@ -780,7 +774,7 @@ return drop
 // commit, that are no longer that claim's to close (see fenceScript).
 func (s *Store) Fence(ctx context.Context, token string, closeDelay time.Duration, serials []string) ([]string, error) {
 	k := s.keys
-	args := append([]any{token, closeDelay.Milliseconds()}, anys(serials)...)
+	args := scriptArgs(serials, token, closeDelay.Milliseconds())
 	got, err := fenceScript.Run(ctx, s.rdb, []string{k.Queue, k.Lease}, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("fence: %w", err)
@@ -814,7 +808,7 @@ return out
 // not yet due (less closeDelay): the fence's question to another key of
 // the same logical queue (see laterScript).
 func (s *Store) Later(ctx context.Context, closeDelay time.Duration, serials []string) ([]string, error) {
-	args := append([]any{closeDelay.Milliseconds()}, anys(serials)...)
+	args := scriptArgs(serials, closeDelay.Milliseconds())
 	got, err := laterScript.Run(ctx, s.rdb, []string{s.keys.Queue}, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("fence: %w", err)
@@ -865,7 +859,7 @@ type BuryArgs struct {
 // many it moved; the others' lease was lost.
 func (s *Store) Bury(ctx context.Context, a BuryArgs) (int, error) {
 	k := s.keys
-	args := append([]any{a.Token, a.Reason, a.LastError, boolArg(a.CountRun)}, anys(distinct(a.Serials))...)
+	args := scriptArgs(distinct(a.Serials), a.Token, a.Reason, a.LastError, boolArg(a.CountRun))
 	n, err := buryScript.Run(ctx, s.rdb, []string{k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Leases, k.LeaseBatch}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("dead-letter: %w", err)
@@ -899,7 +893,7 @@ return #mine
 // their true deadlines, and returns how many it handed back.
 func (s *Store) HandBack(ctx context.Context, token string, serials []string) (int, error) {
 	k := s.keys
-	args := append([]any{token}, anys(distinct(serials))...)
+	args := scriptArgs(distinct(serials), token)
 	n, err := handBackScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("hand back: %w", err)
@@ -930,7 +924,7 @@ return out
 // InQueue reports, for each serial, whether the store holds it: in the
 // queue key, or leased or backing off. One script reads both, atomically.
 func (s *Store) InQueue(ctx context.Context, serials []string) ([]bool, error) {
-	in, err := inQueueScript.Run(ctx, s.rdb, []string{s.keys.Queue, s.keys.Lease}, anys(serials)...).Int64Slice()
+	in, err := inQueueScript.Run(ctx, s.rdb, []string{s.keys.Queue, s.keys.Lease}, scriptArgs(serials)...).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("in queue: %w", err)
 	}

@@ -50,11 +50,16 @@ local function now_ms()
 end
 `
 
-// anys converts script arguments.
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
+// scriptArgs returns a script's arguments: head, then serials. Each serial
+// goes as a pointer into serials, which go-redis writes as the string it
+// points to (proto.Writer.WriteArg): a string boxed into an interface costs
+// an allocation, a pointer costs none, and a batch's fence and finish send
+// every serial of it. serials must not change until the call returns.
+func scriptArgs(serials []string, head ...any) []any {
+	out := make([]any, len(head), len(head)+len(serials))
+	copy(out, head)
+	for i := range serials {
+		out = append(out, &serials[i])
 	}
 	return out
 }

@@ -112,7 +112,7 @@ type StreamBury struct {
 // times (see streamBuryScript); the others are left alone.
 func (s *Store) BuryStreamEntries(ctx context.Context, group string, ackTimeout time.Duration, maxAttempts int, ids []string) (StreamBury, error) {
 	k := s.keys
-	args := append([]any{group, ackTimeout.Milliseconds(), maxAttempts}, anys(ids)...)
+	args := scriptArgs(ids, group, ackTimeout.Milliseconds(), maxAttempts)
 	v, err := streamBuryScript.Run(ctx, s.rdb, []string{k.Stream, k.Dead, k.DeadInfo, k.Payload}, args...).Int64Slice()
 	if err != nil {
 		return StreamBury{}, err

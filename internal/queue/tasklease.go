@@ -155,7 +155,7 @@ func (s *Store) AckTasks(ctx context.Context, token string, ids []string) ([]str
 		return nil, nil, ErrInvalidPollToken
 	}
 	k := s.keys
-	args := append([]any{token}, anys(ids)...)
+	args := scriptArgs(ids, token)
 	done, err := pollAckScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Payload, k.Dead}, args...).Int64Slice()
 	if err != nil {
 		return nil, nil, fmt.Errorf("ack: %w", err)
@@ -189,7 +189,7 @@ func (s *Store) ExtendTasks(ctx context.Context, token string, lease time.Durati
 		return nil, nil
 	}
 	k := s.keys
-	args := append([]any{token, lease.Milliseconds()}, anys(ids)...)
+	args := scriptArgs(ids, token, lease.Milliseconds())
 	raw, err := extendScript.Run(ctx, s.rdb, []string{k.Inflight, k.Lease}, args...).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("extend lease: %w", err)
@@ -251,7 +251,7 @@ func (s *Store) ReleaseTasks(ctx context.Context, token string, ids []string) (i
 		return 0, ErrInvalidPollToken
 	}
 	k := s.keys
-	args := append([]any{token}, anys(ids)...)
+	args := scriptArgs(ids, token)
 	n, err := releaseScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("hand back: %w", err)

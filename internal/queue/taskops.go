@@ -167,7 +167,7 @@ func (s *Store) RequeueTasks(ctx context.Context, ids []string) ([]string, error
 	}
 	k := s.keys
 	v, err := requeueTasksScript.Run(ctx, s.rdb,
-		[]string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Wake}, anys(ids)...).Int64Slice()
+		[]string{k.Queue, k.Lease, k.Dead, k.DeadInfo, k.Taken, k.Wake}, scriptArgs(ids)...).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("requeue: %w", err)
 	}
@@ -225,7 +225,7 @@ func (s *Store) PurgeTasks(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := purgeTasksScript.Run(ctx, s.rdb, purgeTaskKeys(s.keys), append([]any{"ids"}, anys(ids)...)...).Int()
+	n, err := purgeTasksScript.Run(ctx, s.rdb, purgeTaskKeys(s.keys), scriptArgs(ids, "ids")...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("purge: %w", err)
 	}

@@ -227,3 +227,8 @@ func CheckNoKeysLeft(t testing.TB, rdb redis.Cmdable, pattern string) {
 		}
 	})
 }
+
+// RaceEnabled reports whether this test binary is race-instrumented:
+// tests that pin allocation counts skip then (sync.Pool drops what it is
+// given at random under the race detector).
+const RaceEnabled = raceEnabled
