@@ -293,13 +293,14 @@ func TestParseClaimReplyRefusesPartsAndExtras(t *testing.T) {
 	}
 }
 
-// Replies that say the script did not run are sent again the usual way,
-// which runs the script's source after NOSCRIPT (and, on a cluster,
-// follows MOVED and ASK).
+// Replies that say the script did not run are sent again through
+// runOnce, which loads the script after NOSCRIPT and sends EVALSHA again
+// (and, on a cluster, follows MOVED and ASK), never letting the client
+// resend a call that may have run.
 func TestRunClaimSendsAgainWhenTheScriptDidNotRun(t *testing.T) {
 	f, rdb := newFakeRedis(t)
 	ok := array(integer(5), integer(-1), integer(-1), array(bulk("a"), integer(3), integer(1), integer(1)), "*0\r\n", integer(0), array(bulk("b"), integer(4)))
-	f.reply("-NOSCRIPT No matching script.\r\n", "-NOSCRIPT No matching script.\r\n", ok)
+	f.reply("-NOSCRIPT No matching script.\r\n", "-NOSCRIPT No matching script.\r\n", bulk(claimScript.Hash()), ok)
 	res, err := runClaim(context.Background(), rdb, []string{"q"}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -309,8 +310,8 @@ func TestRunClaimSendsAgainWhenTheScriptDidNotRun(t *testing.T) {
 	if !reflect.DeepEqual(res, want) {
 		t.Fatalf("claim after NOSCRIPT = %+v, want %+v", res, want)
 	}
-	if got := f.commands(); !reflect.DeepEqual(got, []string{"evalsha", "evalsha", "eval"}) {
-		t.Fatalf("commands sent %q, want evalsha (raw), evalsha, eval (Script.Run)", got)
+	if got := f.commands(); !reflect.DeepEqual(got, []string{"evalsha", "evalsha", "script", "evalsha"}) {
+		t.Fatalf("commands sent %q, want evalsha (raw), evalsha, script load, evalsha (runOnce)", got)
 	}
 }
 
