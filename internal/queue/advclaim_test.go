@@ -858,3 +858,52 @@ func FuzzAdvClaimJoinedMatch(f *testing.F) {
 		}
 	})
 }
+
+// A per-member entry with no lease record (no script leaves one: the
+// history test holds inflight to the records after every step; an
+// operator's or a foreign client's write can) beside a due queue entry of
+// the same serial, while the lease hash is empty. The claim leases the
+// serial once, at the producer's deadline; when the orphan and that batch
+// both run out, the next claim meets the serial twice — in inflight (step
+// 1) and in the expired batch (step 1b) — and must still lease it once.
+func TestAdvClaimOrphanInflightEntryNeverLeasesTwice(t *testing.T) {
+	rdb, k := testenv.Redis(t)
+	ctx := context.Background()
+	st := queue.NewStore(rdb, k)
+	base := dueAt(t, st, 0)
+	orphanUntil := base + float64(time.Hour.Milliseconds())
+	if err := rdb.ZAdd(ctx, k.Inflight, redis.Z{Score: orphanUntil, Member: "S"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, k.Deadlines, redis.Z{Score: base - 7, Member: "S"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, k.Queue, redis.Z{Score: base, Member: "S"}, redis.Z{Score: base, Member: "T"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	a := claimAll(t, st, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "adv:o.1", Batch: true})
+	if len(a.Items) != 2 || a.Items[0].Serial != "S" || float64(a.Items[0].Deadline) != base {
+		t.Fatalf("first claim %+v, want S at the queue's %v, and T", a.Items, base)
+	}
+	// Both the orphan and the batch run out.
+	past := base
+	rdb.ZAddXX(ctx, k.Inflight, redis.Z{Score: past, Member: "S"})
+	rdb.ZAddXX(ctx, k.Leases, redis.Z{Score: past, Member: "adv:o.1"})
+	b := claimAll(t, st, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "adv:o.2", Batch: true})
+	n := map[string]int{}
+	for _, it := range b.Items {
+		n[it.Serial]++
+		if float64(it.Deadline) != base {
+			t.Errorf("re-claimed %+v, want the deadline %v", it, base)
+		}
+	}
+	if n["S"] != 1 || n["T"] != 1 {
+		t.Errorf("second claim leased %+v, want S and T once each", b.Items)
+	}
+	if list := rdb.HGet(ctx, k.LeaseBatch, "adv:o.2").Val(); strings.Count(list, "S") != 1 {
+		t.Errorf("batch adv:o.2 lists %q", list)
+	}
+	if c := rdb.HGet(ctx, k.LeaseBatch, "#adv:o.2").Val(); c != "2" {
+		t.Errorf("batch adv:o.2 counts %s members, want 2", c)
+	}
+}
