@@ -304,6 +304,11 @@ end
 -- the stale companion is dropped here and the queue entry is claimed below
 -- when it is due, never twice in one batch.
 local exp = {}
+-- took holds the serials step 1 leases in batch mode: their records are
+-- rewritten only at the end, so step 1b must not take one again from an
+-- expired batch whose token its old record still carries (an inflight
+-- entry beside a batch lease: no script writes one, a foreign write can).
+local took = {}
 if infHead and infHead <= now then
   exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 end
@@ -328,7 +333,7 @@ if #exp > 0 then
       if again == 1 and ARGV[6] == '1' then a = a + 1 end
       if tok then release(KEYS[9], KEYS[10], tok, 1) end
       lease(s, d, a)
-      if batch then unmember[#unmember+1] = s end
+      if batch then unmember[#unmember+1] = s; took[s] = true end
       claimed[#claimed+1] = s; claimed[#claimed+1] = d
       claimed[#claimed+1] = a; claimed[#claimed+1] = again
     end
@@ -358,7 +363,7 @@ if batch and n < limit and not full and batHead and batHead <= now then
     local needle = '|' .. t .. '|'
     for i = 1, #list do
       local s = list[i]
-      if carries(recs[i], needle) then
+      if carries(recs[i], needle) and not took[s] then
         if queued[i] then
           stale[#stale+1] = s
         elseif n >= limit then
