@@ -26,7 +26,6 @@ func TestOnlyTheOrderHandlerLeasesBatches(t *testing.T) {
 		{Config{Process: noop}, taskHandler{}},
 		{Config{Forward: fwd}, forwardHandler{}},
 		{Config{DryRun: true}, dryRunHandler{}},
-		{Config{DryRun: true, Forward: fwd}, dryRunHandler{}},
 	} {
 		if got := e.consumer(tc.cfg).h; fmt.Sprintf("%T", got) != fmt.Sprintf("%T", tc.want) {
 			t.Errorf("handler %T for %+v, want %T", got, tc.cfg, tc.want)
