@@ -36,9 +36,11 @@ step() {
 	current=$1
 	shift
 	printf '\n=== %s\n' "$current"
+	local start=$SECONDS
 	if ! "$@"; then
 		finish 1
 	fi
+	printf '=== %s: done in %ds\n' "$current" $((SECONDS - start))
 	passed=$((passed + 1))
 	current=''
 }
