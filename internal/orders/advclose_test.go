@@ -2,6 +2,7 @@ package orders_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"slices"
 	"testing"
@@ -327,5 +328,62 @@ func TestAdvSettleAwkwardSerials(t *testing.T) {
 	}
 	if st := status(t, db, "trail"); st != "pending" {
 		t.Errorf("trail is %s: closing \"trail \" closed its look-alike", st)
+	}
+}
+
+// Two replicas close overlapping batches at once (a lease expired under a
+// stalled holder, which then wakes), their serials given in opposite
+// orders, each row's update slowed so the statements interleave: the
+// update takes rows in primary-key order whatever the array's order, so
+// the two never wait for each other in a cycle (no 40P01). Each order is
+// closed by one of them; the other finds it changed while it waited
+// (Unknown), never settled from its snapshot, never closed twice.
+func TestAdvTwoClosersOfOverlappingBatchesNeverDeadlock(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	if _, err := db.Exec(`INSERT INTO orders (serial_no, status, expires_at)
+		SELECT format('S-%s', lpad(i::text, 6, '0')), 'pending', now() - interval '1 minute'
+		FROM generate_series(1, 5000) i`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`ANALYZE orders`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.003); RETURN NEW; END $$;
+CREATE TRIGGER slow_row BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION slow_row();`); err != nil {
+		t.Fatal(err)
+	}
+	s := orders.NewStore(db, orders.Statements{})
+	var up, down []string
+	for i := 1; i <= 120; i++ {
+		up = append(up, fmt.Sprintf("S-%06d", 1000+i*7))
+	}
+	for i := len(up) - 1; i >= 0; i-- {
+		down = append(down, up[i])
+	}
+	start := make(chan struct{})
+	results := make(chan settled, 2)
+	for _, batch := range [][]string{up, down} {
+		go func() {
+			<-start
+			out, err := s.Settle(ctxT(t), batch, nil)
+			results <- settled{out, err}
+		}()
+	}
+	close(start)
+	a, b := <-results, <-results
+	if a.err != nil || b.err != nil {
+		t.Fatalf("Settle errors: %v / %v (a deadlock is 40P01)", a.err, b.err)
+	}
+	t.Logf("closed %d and %d", len(a.out.Closed), len(b.out.Closed))
+	closed := append(slices.Clone(a.out.Closed), b.out.Closed...)
+	if got := sorted(closed); !slices.Equal(got, sorted(up)) {
+		t.Fatalf("closed %d (%d + %d), want each of %d once", len(got), len(a.out.Closed), len(b.out.Closed), len(up))
+	}
+	for _, r := range []settled{a, b} {
+		if len(r.out.Settled) != 0 || len(r.out.Closed)+len(r.out.Unknown) != len(up) {
+			t.Errorf("outcome %d closed, %d settled, %d unknown: want the rest unknown, none settled from the snapshot",
+				len(r.out.Closed), len(r.out.Settled), len(r.out.Unknown))
+		}
 	}
 }
