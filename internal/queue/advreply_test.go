@@ -146,3 +146,24 @@ func TestAdvClaimCutAfterSendingIsNeverResent(t *testing.T) {
 		})
 	}
 }
+
+// parseClaimReply on any bytes returns (no panic, no endless loop), and
+// what it accepts is a whole claim reply: reading it again from a copy
+// with a value appended is refused.
+func FuzzAdvParseClaimReply(f *testing.F) {
+	ok := array(integer(5), integer(-1), integer(-1), array(bulk("a"), integer(3), integer(1), integer(1)),
+		array(bulk("x"), bulk("malformed")), integer(0), array(bulk("b"), integer(4)))
+	for _, seed := range []string{ok, "*6\r\n:1\r\n:1\r\n:1\r\n*4611686018427387903\r\n", "-NOSCRIPT x\r\n",
+		"*7\r\n:1\r\n:1\r\n:1\r\n%1\r\n+a\r\n+b\r\n*0\r\n:0\r\n*0\r\n", "=8\r\ntxt:abcd\r\n", "!3\r\nERR\r\n", ""} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		res, err := parseClaimReply(raw)
+		if err != nil {
+			return
+		}
+		if _, err := parseClaimReply(append(append([]byte(nil), raw...), ":1\r\n"...)); err == nil {
+			t.Fatalf("%q accepted as %+v, and again with a value after it", raw, res)
+		}
+	})
+}
