@@ -387,3 +387,38 @@ CREATE TRIGGER slow_row BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION sl
 		}
 	}
 }
+
+// WithOutbox on the one statement, with a fence that drops one of the two
+// orders it closed: the first attempt's events roll back with it, so the
+// outbox holds one event, for the order that closed, and the dropped
+// order is neither closed nor announced.
+func TestAdvOutboxAfterAFenceDropHoldsOnlyTheClose(t *testing.T) {
+	db, _ := testenv.Postgres(t)
+	insert(t, db, order{"kept", "pending", -time.Minute}, order{"taken", "pending", -time.Minute}, order{"paid", "paid", -time.Minute})
+	s := orders.NewStore(db, orders.Statements{})
+	if !s.OneStatement() {
+		t.Fatal("not the one statement")
+	}
+	attempts := 0
+	out, err := orders.WithOutbox{Store: s}.Settle(ctxT(t), []string{"kept", "taken", "paid"}, func(_ context.Context, closed []string) ([]string, error) {
+		attempts++
+		if slices.Contains(closed, "taken") {
+			return []string{"taken"}, nil
+		}
+		return nil, nil
+	})
+	want := orders.Outcome{Closed: []string{"kept"}, Settled: []string{"paid"}}
+	if got := sortedOutcome(out); err != nil || attempts != 2 || !equalOutcome(got, want) {
+		t.Fatalf("Settle = %+v, %v after %d attempts; want %+v after 2", got, err, attempts, want)
+	}
+	var events []string
+	if err := db.Select(&events, `SELECT serial_no FROM `+orders.OutboxTable+` ORDER BY id`); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(events, []string{"kept"}) {
+		t.Errorf("outbox %v, want one event, for kept", events)
+	}
+	if st := status(t, db, "taken"); st != "pending" {
+		t.Errorf("taken is %s, want pending", st)
+	}
+}
