@@ -122,11 +122,7 @@ func parseClaimReply(raw []byte) (ClaimResult, error) {
 	for i := range int(n) {
 		k, v, _ := rd.next()
 		fs[i] = field{kind: k, n: v, at: rd.pos}
-		if k == respArr {
-			for range v {
-				rd.skip()
-			}
-		}
+		rd.skipRest(k, v)
 		if rd.err != nil {
 			return r, rd.err
 		}
@@ -291,7 +287,7 @@ func (r *respReader) next() (k respKind, n int64, s string) {
 		return respArr, l, ""
 	case '%':
 		l := r.length(line)
-		for range 2 * l {
+		for i := int64(0); i < 2*l && r.err == nil; i++ {
 			r.skip()
 		}
 		return respOther, 0, ""
@@ -308,10 +304,12 @@ func (r *respReader) skip() {
 	r.skipRest(k, n)
 }
 
-// skipRest reads the elements of an array whose head next returned.
+// skipRest reads the elements of an array whose head next returned. It
+// stops at the first error: a cut reply's header may count far more
+// elements than follow (2^62), and each would be "read" as nothing.
 func (r *respReader) skipRest(k respKind, n int64) {
 	if k == respArr {
-		for range n {
+		for i := int64(0); i < n && r.err == nil; i++ {
 			r.skip()
 		}
 	}
