@@ -47,6 +47,10 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 		}
 		return s
 	}
+	// The queue is paused while c-1 is deleted, so the delete never races
+	// c-1's run however slow the machine (before, a CLI that took longer
+	// than c-1's 3 s found it executed already).
+	task("pause", "confirm", "--reason", "test")
 	// c-1 and c-2 are due in 3 s: within the window, so in Redis too.
 	for _, id := range []string{"c-1", "c-2"} {
 		if code := d.call(http.MethodPut, "/v1/queues/confirm/tasks/"+id, "", `{"after":"3s","payload":{"n":1}}`, nil); code != http.StatusCreated {
@@ -55,9 +59,13 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 	}
 	// Delete through the CLI: the row is cancelled, at once.
 	out := task("delete", "confirm", "c-1")
+	if !strings.Contains(out, "deleted 1 of 1") {
+		t.Errorf("task delete said %q, want it to delete c-1", strings.TrimSpace(out))
+	}
 	if got := state("c-1"); got != tasks.StateCancelled {
 		t.Fatalf("after `task delete` (%q) c-1 is %s, want CANCELLED", strings.TrimSpace(out), got)
 	}
+	task("resume", "confirm")
 	// Put through the CLI: a row, and the task runs.
 	out = task("put", "confirm", "c-3", "--after", "4s", "--payload", `{"n":3}`)
 	if !strings.Contains(out, "created") {
