@@ -47,9 +47,9 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 		}
 		return s
 	}
-	// The queue is paused while c-1 is deleted, so the delete never races
-	// c-1's run however slow the machine (before, a CLI that took longer
-	// than c-1's 3 s found it executed already).
+	// The queue is paused while c-1 is deleted and c-3 is read back, so
+	// neither races its task's run however slow the machine (before, a
+	// CLI that took longer than c-1's 3 s found it executed already).
 	task("pause", "confirm", "--reason", "test")
 	// c-1 and c-2 are due in 3 s: within the window, so in Redis too.
 	for _, id := range []string{"c-1", "c-2"} {
@@ -65,8 +65,8 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 	if got := state("c-1"); got != tasks.StateCancelled {
 		t.Fatalf("after `task delete` (%q) c-1 is %s, want CANCELLED", strings.TrimSpace(out), got)
 	}
-	task("resume", "confirm")
-	// Put through the CLI: a row, and the task runs.
+	// Put through the CLI: a row, and (once the queue is resumed) the task
+	// runs.
 	out = task("put", "confirm", "c-3", "--after", "4s", "--payload", `{"n":3}`)
 	if !strings.Contains(out, "created") {
 		t.Errorf("task put said %q", out)
@@ -79,6 +79,7 @@ func TestCLIDurableQueueGoesThroughTheDurableTier(t *testing.T) {
 		!strings.Contains(string(row.Payload), "3") {
 		t.Errorf("task get: %+v, %v; want the row, SCHEDULED, with its payload", row, err)
 	}
+	task("resume", "confirm")
 	// c-4 is due well after c-1: once it ran, the loader has passed c-1's
 	// due time several times (every 1 s with a 10 s window).
 	task("put", "confirm", "c-4", "--after", "7s")
