@@ -24,32 +24,10 @@ const slowRowMemory = 30 * time.Minute
 // skip set, it is bounded (maxSkipped) and per replica: another replica
 // learns a row by paying its timeout once. Safe for concurrent use; the
 // zero value is ready.
-//
-// A suspect is an order of a batch whose statement timed out with no time
-// left to try its orders alone (a lease under about three statement
-// timeouts leaves less than one after the cut): one of them is slow, which
-// is not known. Suspects are tried alone too, before the rows known to be
-// slow, so the good ones close and the slow one is found (and then known):
-// without that, the same batch timed out round after round and none of its
-// orders ever closed.
 type slowRows struct {
 	mu sync.Mutex
-	m  map[string]slowRow
+	m  map[string]time.Time // serial -> remembered until
 }
-
-type slowRow struct {
-	until   time.Time // remembered until
-	suspect bool      // in a batch that timed out; not known to be slow itself
-}
-
-// rowKind is what slowRows knows of an order.
-type rowKind uint8
-
-const (
-	rowUnknown rowKind = iota
-	rowSuspect
-	rowSlow
-)
 
 // mark records that serial's close cost a timeout at now and reports
 // whether it was not known then (a new offender). When the set is full
@@ -57,63 +35,31 @@ const (
 func (s *slowRows) mark(serial string, now time.Time) (first bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.m[serial]
-	first = !ok || r.suspect || !now.Before(r.until)
-	if s.room(serial, now) {
-		s.m[serial] = slowRow{until: now.Add(slowRowMemory)}
-	}
-	return first
-}
-
-// suspect records serials as suspects (see slowRows); those already
-// remembered are left as they are.
-func (s *slowRows) suspect(serials []string, now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, sn := range serials {
-		if r, ok := s.m[sn]; ok && now.Before(r.until) {
-			continue
-		}
-		if !s.room(sn, now) {
-			return
-		}
-		s.m[sn] = slowRow{until: now.Add(slowRowMemory), suspect: true}
-	}
-}
-
-// room reports whether serial may be recorded: it is already, or the set
-// has room once what expired is dropped. s.mu is held.
-func (s *slowRows) room(serial string, now time.Time) bool {
+	until, ok := s.m[serial]
+	first = !ok || !now.Before(until)
 	if s.m == nil {
-		s.m = map[string]slowRow{}
+		s.m = map[string]time.Time{}
 	}
-	if _, ok := s.m[serial]; ok || len(s.m) < maxSkipped {
-		return true
-	}
-	for k, r := range s.m {
-		if !now.Before(r.until) {
-			delete(s.m, k)
+	if !ok && len(s.m) >= maxSkipped {
+		for k, u := range s.m {
+			if !now.Before(u) {
+				delete(s.m, k)
+			}
+		}
+		if len(s.m) >= maxSkipped {
+			return first
 		}
 	}
-	return len(s.m) < maxSkipped
+	s.m[serial] = now.Add(slowRowMemory)
+	return first
 }
 
 // known reports whether serial's close cost a timeout within slowRowMemory.
 func (s *slowRows) known(serial string, now time.Time) bool {
-	return s.kind(serial, now) == rowSlow
-}
-
-// kind reports what is remembered of serial at now.
-func (s *slowRows) kind(serial string, now time.Time) rowKind {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch r, ok := s.m[serial]; {
-	case !ok || !now.Before(r.until):
-		return rowUnknown
-	case r.suspect:
-		return rowSuspect
-	}
-	return rowSlow
+	until, ok := s.m[serial]
+	return ok && now.Before(until)
 }
 
 // forget drops serial: its close went through.
@@ -130,20 +76,16 @@ func (s *slowRows) size() int {
 }
 
 // closeBatch closes a claimed batch (closeItems), except its orders known
-// to be slow or suspect (slowRows): those are closed after it, alone
-// (closeSlowRows), suspects first,
+// to be slow (slowRows): those are closed after it, alone (closeSlowRows),
 // so one row that always times out is isolated for good once found,
 // rather than cutting every batch it comes back in.
 func (c *Consumer) closeBatch(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	now := c.now()
-	var rest, suspects, slow []item
+	var rest, slow []item
 	for _, it := range items {
-		switch c.slow.kind(it.serial, now) {
-		case rowSlow:
+		if c.slow.known(it.serial, now) {
 			slow = append(slow, it)
-		case rowSuspect:
-			suspects = append(suspects, it)
-		default:
+		} else {
 			rest = append(rest, it)
 		}
 	}
@@ -153,10 +95,7 @@ func (c *Consumer) closeBatch(workCtx, batchCtx context.Context, stmt time.Durat
 			c.slow.mark(rest[0].serial, c.now())
 		}
 	}
-	// Suspects first: most of them are good orders, and the one that is
-	// slow is known once it has cost its timeout here, so it goes last
-	// next time.
-	c.closeSlowRows(workCtx, batchCtx, stmt, append(suspects, slow...))
+	c.closeSlowRows(workCtx, batchCtx, stmt, slow)
 }
 
 // closeSlowRows closes orders known to be slow one statement each, at
@@ -168,7 +107,7 @@ func (c *Consumer) closeSlowRows(workCtx, batchCtx context.Context, stmt time.Du
 	if len(items) == 0 {
 		return
 	}
-	c.log.Warn("closing alone, after their batch, orders whose close (or whose batch's) timed out before", zap.Int("orders", len(items)))
+	c.log.Warn("closing orders whose close timed out before alone, after their batch", zap.Int("orders", len(items)))
 	costly := 0
 	for i, it := range items {
 		switch {

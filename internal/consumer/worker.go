@@ -371,12 +371,6 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 			c.unavailable(workCtx, rest, last, "close", true)
 			return
 		case costly >= maxCostly || !c.timeForAStatement(batchCtx):
-			if costly < maxCostly {
-				// No time left to try them alone (the batch's own
-				// statement may have spent it): next time they are
-				// tried alone first, or the same batch times out again.
-				c.slow.suspect(serialsOf(rest), c.now())
-			}
 			c.retry(rest, c.entryBackoff(0), false, "not tried: the batch's time ran out isolating a row")
 			return
 		}
