@@ -184,8 +184,6 @@ type Consumer struct {
 	beat   atomic.Int64 // Unix ns of the scan loop's last heartbeat
 	pgBack *backoff.ExponentialBackOff
 	pgMu   sync.Mutex
-	// slow remembers orders whose close timed out alone (slowrows.go).
-	slow slowRows
 	// stopping is closed when shutdown begins; it cuts backoff waits.
 	stopping <-chan struct{}
 	limiter  *rate.Limiter // nil: unlimited

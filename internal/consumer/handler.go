@@ -70,7 +70,7 @@ func (h orderHandler) claim(ctx context.Context, limit int) (claimResult, error)
 func (h orderHandler) head(ctx context.Context) (int64, bool, error) { return h.c.q.Head(ctx, -1) }
 
 func (h orderHandler) process(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
-	h.c.closeBatch(workCtx, batchCtx, stmt, dedupe(items))
+	h.c.closeItems(workCtx, batchCtx, stmt, dedupe(items)) //nolint:errcheck // handled and counted inside
 }
 
 func (h orderHandler) closed(done []item, _ []string, committed time.Time) {

@@ -352,14 +352,10 @@ const maxCostly = 2
 // slow or locked row for the price of one timeout, where halving the batch
 // would pay one per level. Errors that cost a timeout are bounded: after
 // maxCostly of them, or when the batch's time runs out, the rest goes back
-// untried; and if those were all statement timeouts of orders not known
-// to be slow (slowRows), with no order closing in between, the database
-// itself is taken to be slow, as for an outage. Each order whose close
-// cost a timeout is remembered as slow: the next batch that claims it
-// tries it alone, after the others (closeBatch).
+// untried; and if those were all statement timeouts, the database itself
+// is taken to be slow, as for an outage.
 func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	costly, timeouts := 0, 0
-	answered := false // a statement of this batch went through
 	var last error
 	for i, it := range items {
 		rest := items[i:]
@@ -367,7 +363,7 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		case workCtx.Err() != nil:
 			c.handBack(rest)
 			return
-		case timeouts >= maxCostly && !answered:
+		case timeouts >= maxCostly:
 			c.unavailable(workCtx, rest, last, "close", true)
 			return
 		case costly >= maxCostly || !c.timeForAStatement(batchCtx):
@@ -376,14 +372,11 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		}
 		err := c.closeItems(workCtx, batchCtx, stmt, []item{it})
 		switch {
-		case err == nil:
-			answered = true
-			c.slow.forget(it.serial)
 		case orders.Costly(err):
 			costly++
 			last = err
-			if first := c.slow.mark(it.serial, c.now()); first && orders.TimedOut(err) {
-				timeouts++ // only new offenders say the database is slow
+			if orders.TimedOut(err) {
+				timeouts++
 			}
 		case err != nil && !orders.Contended(err) && orders.Transient(err):
 			// The database (or the queue) went away: that order was
