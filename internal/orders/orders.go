@@ -264,16 +264,7 @@ func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outb
 		if len(drop) == 0 {
 			return out, nil
 		}
-		dropped := make(map[string]struct{}, len(drop))
-		for _, d := range drop {
-			dropped[d] = struct{}{}
-		}
-		kept := serials[:0:0]
-		for _, sn := range serials {
-			if _, ok := dropped[sn]; !ok {
-				kept = append(kept, sn)
-			}
-		}
+		kept := without(serials, drop)
 		if len(kept) == len(serials) { // the fence dropped nothing we asked for
 			return Outcome{}, fmt.Errorf("close: fence dropped serials that were not closed: %q", drop)
 		}
@@ -626,13 +617,14 @@ func querySerials(ctx context.Context, q Querier, query string, sizeHint int, ar
 // transaction it rolls back. A misconfigured statement is a configuration
 // error.
 func (s *Store) Verify(ctx context.Context) error {
-	checks := []struct {
+	type check struct {
 		name, setting, query string
 		params               []string
 		args                 []any
 		cols                 []column
 		hint                 string
-	}{
+	}
+	checks := []check{
 		{"close", "ORDERDELAY_CLOSE_SQL", s.stmts.Close, []string{"text[]"}, []any{pq.Array([]string{})}, serialColumn, ""},
 		{"lookup", "ORDERDELAY_LOOKUP_SQL", s.stmts.Lookup, []string{"text[]"}, []any{pq.Array([]string{})}, lookupColumns,
 			"the lookup returns each serial that has a row and whether it is still pending (see README, Custom statements)"},
@@ -645,13 +637,7 @@ func (s *Store) Verify(ctx context.Context) error {
 		// The built-in statement is checked against the table too: a
 		// reference table changed under the defaults fails here, at start,
 		// rather than on every batch.
-		checks = append(checks, struct {
-			name, setting, query string
-			params               []string
-			args                 []any
-			cols                 []column
-			hint                 string
-		}{"close and lookup in one statement (the reference schema's)", "ORDERDELAY_CLOSE_SQL", s.settleSQL,
+		checks = append(checks, check{"close and lookup in one statement (the reference schema's)", "ORDERDELAY_CLOSE_SQL", s.settleSQL,
 			[]string{"text[]"}, []any{pq.Array([]string{})}, settleColumns,
 			"the orders table differs from the reference schema; configure the close and lookup statements for it (see README, Custom statements)"})
 	}
