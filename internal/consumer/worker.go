@@ -5,7 +5,6 @@ import (
 	"errors"
 	"iter"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -43,32 +42,10 @@ func (c *Consumer) batchBudget() (batch, stmt time.Duration) {
 // dedupe keeps the first item of each serial: one statement never works on
 // a serial twice, and each closed order is counted once. A claim leases a
 // serial once, so a batch without repeats (the rule) comes back as it is,
-// checked on a set that is reused; only a batch with repeats is copied.
+// allocating nothing (queue.DistinctBy).
 func dedupe(items []item) []item {
-	seen := seenPool.Get().(map[string]struct{})
-	defer func() { clear(seen); seenPool.Put(seen) }()
-	for i, it := range items {
-		if _, ok := seen[it.serial]; ok {
-			// The first repeat: copy what came before it, then keep
-			// going, keeping only serials not seen yet.
-			out := append(make([]item, 0, len(items)-1), items[:i]...)
-			for _, it := range items[i+1:] {
-				if _, ok := seen[it.serial]; !ok {
-					seen[it.serial] = struct{}{}
-					out = append(out, it)
-				}
-			}
-			return out
-		}
-		seen[it.serial] = struct{}{}
-	}
-	return items
+	return queue.DistinctBy(items, func(it item) string { return it.serial })
 }
-
-// seenPool holds the sets dedupe checks batches on: a batch's set is as
-// large as the batch, and one per batch made dedupe the largest allocation
-// of a drain.
-var seenPool = sync.Pool{New: func() any { return map[string]struct{}{} }}
 
 // closeItems closes what it can of items and settles the rest. An error
 // about the data splits the batch in halves until the serial that causes it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -71,22 +72,43 @@ func scriptArgs(serials []string, head ...any) []any {
 // batch from {Q}:leases, so a dead holder's remaining members were never
 // re-claimed) while it still held members.
 func distinct(serials []string) []string {
-	if len(serials) < 2 {
-		return serials
+	return DistinctBy(serials, func(s string) string { return s })
+}
+
+// DistinctBy returns xs keeping the first of each key, in order. Without
+// repeats (the rule for a claim's batch) it returns xs itself and
+// allocates nothing: the set it checks on is reused (seenSets); only xs
+// with repeats is copied.
+func DistinctBy[T any](xs []T, key func(T) string) []T {
+	if len(xs) < 2 {
+		return xs
 	}
-	seen := make(map[string]struct{}, len(serials))
-	for i, s := range serials {
-		if _, dup := seen[s]; dup {
-			out := append(make([]string, 0, len(serials)-1), serials[:i]...)
-			for _, s := range serials[i+1:] {
-				if _, dup := seen[s]; !dup {
-					seen[s] = struct{}{}
-					out = append(out, s)
+	seen := seenSets.Get().(map[string]struct{})
+	defer func() { clear(seen); seenSets.Put(seen) }()
+	for i, x := range xs {
+		k := key(x)
+		if has(seen, k) {
+			// The first repeat: copy what came before it, then keep only
+			// keys not seen yet.
+			out := append(make([]T, 0, len(xs)-1), xs[:i]...)
+			for _, x := range xs[i+1:] {
+				if k := key(x); !has(seen, k) {
+					seen[k] = struct{}{}
+					out = append(out, x)
 				}
 			}
 			return out
 		}
-		seen[s] = struct{}{}
+		seen[k] = struct{}{}
 	}
-	return serials
+	return xs
 }
+
+func has(set map[string]struct{}, k string) bool {
+	_, ok := set[k]
+	return ok
+}
+
+// seenSets holds the sets DistinctBy checks on: one per call, as large as
+// a batch, was the largest allocation of a drain.
+var seenSets = sync.Pool{New: func() any { return map[string]struct{}{} }}
