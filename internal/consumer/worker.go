@@ -284,6 +284,20 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		c.log.Warn("this order's row is locked, in conflict or slow to close; retrying it alone",
 			zap.String("serial", items[0].serial), zap.Error(err))
 		c.retry(items, c.contendedBackoff(items[0]), false, err.Error())
+	case batchCtx.Err() != nil && (errors.As(err, &fenceErr) || orders.Transient(err)):
+		// The batch's own time ran out while it isolated a row (a half
+		// of a split, an order of oneByOne; a whole batch's statement
+		// ends by its shorter statement deadline first): the client cut
+		// the statement, or database/sql rolled the transaction back when
+		// the batch's context ended (sql.ErrTxDone). That says nothing
+		// about the database, which answered the statements before it:
+		// no dependency backoff, no "down". These orders are part of a
+		// group a row of which failed, so they come back after the
+		// untried rest of the batch (split), which then closes without
+		// them.
+		c.log.Info("the batch's time ran out isolating a row; retrying these orders", zap.String("stage", stage),
+			zap.Int("orders", len(items)), zap.Error(err))
+		c.retry(items, c.entryBackoff(1), false, "not finished: the batch's time ran out isolating a row")
 	case errors.As(err, &fenceErr) || orders.Transient(err):
 		c.unavailable(workCtx, items, err, stage, fenceErr == nil)
 	case len(items) > 1:
@@ -393,12 +407,22 @@ func (c *Consumer) contendedBackoff(it item) time.Duration {
 
 // split closes the two halves of items one after the other. If the batch's
 // budget ran out on the first half, the second goes back to the queue
-// untried (no attempt spent) rather than fail on a spent deadline.
+// untried (no attempt spent) rather than fail on a spent deadline: soon
+// if the first half's own data error says the row that failed items may
+// be there, later if the first half closed or was cut (the row is then in
+// the second half, or not yet placed): the next claims then take the
+// untried parts of the batch without the group that holds the failing
+// row, so every round closes something even when a loaded database lets
+// a batch's budget hold only a few statements.
 func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	half := len(items) / 2
-	c.closeItems(workCtx, batchCtx, stmt, items[:half])
+	err := c.closeItems(workCtx, batchCtx, stmt, items[:half])
 	if batchCtx.Err() != nil && workCtx.Err() == nil {
-		c.retry(items[half:], c.entryBackoff(0), false, "not tried: the batch's time ran out isolating an order")
+		delay := c.entryBackoff(1)
+		if err != nil && !orders.Transient(err) {
+			delay = c.entryBackoff(0)
+		}
+		c.retry(items[half:], delay, false, "not tried: the batch's time ran out isolating an order")
 		return
 	}
 	c.closeItems(workCtx, batchCtx, stmt, items[half:])
