@@ -184,7 +184,8 @@ type campaign struct {
 	orders  []*corder
 	faults  []fault
 	// counted sums orders_closed_total + orders_reconciled_total of each
-	// daemon process, scraped before it is signalled and at the end.
+	// daemon process the nemesis signalled, scraped before the signal
+	// (the live ones are scraped at the end: closeCounts).
 	counted float64
 }
 
@@ -982,19 +983,30 @@ func (c *campaign) check(faultsEnd time.Time) {
 		exact = exact && f.kind != "sigkill" && f.kind != "sigterm"
 	}
 	c.mu.Lock()
-	for _, d := range c.daemons {
-		n, ok := c.scrape(d)
-		c.counted += n
-		exact = exact && ok
-	}
+	counted, audited, complete, still := closeCounts(c.counted, func() (float64, bool) {
+		sum, all := 0.0, true
+		for _, d := range c.daemons {
+			n, ok := c.scrape(d)
+			sum += n
+			all = all && ok
+		}
+		return sum, all
+	}, func() int {
+		var n int
+		if err := c.db.Get(&n, "SELECT count(*) FROM close_audit"); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	})
 	c.mu.Unlock()
+	exact = exact && complete && still
 	switch {
-	case c.counted > float64(len(audits)):
+	case counted > float64(audited):
 		add("3 closed twice", "(metrics)", "the replicas counted %.0f closes, the audit holds %d (counters of killed replicas scraped before the kill)",
-			c.counted, len(audits))
-	case exact && c.counted != float64(len(audits)):
+			counted, audited)
+	case exact && counted != float64(audited):
 		add("3 close miscounted", "(metrics)", "the replicas counted %.0f closes (orders_closed_total + orders_reconciled_total), the audit holds %d, and no replica went away",
-			c.counted, len(audits))
+			counted, audited)
 	}
 
 	// Summary.
@@ -1064,6 +1076,32 @@ func (c *campaign) check(faultsEnd time.Time) {
 	}
 }
 
+// closeCounts reads the replicas' close counters (scrape: the live
+// replicas' orders_closed_total + orders_reconciled_total, and whether
+// every one answered; killed: what replicas that went away had counted)
+// and the audit's count of committed closes, for check 3.
+//
+// A close is in the audit from its commit, and in a counter only after
+// it: so the audit is read after the counters, and every close a counter
+// holds is in it. (The audit the other checks read earlier lacks closes
+// that committed since — orders still pending then, reported as never
+// closed, closed while the checker waited for leftovers — which counters
+// scraped later hold: compared with that read, the counters were ahead of
+// the audit by closes nobody counted twice.) Equality needs a moment when
+// nothing closed: the audit is read before the counters too, and the
+// reads are repeated, a few times, until both audit reads agree (quiet).
+func closeCounts(killed float64, scrape func() (float64, bool), audit func() int) (counted float64, audited int, complete, quiet bool) {
+	for range 5 {
+		before := audit()
+		live, all := scrape()
+		counted, audited, complete = killed+live, audit(), all
+		if audited == before {
+			return counted, audited, complete, true
+		}
+	}
+	return counted, audited, complete, false
+}
+
 func sortedCounts(m map[string]int) string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -1075,6 +1113,52 @@ func sortedCounts(m map[string]int) string {
 		fmt.Fprintf(&b, " %s=%d", k, m[k])
 	}
 	return b.String()
+}
+
+// TestCampaignCloseCountsReadTheAuditAfterTheCounters pins check 3's
+// reading of the counters: a close that commits (and is counted) while
+// the checker reads is in the audit as well as in the counters, never
+// taken for a close counted twice; a close counted twice still is.
+func TestCampaignCloseCountsReadTheAuditAfterTheCounters(t *testing.T) {
+	type world struct{ audit, counter int }
+	cases := []struct {
+		name string
+		// late closes land (commit, then are counted) at the given scrape
+		// calls (1-based): between the audit's reads.
+		lateAt     map[int]int
+		twice      int // closes counted twice
+		wantExcess bool
+	}{
+		{name: "quiet"},
+		{name: "a close lands just before the scrape", lateAt: map[int]int{1: 3}},
+		{name: "closes land at every scrape", lateAt: map[int]int{1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1, 10: 1}},
+		{name: "a close counted twice", twice: 1, wantExcess: true},
+		{name: "a close counted twice and one landing", lateAt: map[int]int{1: 1}, twice: 1, wantExcess: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := world{audit: 100, counter: 100 + tc.twice}
+			scrapes := 0
+			counted, audited, complete, quiet := closeCounts(7, func() (float64, bool) {
+				scrapes++
+				w.audit += tc.lateAt[scrapes]   // committed...
+				w.counter += tc.lateAt[scrapes] // ...and counted before this scrape read it
+				return float64(w.counter - 7), true
+			}, func() int { return w.audit })
+			if !complete {
+				t.Fatal("every replica answered, yet the count is not complete")
+			}
+			if excess := counted > float64(audited); excess != tc.wantExcess {
+				t.Fatalf("counted %v, audited %d: excess %v, want %v", counted, audited, excess, tc.wantExcess)
+			}
+			if !tc.wantExcess && quiet && counted != float64(audited) {
+				t.Fatalf("counted %v, audited %d at a quiet moment, want equal", counted, audited)
+			}
+			if len(tc.lateAt) == 0 && !quiet {
+				t.Fatal("nothing closed while the checker read, yet it found no quiet moment")
+			}
+		})
+	}
 }
 
 // TestCampaignCheckerBounds pins the checker's reading of the contract, so

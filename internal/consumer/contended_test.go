@@ -76,6 +76,9 @@ func TestContendedRowIsIsolatedFromItsBatch(t *testing.T) {
 			if got := e.statusCounts(); got["closed"] != 19 || got["pending"] != 1 {
 				t.Fatalf("statuses %v, want the 19 other orders closed in this round", got)
 			}
+			if v := testutil.ToFloat64(e.m.Closed); v != 19 {
+				t.Errorf("closed_total %v after 19 orders closed one by one, want 19", v)
+			}
 			got, err := e.cl.Get(ctx, bad)
 			if err != nil || got.State != client.StateBackoff || got.Attempts != 0 {
 				t.Fatalf("the contended order: %+v (%v), want backoff with 0 attempts", got, err)

@@ -154,6 +154,9 @@ func TestPermanentErrorIsIsolatedByBisection(t *testing.T) {
 	if got := e.statusCounts(); got["closed"] != 99 || got["pending"] != 1 {
 		t.Fatalf("statuses %v, want 99 closed and the poison pending", got)
 	}
+	if v := testutil.ToFloat64(e.m.Closed); v != 99 {
+		t.Errorf("closed_total %v after the halves closed 99, want 99: each half counts its own closes", v)
+	}
 	dead, err := e.cl.Get(ctx, bad[0])
 	if err != nil || dead.State != client.StateDead || dead.Reason != queue.ReasonCloseFailed ||
 		!strings.Contains(dead.LastError, "division by zero") {
