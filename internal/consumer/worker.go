@@ -267,12 +267,17 @@ func (c *Consumer) stillPending(items []item) {
 // batch's untried rest.
 func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, held *heldRetries) {
 	var fenceErr *orders.FenceError
+	// A statement the client cut at its own deadline (not the batch's)
+	// while the server ran it is taken for a statement timeout: under
+	// load BEGIN can use up the gap between the server's timeout and the
+	// client's deadline, counted from before BEGIN (slowStatement).
+	slow := c.slowStatement(batchCtx, err)
 	switch {
 	case workCtx.Err() != nil:
 		// Shutdown ran out of drain time: nothing was committed that the
 		// SQL guard would not make harmless; give the claims back.
 		c.handBack(items)
-	case orders.Contended(err) && len(items) > 1 && batchCtx.Err() == nil:
+	case (orders.Contended(err) || slow) && len(items) > 1 && batchCtx.Err() == nil:
 		// A row stayed locked past lock_timeout, a shop's trigger failed a
 		// serialization check or deadlocked on one order, or one slow row
 		// ran the statement past its timeout: transient, but possibly one
@@ -281,7 +286,7 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		c.log.Warn("a transient error that one row can cause; closing the batch order by order to isolate it",
 			zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
 		c.oneByOne(workCtx, batchCtx, stmt, items)
-	case orders.Contended(err):
+	case orders.Contended(err) || slow:
 		// Alone now (or out of time): back off and try again, spending no
 		// attempt. A lock or a conflict is someone else's transaction,
 		// never this order's fault; and a lock held by a stalled replica
@@ -405,10 +410,10 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		}
 		err := c.closeItemsHeld(workCtx, batchCtx, stmt, []item{it}, &held)
 		switch {
-		case orders.Costly(err):
+		case orders.Costly(err) || c.slowStatement(batchCtx, err):
 			costly++
 			last = err
-			if orders.TimedOut(err) {
+			if orders.TimedOut(err) || c.slowStatement(batchCtx, err) {
 				timeouts++
 			}
 		case err != nil && batchCtx.Err() != nil:
@@ -428,6 +433,14 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		}
 	}
 	held.flush(c, 0)
+}
+
+// slowStatement reports a statement cut by the client at its own deadline
+// while the server ran it (orders.CutWhileRunning), the batch's time not
+// yet out: it counts as a statement timeout. One the batch's deadline cut
+// is only "not finished".
+func (c *Consumer) slowStatement(batchCtx context.Context, err error) bool {
+	return batchCtx.Err() == nil && orders.CutWhileRunning(err)
 }
 
 // untriedBackoff is the delay before orders a batch never got to try come
