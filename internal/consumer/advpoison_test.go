@@ -299,35 +299,48 @@ func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
 // two workers, real retry delays): every good order closes in bounded
 // time, the poison rows stay, no attempt spent.
 func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
-	e := newEnv(t, orderStatements())
-	const st = 100 * time.Millisecond
-	e.store.SetTimeouts(st, st/2)
-	past := e.redisNow().Add(-10 * time.Millisecond)
-	var poison, good []string
-	serials := e.orders("bulk", 120, past)
-	for i, s := range serials {
-		if i%20 == 3 || i%20 == 4 { // pairs of poison rows, every 20 serials
-			poison = append(poison, s)
-		} else {
-			good = append(good, s)
-		}
-	}
-	e.slowClosesOf(poison)
-	e.enqueue(serials, past)
-	c := e.consumer(Config{Workers: 2, BatchSize: 40, StatementTimeout: st, Lease: 6 * st,
-		BackoffMax: time.Second, ScanInterval: 200 * time.Millisecond})
-	runConsumer(t, c)
-	closed := func() int {
-		n := 0
-		for _, s := range good {
-			if e.status(s) == "closed" {
-				n++
+	for _, tc := range []struct {
+		name   string
+		poison func(i int) bool
+	}{
+		{"pairs of poison rows every 20 serials", func(i int) bool { return i%20 == 3 || i%20 == 4 }},
+		// The claim takes entries due together in serial order: eight
+		// poison rows lead the first batch.
+		{"eight poison rows first", func(i int) bool { return i < 8 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, orderStatements())
+			const st = 100 * time.Millisecond
+			e.store.SetTimeouts(st, st/2)
+			past := e.redisNow().Add(-10 * time.Millisecond)
+			var poison, good []string
+			serials := e.orders("bulk", 120, past)
+			for i, s := range serials {
+				if tc.poison(i) {
+					poison = append(poison, s)
+				} else {
+					good = append(good, s)
+				}
 			}
-		}
-		return n
+			e.slowClosesOf(poison)
+			e.enqueue(serials, past)
+			c := e.consumer(Config{Workers: 2, BatchSize: 40, StatementTimeout: st, Lease: 6 * st,
+				BackoffMax: time.Second, ScanInterval: 200 * time.Millisecond})
+			runConsumer(t, c)
+			closed := func() int {
+				n := 0
+				for _, s := range good {
+					if e.status(s) == "closed" {
+						n++
+					}
+				}
+				return n
+			}
+			eventually(t, fmt.Sprintf("all %d good orders closed", len(good)), 60*time.Second, func() bool { return closed() == len(good) })
+			t.Logf("%d statements reached a poison row", e.slowCloses())
+			e.assertSlowRowsKept(t, poison)
+		})
 	}
-	eventually(t, fmt.Sprintf("all %d good orders closed", len(good)), 60*time.Second, func() bool { return closed() == len(good) })
-	e.assertSlowRowsKept(t, poison)
 }
 
 // The machine is loaded: each round's BEGIN takes longer than the gap the
@@ -411,7 +424,9 @@ func newProxiedEnv(t *testing.T) (*env, *testenv.Proxy) {
 
 // A real outage (PostgreSQL's connections cut at the proxy) while oneByOne
 // isolates a slow row, and one that starts before the batch's first
-// statement:
+// statement (cut, or every answer stalled past the batch's whole budget:
+// the driver cannot cut a BEGIN, which then answers after the statement's
+// deadline and the batch's):
 // PostgreSQL is marked down (the dependency backoff), whatever the
 // isolation was doing; nothing is lost, no attempt spent.
 func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
@@ -423,6 +438,7 @@ func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
 	}{
 		{"down mid-oneByOne", 2, func(px *testenv.Proxy) { px.Down() }},
 		{"down before the batch", 0, func(px *testenv.Proxy) { px.Down() }},
+		{"stall before the batch", 0, func(px *testenv.Proxy) { px.Stall(10 * st) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, px := newProxiedEnv(t)

@@ -73,6 +73,15 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 	out, err := c.store.Settle(ctx, serialsOf(items), fence)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
+		if ownDeadline(ctx, batchCtx) && batchCtx.Err() != nil && errors.As(err, new(*orders.BeginError)) {
+			// The close had a deadline of its own, before the batch's,
+			// and its BEGIN (which the driver cannot cut) answered only
+			// after both: the database did not answer for a whole
+			// statement's time — an outage or a stall, never a row cut by
+			// the batch's running out while it isolated one.
+			c.unavailableAfter(workCtx, items, err, "close", true, held)
+			return err
+		}
 		c.failed(workCtx, batchCtx, stmt, items, err, "close", held)
 		return err
 	}
@@ -433,6 +442,15 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		}
 	}
 	held.flush(c, 0)
+}
+
+// ownDeadline reports whether ctx, made from batchCtx, ends before the
+// batch does: the statement had its own deadline, not the rest of the
+// batch's time.
+func ownDeadline(ctx, batchCtx context.Context) bool {
+	d, _ := ctx.Deadline()
+	b, ok := batchCtx.Deadline()
+	return !ok || d.Before(b)
 }
 
 // slowStatement reports a statement cut by the client at its own deadline
