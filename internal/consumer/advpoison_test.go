@@ -142,18 +142,23 @@ func TestAdvPoisonRetryInOrderRedisFailsMidway(t *testing.T) {
 	}
 }
 
-// A producer moves an order of the untried rest an hour later (raw ZADD,
-// and through the client: Reschedule) while oneByOne is on the batch's
-// second slow row. The round sends the rest back as backoffs; the
-// producer's deadline must win: the order is not closed, its entry shows
-// the new deadline, and no claim takes it before then.
+// A producer moves an order an hour later (raw ZADD, and through the
+// client: Reschedule) while oneByOne is on the batch's last slow row:
+// with two slow rows the round sends the moved order back untried, as a
+// backoff (retryInOrder); with one it tries it alone next (its fence drops
+// it). The producer's deadline must win: the order is not closed, its
+// entry shows the new deadline, and no claim takes it before then.
 func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
-	for _, how := range []string{"zadd", "client"} {
-		t.Run(how, func(t *testing.T) {
+	for _, tc := range []struct {
+		how     string
+		nPoison int // 2: the rest goes back untried; 1: the moved order is tried after the slow row (the fence drops it)
+	}{{"zadd", 2}, {"client", 2}, {"zadd", 1}, {"client", 1}} {
+		how := tc.how
+		t.Run(fmt.Sprintf("%s after %d slow rows", tc.how, tc.nPoison), func(t *testing.T) {
 			e := newEnv(t, orderStatements())
 			const st = 200 * time.Millisecond
 			e.store.SetTimeouts(st, st/2)
-			_, good := e.poisonBatch(2, 6)
+			_, good := e.poisonBatch(tc.nPoison, 8-tc.nPoison)
 			moved := good[2]
 			later := e.redisNow().Add(time.Hour)
 			c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
@@ -168,7 +173,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 			done := make(chan struct{})
 			go func() { defer close(done); c.process(ctx, res.items) }()
 			// 1: the batch's statement, 2: the first slow row alone, 3: the second.
-			eventually(t, "oneByOne reaches the second slow row", 10*time.Second, func() bool { return e.slowCloses() >= 3 })
+			eventually(t, "oneByOne reaches the last slow row", 10*time.Second, func() bool { return e.slowCloses() >= 1+tc.nPoison })
 			switch how {
 			case "zadd":
 				e.enqueue([]string{moved}, later)
@@ -178,8 +183,8 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 				}
 			}
 			<-done
-			if n := e.slowCloses(); n != 3 {
-				t.Fatalf("%d slow statements, want 3 (the rest untried): the test proved nothing", n)
+			if n := e.slowCloses(); n != 1+tc.nPoison {
+				t.Fatalf("%d slow statements, want %d: the test proved nothing", n, 1+tc.nPoison)
 			}
 			if s := e.status(moved); s != "pending" {
 				t.Fatalf("%s is %s, want pending: closed before the deadline its producer wrote", moved, s)
@@ -469,5 +474,59 @@ func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
 			}
 			e.assertAllInRedisOrClosed(t, append(append([]string{}, poison...), good...))
 		})
+	}
+}
+
+// countCommands counts the commands (and scripts) a client sends.
+type countCommands struct{ n atomic.Int64 }
+
+func (h *countCommands) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countCommands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// On the path with no timeout (every order closes at once) a batch costs
+// the same Redis commands whatever its size — the claim, the fence, the
+// finish — and the ordered hand-back adds none: 10 orders and 200 send
+// as many.
+func TestAdvPoisonNoTimeoutPathRedisCommandsDoNotGrowWithTheBatch(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	count := func(prefix string, n int) int64 {
+		past := e.redisNow().Add(-time.Second)
+		serials := e.orders(prefix, n, past)
+		e.enqueue(serials, past)
+		h := &countCommands{}
+		rdb := redis.NewClient(e.rdb.Options())
+		t.Cleanup(func() { rdb.Close() })
+		rdb.AddHook(h)
+		c := e.consumer(Config{BatchSize: n})
+		c.rdb, c.q = rdb, queue.NewStore(rdb, c.cfg.Keys)
+		res, err := c.claimBatch(ctx)
+		if err != nil || len(res.items) != n {
+			t.Fatalf("claim: %v, %d", err, len(res.items))
+		}
+		c.process(ctx, res.items)
+		for _, s := range serials {
+			if st := e.status(s); st != "closed" {
+				t.Fatalf("%s is %s, want closed", s, st)
+			}
+		}
+		return h.n.Load()
+	}
+	count("warm", 1) // a Redis without the scripts loads them on first use
+	small, large := count("small", 10), count("large", 200)
+	t.Logf("Redis commands: %d for 10 orders, %d for 200", small, large)
+	if large != small {
+		t.Fatalf("a batch of 200 orders sent %d Redis commands, one of 10 sent %d: the path with no timeout costs Redis commands per order", large, small)
 	}
 }
