@@ -60,13 +60,29 @@ func dedupe(items []item) []item {
 // invisible to the close (its producer committed after the close began) and
 // is retried without an attempt spent, never settled.
 func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Duration, items []item) error {
+	return c.closeItemsHeld(workCtx, batchCtx, stmt, items, nil)
+}
+
+// closeItemsHeld is closeItems; held, if not nil, collects the orders whose
+// retry oneByOne issues itself, after the untried rest of its batch
+// (failed).
+func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.Duration, items []item, held *heldRetries) error {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
 	fence, dropped := c.fence(items)
 	out, err := c.store.Settle(ctx, serialsOf(items), fence)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
-		c.failed(workCtx, batchCtx, stmt, items, err, "close")
+		if ownDeadline(ctx, batchCtx) && batchCtx.Err() != nil && errors.As(err, new(*orders.BeginError)) {
+			// The close had a deadline of its own, before the batch's,
+			// and its BEGIN (which the driver cannot cut) answered only
+			// after both: the database did not answer for a whole
+			// statement's time — an outage or a stall, never a row cut by
+			// the batch's running out while it isolated one.
+			c.unavailableAfter(workCtx, items, err, "close", true, held)
+			return err
+		}
+		c.failed(workCtx, batchCtx, stmt, items, err, "close", held)
 		return err
 	}
 	c.m.SetUp(metrics.DepPostgres, true)
@@ -115,7 +131,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 			c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
 			c.m.Skipped.WithLabelValues(metrics.SkipSettled).Add(float64(nSettled))
 			c.finish(done)
-			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup")
+			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup", held)
 			return err
 		}
 		state := make(map[string]bool, len(found))
@@ -254,15 +270,23 @@ func (c *Consumer) stillPending(items []item) {
 	}
 }
 
-// failed handles a batch whose statement failed.
-func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string) {
+// failed handles a batch whose statement failed. held is oneByOne's (nil
+// elsewhere): an order it tried alone that may close later is recorded
+// there instead of retried at once, so that it comes due after the
+// batch's untried rest.
+func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, held *heldRetries) {
 	var fenceErr *orders.FenceError
+	// A statement the client cut at its own deadline (not the batch's)
+	// while the server ran it is taken for a statement timeout: under
+	// load BEGIN can use up the gap between the server's timeout and the
+	// client's deadline, counted from before BEGIN (slowStatement).
+	slow := c.slowStatement(batchCtx, err)
 	switch {
 	case workCtx.Err() != nil:
 		// Shutdown ran out of drain time: nothing was committed that the
 		// SQL guard would not make harmless; give the claims back.
 		c.handBack(items)
-	case orders.Contended(err) && len(items) > 1 && batchCtx.Err() == nil:
+	case (orders.Contended(err) || slow) && len(items) > 1 && batchCtx.Err() == nil:
 		// A row stayed locked past lock_timeout, a shop's trigger failed a
 		// serialization check or deadlocked on one order, or one slow row
 		// ran the statement past its timeout: transient, but possibly one
@@ -271,7 +295,7 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		c.log.Warn("a transient error that one row can cause; closing the batch order by order to isolate it",
 			zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
 		c.oneByOne(workCtx, batchCtx, stmt, items)
-	case orders.Contended(err):
+	case orders.Contended(err) || slow:
 		// Alone now (or out of time): back off and try again, spending no
 		// attempt. A lock or a conflict is someone else's transaction,
 		// never this order's fault; and a lock held by a stalled replica
@@ -283,6 +307,10 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// (oneByOne).
 		c.log.Warn("this order's row is locked, in conflict or slow to close; retrying it alone",
 			zap.String("serial", items[0].serial), zap.Error(err))
+		if held != nil {
+			held.add(c, items, c.contendedBackoff(items[0]), err.Error())
+			return
+		}
 		c.retry(items, c.contendedBackoff(items[0]), false, err.Error())
 	case batchCtx.Err() != nil && (errors.As(err, &fenceErr) || orders.Transient(err)):
 		// The batch's own time ran out while it isolated a row (a half
@@ -297,6 +325,10 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// them.
 		c.log.Info("the batch's time ran out isolating a row; retrying these orders", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Error(err))
+		if held != nil {
+			held.add(c, items, c.entryBackoff(1), "not finished: the batch's time ran out isolating a row")
+			return
+		}
 		c.retry(items, c.entryBackoff(1), false, "not finished: the batch's time ran out isolating a row")
 	case errors.As(err, &fenceErr) || orders.Transient(err):
 		c.unavailable(workCtx, items, err, stage, fenceErr == nil)
@@ -316,13 +348,23 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 // back for the dependency backoff so errors per second stay bounded while
 // it is away; shutdown cuts the wait. down marks PostgreSQL down.
 func (c *Consumer) unavailable(workCtx context.Context, items []item, err error, stage string, down bool) {
+	c.unavailableAfter(workCtx, items, err, stage, down, nil)
+}
+
+// unavailableAfter is unavailable; items come due in the order given
+// (retryInOrder), and the orders in held after them, before the wait.
+func (c *Consumer) unavailableAfter(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
 	if down {
 		c.m.SetUp(metrics.DepPostgres, false)
 	}
 	d := c.pgBackoff()
 	c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
 		zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
-	c.retry(items, d, false, err.Error())
+	if held == nil {
+		c.retry(items, d, false, err.Error())
+	} else {
+		held.flush(c, c.retryInOrder(items, d, err.Error()))
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -345,30 +387,47 @@ const maxCostly = 2
 // maxCostly of them, or when the batch's time runs out, the rest goes back
 // untried; and if those were all statement timeouts, the database itself
 // is taken to be slow, as for an outage.
+//
+// Every round makes progress without remembering any order: it tries
+// orders for as long as the batch has time (the batch's own statement
+// may have left less than a statement timeout: an order that closes
+// takes milliseconds, and one the batch's deadline cuts is simply not
+// finished), and what it sends back comes due in this order — the
+// untried rest first, in the order it came in (retryInOrder), then the
+// orders it tried alone and could not close (heldRetries), each no later
+// than its own retry delay would have made it unless that fell before the
+// rest. A claim that takes them again in one batch (a backlog) therefore
+// meets, one by one, the orders this round never reached before those
+// that stopped it, instead of the same rows first every round.
 func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	costly, timeouts := 0, 0
 	var last error
+	var held heldRetries
 	for i, it := range items {
 		rest := items[i:]
 		switch {
 		case workCtx.Err() != nil:
 			c.handBack(rest)
+			held.flush(c, 0)
 			return
 		case timeouts >= maxCostly:
-			c.unavailable(workCtx, rest, last, "close", true)
+			c.unavailableAfter(workCtx, rest, last, "close", true, &held)
 			return
-		case costly >= maxCostly || !c.timeForAStatement(batchCtx):
-			c.retry(rest, c.entryBackoff(0), false, "not tried: the batch's time ran out isolating a row")
+		case costly >= maxCostly || batchCtx.Err() != nil:
+			held.flush(c, c.retryInOrder(rest, c.untriedBackoff(), "not tried: the batch's time ran out isolating a row"))
 			return
 		}
-		err := c.closeItems(workCtx, batchCtx, stmt, []item{it})
+		err := c.closeItemsHeld(workCtx, batchCtx, stmt, []item{it}, &held)
 		switch {
-		case orders.Costly(err):
+		case orders.Costly(err) || c.slowStatement(batchCtx, err):
 			costly++
 			last = err
-			if orders.TimedOut(err) {
+			if orders.TimedOut(err) || c.slowStatement(batchCtx, err) {
 				timeouts++
 			}
+		case err != nil && batchCtx.Err() != nil:
+			// The batch's deadline cut it (failed held it): the rest
+			// goes back untried, above.
 		case err != nil && !orders.Contended(err) && orders.Transient(err):
 			// The database (or the queue) went away: that order was
 			// retried after the dependency backoff; the rest goes back
@@ -378,21 +437,87 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 			} else {
 				c.handBack(items[i+1:])
 			}
+			held.flush(c, 0)
 			return
 		}
 	}
+	held.flush(c, 0)
 }
 
-// timeForAStatement reports whether the batch has time left for one more
-// statement to end by the server's statement_timeout (with a tenth to
-// spare) rather than by the client's deadline: a statement the client
-// cancels ends in a 57014 that says nothing about the row.
-func (c *Consumer) timeForAStatement(batchCtx context.Context) bool {
-	if batchCtx.Err() != nil {
-		return false
+// ownDeadline reports whether ctx, made from batchCtx, ends before the
+// batch does: the statement had its own deadline, not the rest of the
+// batch's time.
+func ownDeadline(ctx, batchCtx context.Context) bool {
+	d, _ := ctx.Deadline()
+	b, ok := batchCtx.Deadline()
+	return !ok || d.Before(b)
+}
+
+// slowStatement reports a statement cut by the client at its own deadline
+// while the server ran it (orders.CutWhileRunning), the batch's time not
+// yet out: it counts as a statement timeout. One the batch's deadline cut
+// is only "not finished".
+func (c *Consumer) slowStatement(batchCtx context.Context, err error) bool {
+	return batchCtx.Err() == nil && orders.CutWhileRunning(err)
+}
+
+// untriedBackoff is the delay before orders a batch never got to try come
+// due again: a quarter to half of retryBase, below every delay of an
+// order that was tried (contendedBackoff, entryBackoff), so they come
+// first when a claim takes both.
+func (c *Consumer) untriedBackoff() time.Duration {
+	return retryBase/4 + rand.N(retryBase/4)
+}
+
+// maxRetryRuns bounds the retries one retryInOrder issues.
+const maxRetryRuns = 8
+
+// retryInOrder retries items (no attempt spent) so that they come due in
+// the order given, starting after delay, and returns the delay after
+// which the last of them is due. A retry makes its entries due at one
+// time, and a claim takes entries due at one time in serial order; so the
+// items go in runs of ascending serials, each one millisecond after the
+// one before (at most maxRetryRuns: the last run takes the rest, in serial
+// order). A claim's batch is such runs already (one per retry or deadline
+// it holds), so that costs a few scripts, on this path only.
+func (c *Consumer) retryInOrder(items []item, delay time.Duration, reason string) time.Duration {
+	start, runs := 0, 0
+	for i := 1; i <= len(items); i++ {
+		if i < len(items) && (items[i].serial > items[i-1].serial || runs == maxRetryRuns-1) {
+			continue
+		}
+		c.retry(items[start:i], delay+time.Duration(runs)*time.Millisecond, false, reason)
+		start = i
+		runs++
 	}
-	end, ok := batchCtx.Deadline()
-	return !ok || time.Until(end) >= c.cfg.StatementTimeout+c.cfg.StatementTimeout/10
+	return delay + time.Duration(runs)*time.Millisecond
+}
+
+// heldRetries are the orders oneByOne tried alone and could not close for
+// a reason that may pass (a contended or slow row, a statement its
+// batch's deadline cut), each with the time its retry would have been due
+// had it been retried at once (failed). They are retried after the
+// batch's untried rest (flush), so they come due after it.
+type heldRetries []heldRetry
+
+type heldRetry struct {
+	items  []item
+	due    time.Time
+	reason string
+}
+
+func (h *heldRetries) add(c *Consumer, items []item, delay time.Duration, reason string) {
+	*h = append(*h, heldRetry{items: items, due: c.now().Add(delay), reason: reason})
+}
+
+// flush retries the held orders, each due when its own delay made it but
+// not before after (the delay of the untried rest retried just before).
+func (h *heldRetries) flush(c *Consumer, after time.Duration) {
+	now := c.now()
+	for _, r := range *h {
+		c.retry(r.items, max(r.due.Sub(now), after+time.Millisecond), false, r.reason)
+	}
+	*h = nil
 }
 
 // contendedBackoff is the delay before an order whose row was locked, in

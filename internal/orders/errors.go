@@ -180,6 +180,23 @@ func TimedOut(err error) bool {
 		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
+// CutWhileRunning reports a statement the caller's deadline cut while the
+// server ran it: lib/pq asked the server to cancel it and the server
+// answered 57014 (clientCut wrapped that with context.DeadlineExceeded).
+// The server had answered BEGIN and was working on the statement, so,
+// when the deadline was the statement's own (not a batch's that was
+// running out), it says what the server's own timeout would have said a
+// little later — a slow row or a slow database — never that the database
+// is away: under load a slow BEGIN leaves the statement less than its
+// timeout before the client's deadline, which is counted from before
+// BEGIN. A transaction that never started (BeginError) is not one.
+func CutWhileRunning(err error) bool {
+	var pqErr *pq.Error
+	var be *BeginError
+	return errors.Is(err, context.DeadlineExceeded) && errors.As(err, &pqErr) && pqErr.Code == "57014" &&
+		!errors.As(err, &be)
+}
+
 // clientCut wraps a 57014 that arrived after ctx ended with ctx's error:
 // the client cancelled the statement, the server did not time it out.
 func clientCut(ctx context.Context, err error) error {

@@ -281,6 +281,12 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	}
 	// Roll back even if ctx was cancelled meanwhile; after Commit a no-op.
 	defer tx.Rollback() //nolint:errcheck // nothing to keep
+	if err := ctx.Err(); err != nil {
+		// The driver cannot cut a BEGIN (lib/pq waits for its answer):
+		// one answered only after the deadline says the database did not
+		// answer in time, and no statement of ours ran.
+		return Outcome{}, nil, &BeginError{Err: err}
+	}
 	if err := s.SetLocalTimeouts(ctx, tx); err != nil {
 		return Outcome{}, nil, err
 	}

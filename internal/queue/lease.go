@@ -687,6 +687,9 @@ func (s *Store) Finish(ctx context.Context, token string, serials []string, payl
 // FinishScriptHash is finishScript's SHA1, for tests that make it fail.
 func FinishScriptHash() string { return finishScript.Hash() }
 
+// RetryScriptHash is retryScript's SHA1, for tests that make it fail.
+func RetryScriptHash() string { return retryScript.Hash() }
+
 // retryScript turns leases into backoffs: the entry stays out of the queue,
 // its expiry becomes now + delay, its token "-" and, when ARGV[3] is 1, its
 // attempt count grows by one. A batch lease's member becomes a per-member

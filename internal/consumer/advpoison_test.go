@@ -1,0 +1,532 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// Adversarial review of oneByOne's ordered hand-back (retryInOrder,
+// heldRetries): what each path does to the orders it sends back when
+// Redis, a producer, another replica or shutdown interferes.
+
+// poisonBatch makes nPoison orders whose close always times out and nGood
+// good ones, all due, queued so that a claim takes the poison rows first
+// and then the good orders in descending serial order (each good order is
+// then a run of its own for retryInOrder: the most scripts it issues).
+func (e *env) poisonBatch(nPoison, nGood int) (poison, good []string) {
+	e.t.Helper()
+	past := e.redisNow().Add(-time.Second)
+	poison = e.orders("a-poison", nPoison, past)
+	good = e.orders("b-good", nGood, past)
+	e.enqueue(poison, past.Add(-time.Second))
+	for i, s := range good {
+		e.enqueue([]string{s}, past.Add(-time.Duration(i)*time.Millisecond))
+	}
+	e.slowClosesOf(poison)
+	return poison, good
+}
+
+// assertAllInRedisOrClosed checks no order was lost: each is closed or has
+// an entry in Redis (queued, leased or backing off), with no attempt spent.
+func (e *env) assertAllInRedisOrClosed(t *testing.T, serials []string) {
+	t.Helper()
+	for _, s := range serials {
+		if e.status(s) == "closed" {
+			continue
+		}
+		got, err := e.cl.Get(context.Background(), s)
+		if err != nil || (got.State != client.StateBackoff && got.State != client.StateLeased && got.State != client.StateQueued) {
+			t.Errorf("%s lost: %+v (%v)", s, got, err)
+			continue
+		}
+		if got.Attempts != 0 {
+			t.Errorf("%s: %d attempts spent, want 0", s, got.Attempts)
+		}
+	}
+}
+
+// failNthRetry fails the retry script calls whose number (from 1) is in
+// fail: before sending (the script never ran) or, with ran, after Redis
+// ran it (its reply lost).
+type failNthRetry struct {
+	n    atomic.Int64
+	fail map[int64]bool
+	ran  bool
+}
+
+func (h *failNthRetry) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failNthRetry) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		isRetry := len(args) > 1 && args[1] == queue.RetryScriptHash()
+		if !isRetry || !h.fail[h.n.Add(1)] {
+			return next(ctx, cmd)
+		}
+		if h.ran {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		cmd.SetErr(fmt.Errorf("injected: redis gone (script ran: %v)", h.ran))
+		return cmd.Err()
+	}
+}
+func (h *failNthRetry) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Redis fails some of the retry scripts retryInOrder and the held flush
+// issue (the third and fifth of ten: two runs of the untried rest),
+// either before the script ran or after (reply lost). Every order stays
+// in Redis — the runs whose retry failed still leased under the batch's
+// lease, the others backing off — none spends an attempt, and once the
+// lease expires every good order closes.
+func TestAdvPoisonRetryInOrderRedisFailsMidway(t *testing.T) {
+	for _, ran := range []bool{false, true} {
+		t.Run(fmt.Sprintf("script ran %v", ran), func(t *testing.T) {
+			e := newEnv(t, orderStatements())
+			const st = 100 * time.Millisecond
+			e.store.SetTimeouts(st, st/2)
+			poison, good := e.poisonBatch(2, 12)
+			c := e.consumer(Config{BatchSize: 14, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+			stop := make(chan struct{})
+			close(stop) // cut the dependency backoff's wait
+			c.stopping = stop
+			hook := &failNthRetry{fail: map[int64]bool{3: true, 5: true}, ran: ran}
+			broken := redis.NewClient(e.rdb.Options())
+			t.Cleanup(func() { broken.Close() })
+			broken.AddHook(hook)
+			c.rdb, c.q = broken, queue.NewStore(broken, c.cfg.Keys)
+			ctx := context.Background()
+			res, err := c.claimBatch(ctx)
+			if err != nil || len(res.items) != 14 {
+				t.Fatalf("claim: %v, %d", err, len(res.items))
+			}
+			c.process(ctx, res.items)
+			if n := hook.n.Load(); n < 5 {
+				t.Fatalf("%d retry scripts, want at least 5: the test proved nothing", n)
+			}
+			all := append(append([]string{}, poison...), good...)
+			e.assertAllInRedisOrClosed(t, all)
+			leased := 0
+			for _, s := range all {
+				if g, _ := e.cl.Get(ctx, s); g.State == client.StateLeased {
+					leased++
+				}
+			}
+			if want := map[bool]int{false: 2, true: 0}[ran]; leased != want {
+				t.Errorf("%d orders still leased after the round, want %d", leased, want)
+			}
+			healthy := e.consumer(Config{BatchSize: 14, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+			healthy.stopping = stop
+			e.dueAll()
+			if r := e.poisonRounds(t, healthy, good, 6); r > 6 {
+				t.Fatalf("good orders not all closed after the retries that failed")
+			}
+			e.assertSlowRowsKept(t, poison)
+		})
+	}
+}
+
+// A producer moves an order an hour later (raw ZADD, and through the
+// client: Reschedule) while oneByOne is on the batch's last slow row:
+// with two slow rows the round sends the moved order back untried, as a
+// backoff (retryInOrder); with one it tries it alone next (its fence drops
+// it). The producer's deadline must win: the order is not closed, its
+// entry shows the new deadline, and no claim takes it before then.
+func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
+	for _, tc := range []struct {
+		how     string
+		nPoison int // 2: the rest goes back untried; 1: the moved order is tried after the slow row (the fence drops it)
+	}{{"zadd", 2}, {"client", 2}, {"zadd", 1}, {"client", 1}} {
+		how := tc.how
+		t.Run(fmt.Sprintf("%s after %d slow rows", tc.how, tc.nPoison), func(t *testing.T) {
+			e := newEnv(t, orderStatements())
+			const st = 200 * time.Millisecond
+			e.store.SetTimeouts(st, st/2)
+			_, good := e.poisonBatch(tc.nPoison, 8-tc.nPoison)
+			moved := good[2]
+			later := e.redisNow().Add(time.Hour)
+			c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+			stop := make(chan struct{})
+			close(stop)
+			c.stopping = stop
+			ctx := context.Background()
+			res, err := c.claimBatch(ctx)
+			if err != nil || len(res.items) != 8 {
+				t.Fatalf("claim: %v, %d", err, len(res.items))
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); c.process(ctx, res.items) }()
+			// 1: the batch's statement, 2: the first slow row alone, 3: the second.
+			eventually(t, "oneByOne reaches the last slow row", 10*time.Second, func() bool { return e.slowCloses() >= 1+tc.nPoison })
+			switch how {
+			case "zadd":
+				e.enqueue([]string{moved}, later)
+			case "client":
+				if _, _, err := e.cl.Enqueue(ctx, moved, later, client.Reschedule); err != nil {
+					t.Fatal(err)
+				}
+			}
+			<-done
+			if n := e.slowCloses(); n != 1+tc.nPoison {
+				t.Fatalf("%d slow statements, want %d: the test proved nothing", n, 1+tc.nPoison)
+			}
+			if s := e.status(moved); s != "pending" {
+				t.Fatalf("%s is %s, want pending: closed before the deadline its producer wrote", moved, s)
+			}
+			got, err := e.cl.Get(ctx, moved)
+			if err != nil || queue.DeadlineMillis(got.Deadline) != queue.DeadlineMillis(later) {
+				t.Fatalf("%s after the round: %+v (%v), want the producer's deadline %v", moved, got, err, later)
+			}
+			e.dueAll()
+			again, err := c.claimBatch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range again.items {
+				if it.serial == moved {
+					t.Fatalf("%s claimed again an hour before the deadline its producer wrote", moved)
+				}
+			}
+			c.process(ctx, again.items)
+			if s := e.status(moved); s != "pending" {
+				t.Fatalf("%s is %s after the next round, want pending", moved, s)
+			}
+		})
+	}
+}
+
+// Another replica takes the batch over (its lease expired: a long pause)
+// while oneByOne is on a slow row. The first replica's hand-back of the
+// untried rest and its held rows must not touch the orders the second
+// now holds (compare-and-set on the lease): they stay leased by B, who
+// closes the good ones; nothing lost, nothing closed twice.
+func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	e.closeAudit()
+	const st = 200 * time.Millisecond
+	e.store.SetTimeouts(st, st/2)
+	poison, good := e.poisonBatch(2, 6)
+	all := append(append([]string{}, poison...), good...)
+	a := e.consumer(Config{Owner: "A", BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+	b := e.consumer(Config{Owner: "B", BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+	stop := make(chan struct{})
+	close(stop)
+	a.stopping, b.stopping = stop, stop
+	ctx := context.Background()
+	res, err := a.claimBatch(ctx)
+	if err != nil || len(res.items) != 8 {
+		t.Fatalf("claim: %v, %d", err, len(res.items))
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); a.process(ctx, res.items) }()
+	eventually(t, "oneByOne reaches the second slow row", 10*time.Second, func() bool { return e.slowCloses() >= 3 })
+	e.expire(good[0])
+	taken, err := b.claimBatch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if len(taken.items) == 0 {
+		t.Fatal("B took nothing over: the test proved nothing")
+	}
+	for _, it := range taken.items {
+		got, err := e.cl.Get(ctx, it.serial)
+		if err != nil || got.State != client.StateLeased || got.Owner != it.token {
+			t.Errorf("%s, taken over by B: %+v (%v) after A's round, want still leased by B", it.serial, got, err)
+		}
+	}
+	b.process(ctx, taken.items)
+	e.assertAllInRedisOrClosed(t, all)
+	e.dueAll()
+	if r := e.poisonRounds(t, b, good, 4); r > 4 {
+		t.Fatal("good orders not all closed")
+	}
+	if n := e.audited(); n != len(good) {
+		t.Errorf("%d closes audited, want %d (each good order once)", n, len(good))
+	}
+}
+
+// Shutdown's drain timeout ends while oneByOne waits on a slow row: the
+// order being tried and the untried rest are handed back with their true
+// deadlines, the rows held are backing off; nothing is lost, nothing
+// spent, PostgreSQL not marked down.
+func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	const st = 300 * time.Millisecond
+	e.store.SetTimeouts(st, st/2)
+	poison, good := e.poisonBatch(2, 6)
+	all := append(append([]string{}, poison...), good...)
+	c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+	c.stopping = make(chan struct{})
+	ctx := context.Background()
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 8 {
+		t.Fatalf("claim: %v, %d", err, len(res.items))
+	}
+	e.m.SetUp(metrics.DepPostgres, true)
+	work, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); c.process(work, res.items) }()
+	eventually(t, "oneByOne reaches the second slow row", 10*time.Second, func() bool { return e.slowCloses() >= 3 })
+	cancel()
+	<-done
+	e.assertAllInRedisOrClosed(t, all)
+	for _, s := range append([]string{poison[1]}, good...) {
+		got, _ := e.cl.Get(ctx, s)
+		if got.State != client.StateQueued {
+			t.Errorf("%s after shutdown: %+v, want handed back (queued)", s, got)
+		}
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v == 0 {
+		t.Error("postgres marked down by a shutdown")
+	}
+}
+
+// A producer bulk-enqueues orders with one deadline (a flash sale: the
+// same payment window for thousands of checkouts), a few of them poison
+// rows spread among the serials. The daemon runs for real (its scan loop,
+// two workers, real retry delays): every good order closes in bounded
+// time, the poison rows stay, no attempt spent.
+func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		poison func(i int) bool
+	}{
+		{"pairs of poison rows every 20 serials", func(i int) bool { return i%20 == 3 || i%20 == 4 }},
+		// The claim takes entries due together in serial order: eight
+		// poison rows lead the first batch.
+		{"eight poison rows first", func(i int) bool { return i < 8 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, orderStatements())
+			const st = 100 * time.Millisecond
+			e.store.SetTimeouts(st, st/2)
+			past := e.redisNow().Add(-10 * time.Millisecond)
+			var poison, good []string
+			serials := e.orders("bulk", 120, past)
+			for i, s := range serials {
+				if tc.poison(i) {
+					poison = append(poison, s)
+				} else {
+					good = append(good, s)
+				}
+			}
+			e.slowClosesOf(poison)
+			e.enqueue(serials, past)
+			c := e.consumer(Config{Workers: 2, BatchSize: 40, StatementTimeout: st, Lease: 6 * st,
+				BackoffMax: time.Second, ScanInterval: 200 * time.Millisecond})
+			runConsumer(t, c)
+			closed := func() int {
+				n := 0
+				for _, s := range good {
+					if e.status(s) == "closed" {
+						n++
+					}
+				}
+				return n
+			}
+			eventually(t, fmt.Sprintf("all %d good orders closed", len(good)), 60*time.Second, func() bool { return closed() == len(good) })
+			t.Logf("%d statements reached a poison row", e.slowCloses())
+			e.assertSlowRowsKept(t, poison)
+		})
+	}
+}
+
+// The machine is loaded: each round's BEGIN takes longer than the gap the
+// batch leaves between the server's statement timeout and the client's
+// statement deadline (counted from before BEGIN), so the batch's statement,
+// held up by one row whose close always times out, is cut by the client a
+// little before the server would have cut it. That cut says the server was
+// running the statement (it answered BEGIN, and the cancel with 57014):
+// the same news as its own timeout — a slow row or a slow database — never
+// that the database is away. The batch must be isolated order by order,
+// not taken for an outage (PostgreSQL marked down, the dependency backoff,
+// the whole batch back untried, every round).
+func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
+	e, px := newProxiedEnv(t)
+	const st = 200 * time.Millisecond
+	e.store.SetTimeouts(st, st/2)
+	poison, good := e.poisonBatch(1, 6)
+	// Lease 6 × ST: the batch has 3.5 × ST, a statement ST + 1.25 × ST from
+	// before its BEGIN; a BEGIN slower than 1.25 × ST lets the client cut
+	// the statement first.
+	c := e.consumer(Config{BatchSize: 7, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+	stop := make(chan struct{})
+	close(stop)
+	c.stopping = stop
+	ctx := context.Background()
+	e.m.SetUp(metrics.DepPostgres, true)
+	downs := 0
+	closedGood := func() int {
+		n := 0
+		for _, s := range good {
+			if e.status(s) == "closed" {
+				n++
+			}
+		}
+		return n
+	}
+	const rounds = 3
+	for round := 1; round <= rounds && closedGood() < len(good); round++ {
+		res, err := c.claimBatch(ctx)
+		if err != nil || len(res.items) == 0 {
+			t.Fatalf("round %d claim: %v, %d", round, err, len(res.items))
+		}
+		px.Stall(st + st/2) // the round's BEGIN answers after 1.5 × ST
+		c.process(ctx, res.items)
+		if testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)) == 0 {
+			downs++
+			e.m.SetUp(metrics.DepPostgres, true)
+		}
+		t.Logf("round %d: %d orders, %d slow statements, %d of %d good orders closed, postgres taken for down %d times",
+			round, len(res.items), e.slowCloses(), closedGood(), len(good), downs)
+		e.dueAll()
+	}
+	if n := closedGood(); n < len(good) || downs > 0 {
+		t.Fatalf("%d of %d good orders closed after %d rounds, PostgreSQL taken for down %d times: "+
+			"a batch's statement cut by the client under load was taken for an outage", n, len(good), rounds, downs)
+	}
+	e.assertSlowRowsKept(t, poison)
+}
+
+// newProxiedEnv is an env whose order store reaches PostgreSQL through a
+// TCP proxy the test owns (e.db is direct).
+func newProxiedEnv(t *testing.T) (*env, *testenv.Proxy) {
+	t.Helper()
+	e := newRedisEnv(t)
+	db, dsn := testenv.Postgres(t)
+	e.db = db
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := testenv.NewProxy(t, u.Host)
+	u.Host = px.Addr()
+	viaProxy, err := sqlx.Open("postgres", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	e.store = orders.NewStore(viaProxy, orderStatements())
+	return e, px
+}
+
+// A real outage (PostgreSQL's connections cut at the proxy) while oneByOne
+// isolates a slow row, and one that starts before the batch's first
+// statement (cut, or every answer stalled past the batch's whole budget:
+// the driver cannot cut a BEGIN, which then answers after the statement's
+// deadline and the batch's):
+// PostgreSQL is marked down (the dependency backoff), whatever the
+// isolation was doing; nothing is lost, no attempt spent.
+func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
+	const st = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		at    int // slow statements seen before the fault: 0 = before the batch
+		fault func(px *testenv.Proxy)
+	}{
+		{"down mid-oneByOne", 2, func(px *testenv.Proxy) { px.Down() }},
+		{"down before the batch", 0, func(px *testenv.Proxy) { px.Down() }},
+		{"stall before the batch", 0, func(px *testenv.Proxy) { px.Stall(10 * st) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, px := newProxiedEnv(t)
+			e.store.SetTimeouts(st, st/2)
+			poison, good := e.poisonBatch(1, 6)
+			c := e.consumer(Config{BatchSize: 7, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+			stop := make(chan struct{})
+			close(stop)
+			c.stopping = stop
+			ctx := context.Background()
+			e.m.SetUp(metrics.DepPostgres, true)
+			res, err := c.claimBatch(ctx)
+			if err != nil || len(res.items) != 7 {
+				t.Fatalf("claim: %v, %d", err, len(res.items))
+			}
+			if tc.at == 0 {
+				tc.fault(px)
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); c.process(ctx, res.items) }()
+			if tc.at > 0 {
+				eventually(t, "oneByOne reaches the slow row", 10*time.Second, func() bool { return e.slowCloses() >= tc.at })
+				tc.fault(px)
+			}
+			<-done
+			if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 0 {
+				t.Errorf("PostgreSQL not marked down by an outage (%s)", tc.name)
+			}
+			e.assertAllInRedisOrClosed(t, append(append([]string{}, poison...), good...))
+		})
+	}
+}
+
+// countCommands counts the commands (and scripts) a client sends.
+type countCommands struct{ n atomic.Int64 }
+
+func (h *countCommands) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countCommands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// On the path with no timeout (every order closes at once) a batch costs
+// the same Redis commands whatever its size — the claim, the fence, the
+// finish — and the ordered hand-back adds none: 10 orders and 200 send
+// as many.
+func TestAdvPoisonNoTimeoutPathRedisCommandsDoNotGrowWithTheBatch(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	count := func(prefix string, n int) int64 {
+		past := e.redisNow().Add(-time.Second)
+		serials := e.orders(prefix, n, past)
+		e.enqueue(serials, past)
+		h := &countCommands{}
+		rdb := redis.NewClient(e.rdb.Options())
+		t.Cleanup(func() { rdb.Close() })
+		rdb.AddHook(h)
+		c := e.consumer(Config{BatchSize: n})
+		c.rdb, c.q = rdb, queue.NewStore(rdb, c.cfg.Keys)
+		res, err := c.claimBatch(ctx)
+		if err != nil || len(res.items) != n {
+			t.Fatalf("claim: %v, %d", err, len(res.items))
+		}
+		c.process(ctx, res.items)
+		for _, s := range serials {
+			if st := e.status(s); st != "closed" {
+				t.Fatalf("%s is %s, want closed", s, st)
+			}
+		}
+		return h.n.Load()
+	}
+	count("warm", 1) // a Redis without the scripts loads them on first use
+	small, large := count("small", 10), count("large", 200)
+	t.Logf("Redis commands: %d for 10 orders, %d for 200", small, large)
+	if large != small {
+		t.Fatalf("a batch of 200 orders sent %d Redis commands, one of 10 sent %d: the path with no timeout costs Redis commands per order", large, small)
+	}
+}
