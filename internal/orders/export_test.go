@@ -6,3 +6,7 @@ func SetSettleSQL(s *Store, q string) { s.settleSQL = q }
 
 // TextArrayForTest is textArray, for tests that write rows in bulk.
 func TextArrayForTest(ss []string) any { return textArray(ss) }
+
+// TxRefSQL is the query for the transaction id and the server after the
+// close statement alone.
+const TxRefSQL = txRefSQL
