@@ -124,7 +124,14 @@ func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any)
 		// transaction ends; the connection's stays.
 		return q.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
 	case st != nil:
-		return st.QueryContext(ctx, args...)
+		rows, err := st.QueryContext(ctx, args...)
+		if err != nil && q.p.stmt(query) != st {
+			// Closed under us by a reset (or a fallback) on another
+			// worker ("sql: statement is closed"): only the pool's
+			// read-only lookup runs here, so it runs again, as it is.
+			return q.p.db.QueryContext(ctx, query, args...)
+		}
+		return rows, err
 	case q.tx != nil:
 		return q.tx.QueryContext(ctx, query, args...)
 	default:

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -335,6 +338,80 @@ func TestPreparedStatementsOnANewConnection(t *testing.T) {
 			}
 			if n := ours(t, db); n != p.prepared {
 				t.Errorf("%d statements of the store prepared on the new connection, want %d", n, p.prepared)
+			}
+		})
+	}
+}
+
+// backendCPU returns the CPU time the server process pid has used, from
+// /proc (the server runs on this machine), or false when it cannot be read.
+func backendCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0, false
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, true // USER_HZ = 100
+}
+
+// BenchmarkSettle500 closes batches of 500 orders, the statements
+// prepared or not, on one connection, and reports the server process's CPU
+// per order (pg-µs/order, when the server runs on this machine), counted
+// over the Settle calls only (the rows are made pending again between).
+func BenchmarkSettle500(b *testing.B) {
+	for _, prep := range []bool{true, false} {
+		name := "prepared"
+		if !prep {
+			name = "unprepared"
+		}
+		b.Run(name, func(b *testing.B) {
+			db, _ := testenv.Postgres(b)
+			db.SetMaxOpenConns(1)
+			s := orders.NewStore(db, orders.Statements{})
+			if !prep {
+				orders.Unprepared(s)
+			}
+			ss := pendingRows(b, db, 100000)
+			if _, err := db.Exec(`VACUUM ANALYZE orders`); err != nil {
+				b.Fatal(err)
+			}
+			var pid int
+			if err := db.Get(&pid, `SELECT pg_backend_pid()`); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			var cpu time.Duration
+			measured := true
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				batch := ss[(i*500)%len(ss):][:500]
+				if (i*500)%len(ss) == 0 && i > 0 {
+					b.StopTimer()
+					if _, err := db.Exec(`UPDATE orders SET status = 'pending', closed_at = NULL WHERE status = 'closed'`); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				before, ok1 := backendCPU(pid)
+				out, err := s.Settle(ctx, batch, nil)
+				after, ok2 := backendCPU(pid)
+				if err != nil || len(out.Closed) != 500 {
+					b.Fatalf("Settle: %d closed, %v", len(out.Closed), err)
+				}
+				measured = measured && ok1 && ok2
+				cpu += after - before
+			}
+			if measured {
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*500), "pg-µs/order")
 			}
 		})
 	}
