@@ -136,6 +136,9 @@ func wire(cfg config.Config, log *zap.Logger) (d *daemon, closeClients func(), e
 	}))
 	d.store = orders.NewStore(d.ordDB, cfg.Statements())
 	d.store.SetLogger(log)
+	if !cfg.PreparedStatements {
+		d.store.Unprepared()
+	}
 	var closer consumer.Store = d.store
 	if cfg.CloseEvents {
 		closer = orders.WithOutbox{Store: d.store}

@@ -68,8 +68,13 @@ type Config struct {
 	QueuesFile        string        // named task queues; empty: none
 	CloseEvents       bool          // publish a close event per closed order
 	CloseEventsMaxLen int64         // approximate cap of the events stream
-	ReminderQueue     string        // task queue that gets a reminder per order; empty: none
-	ReminderBefore    time.Duration // how long before the deadline the reminder is due
+	// PreparedStatements runs a batch's statements prepared, once per
+	// connection; false sends them unprepared (a pooler that hands
+	// transactions to any server session and does not track prepared
+	// statements).
+	PreparedStatements bool
+	ReminderQueue      string        // task queue that gets a reminder per order; empty: none
+	ReminderBefore     time.Duration // how long before the deadline the reminder is due
 }
 
 // Setting describes one setting.
@@ -209,6 +214,15 @@ var Settings = []Setting{
 				return fmt.Errorf("want an integer from 1000 to 1000000000, got %q", v)
 			}
 			c.CloseEventsMaxLen = n
+			return nil
+		}},
+	{Env: "ORDERDELAY_PREPARED_STATEMENTS", Group: GroupClosing, Kind: KindBool, Default: "true", Help: "run a batch's statements as server-side prepared statements, prepared once per connection (one round trip less per statement, a plan kept); set `false` behind PgBouncer in transaction pooling older than 1.21 or without `max_prepared_statements`",
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("want true or false, got %q", v)
+			}
+			c.PreparedStatements = b
 			return nil
 		}},
 	{Env: "ORDERDELAY_REMINDER_QUEUE", Group: GroupTaskQueues, Default: "", Help: "name of a task queue (in `ORDERDELAY_QUEUES_FILE`) that gets a reminder task per order enqueued through the API or CLI, due `ORDERDELAY_REMINDER_BEFORE` before its deadline (empty: no reminders); not a durable queue",

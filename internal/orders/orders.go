@@ -169,6 +169,13 @@ func (s *Store) SetLogger(l *zap.Logger) {
 	}
 }
 
+// Unprepared makes the store send its statements unprepared, as lib/pq
+// does a query with parameters (ORDERDELAY_PREPARED_STATEMENTS=false): for
+// a pooler that hands each transaction to any server session and does not
+// track prepared statements, where a statement prepared on one client's
+// behalf could be found, by name, by another. Call it before use.
+func (s *Store) Unprepared() { s.prep.off.Store(true) }
+
 // SetLocalTimeouts applies the timeouts of SetTimeouts to the transaction
 // tx (SET LOCAL), for callers that run statements in transactions of their
 // own, such as the reconciler. Without timeouts it does nothing.

@@ -416,3 +416,24 @@ func BenchmarkSettle500(b *testing.B) {
 		})
 	}
 }
+
+// With prepared statements off (ORDERDELAY_PREPARED_STATEMENTS=false: a
+// pooler that hands transactions to any server session) the store prepares
+// nothing in the session: every batch sends its statements unprepared, as
+// lib/pq does a query with parameters, and still closes and looks up.
+func TestUnpreparedStoreLeavesNoStatementInTheSession(t *testing.T) {
+	ctx := ctxT(t)
+	for _, p := range prepPaths {
+		t.Run(p.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, p.stmts)
+			s.Unprepared()
+			for i := range 3 {
+				batch(t, ctx, db, s, fmt.Sprintf("unprep%d", i))
+			}
+			if n := ours(t, db); n != 0 {
+				t.Errorf("%d of the store's statements prepared in the session, want 0", n)
+			}
+		})
+	}
+}
