@@ -82,45 +82,38 @@ func pendingOrders(t *testing.T, db *sqlx.DB, prefix string, n int) []string {
 func TestBatchStatementsArePreparedOncePerConnection(t *testing.T) {
 	const batches = 8
 	ctx := ctxT(t)
-	t.Run("one statement", func(t *testing.T) {
-		db := oneConn(t)
-		s := orders.NewStore(db, orders.Statements{})
-		for i := range batches {
-			serials := pendingOrders(t, db, fmt.Sprintf("one%d", i), 5)
-			out, err := s.Settle(ctx, append(serials, "no-row"), nil)
-			if err != nil || len(out.Closed) != 5 {
-				t.Fatalf("batch %d: %+v, %v", i, out, err)
+	custom := orders.DefaultLookupSQL + " "
+	for _, p := range []struct {
+		name    string
+		stmts   orders.Statements
+		queries []string // the statements a batch runs, each prepared once
+	}{
+		{"one statement", orders.Statements{}, []string{orders.DefaultSettleSQL, orders.DefaultLookupSQL}},
+		{"close statement", orders.Statements{Lookup: custom}, []string{orders.DefaultCloseSQL, orders.TxRefSQL, custom}},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, p.stmts)
+			for i := range batches {
+				serials := pendingOrders(t, db, fmt.Sprintf("b%d", i), 5)
+				out, err := s.Settle(ctx, append(serials, "no-row"), nil)
+				if err != nil || len(out.Closed) != 5 {
+					t.Fatalf("batch %d: %+v, %v", i, out, err)
+				}
+				if _, err := s.Lookup(ctx, out.Unknown); err != nil {
+					t.Fatalf("lookup %d: %v", i, err)
+				}
 			}
-			if _, err := s.Lookup(ctx, out.Unknown); err != nil {
-				t.Fatalf("lookup %d: %v", i, err)
+			got := preparedCounts(t, db, p.queries...)
+			want := make([]string, len(p.queries))
+			for i := range want {
+				want[i] = fmt.Sprintf("1/%d", batches)
 			}
-		}
-		got := preparedCounts(t, db, orders.DefaultSettleSQL, orders.DefaultLookupSQL)
-		want := []string{fmt.Sprintf("1/%d", batches), fmt.Sprintf("1/%d", batches)}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("settle and lookup statements prepared/ran in the session: %v, want %v", got, want)
-		}
-	})
-	t.Run("close statement", func(t *testing.T) {
-		db := oneConn(t)
-		custom := orders.DefaultLookupSQL + " "
-		s := orders.NewStore(db, orders.Statements{Lookup: custom})
-		for i := range batches {
-			serials := pendingOrders(t, db, fmt.Sprintf("cl%d", i), 5)
-			out, err := s.Settle(ctx, append(serials, "no-row"), nil)
-			if err != nil || len(out.Closed) != 5 {
-				t.Fatalf("batch %d: %+v, %v", i, out, err)
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("the batch's statements prepared/ran in the session: %v, want %v", got, want)
 			}
-			if _, err := s.Lookup(ctx, out.Unknown); err != nil {
-				t.Fatalf("lookup %d: %v", i, err)
-			}
-		}
-		got := preparedCounts(t, db, orders.DefaultCloseSQL, orders.TxRefSQL, custom)
-		want := []string{fmt.Sprintf("1/%d", batches), fmt.Sprintf("1/%d", batches), fmt.Sprintf("1/%d", batches)}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("close, transaction id and lookup statements prepared/ran in the session: %v, want %v", got, want)
-		}
-	})
+		})
+	}
 }
 
 // prepPaths are the two ways a batch runs its statements: the one
