@@ -135,6 +135,10 @@ func wire(cfg config.Config, log *zap.Logger) (d *daemon, closeClients func(), e
 		log.Debug("queue gauges unavailable for this scrape", zap.Error(err))
 	}))
 	d.store = orders.NewStore(d.ordDB, cfg.Statements())
+	d.store.SetLogger(log)
+	if !cfg.PreparedStatements {
+		d.store.Unprepared()
+	}
 	var closer consumer.Store = d.store
 	if cfg.CloseEvents {
 		closer = orders.WithOutbox{Store: d.store}

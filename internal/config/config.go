@@ -68,8 +68,13 @@ type Config struct {
 	QueuesFile        string        // named task queues; empty: none
 	CloseEvents       bool          // publish a close event per closed order
 	CloseEventsMaxLen int64         // approximate cap of the events stream
-	ReminderQueue     string        // task queue that gets a reminder per order; empty: none
-	ReminderBefore    time.Duration // how long before the deadline the reminder is due
+	// PreparedStatements runs a batch's statements prepared, once per
+	// connection; false sends them unprepared (a pooler that hands
+	// transactions to any server session and does not track prepared
+	// statements).
+	PreparedStatements bool
+	ReminderQueue      string        // task queue that gets a reminder per order; empty: none
+	ReminderBefore     time.Duration // how long before the deadline the reminder is due
 }
 
 // Setting describes one setting.
@@ -179,14 +184,7 @@ var Settings = []Setting{
 	{Env: "ORDERDELAY_ADMIN_ADDR", Group: GroupHTTP, Default: "127.0.0.1:8081", Help: "the admin API's own listener, bound only when `ORDERDELAY_ADMIN_TOKEN` is set; loopback by default, so operators reach it from the pod (`kubectl port-forward`); never the API's address or port",
 		set: addr(func(c *Config) *string { return &c.AdminAddr })},
 	{Env: "ORDERDELAY_DRY_RUN", Group: GroupOperator, Kind: KindBool, Default: "false", Help: "run everything except the close: the close statement runs in a transaction that is rolled back, and what it would have closed is logged and counted; the queue and the dead letters are left as they are, and task queues are not served",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("want true or false, got %q", v)
-			}
-			c.DryRun = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.DryRun })},
 	{Env: "ORDERDELAY_DEAD_LETTER_RETENTION", Group: GroupOperator, Kind: KindDuration, Default: "168h", Help: "dead letters older than this are purged, task payloads with them, on the order queue and every task queue without its own `dead_retention` (`0`: kept until purged by hand)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.DeadRetention }, 0, 10*365*24*time.Hour)},
 	{Env: "ORDERDELAY_DEAD_LETTER_MAX", Group: GroupOperator, Kind: KindInt, Default: "100000", Help: "most dead letters kept per queue; the oldest beyond it are purged, on the order queue and every task queue without its own `dead_max` (`0`: no cap)",
@@ -194,14 +192,7 @@ var Settings = []Setting{
 	{Env: "ORDERDELAY_QUEUES_FILE", Group: GroupTaskQueues, Default: "", Help: "YAML file declaring named task queues (see `configs/orderdelay.yaml`); empty: the order queue only",
 		set: func(c *Config, v string) error { c.QueuesFile = v; return nil }},
 	{Env: "ORDERDELAY_CLOSE_EVENTS", Group: GroupClosing, Kind: KindBool, Default: "false", Help: "publish every close on the stream `{KEY}:events` (serial, reason, closed_at), at least once, through an outbox table written in the close transaction (needs `orderdelay migrate`)",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("want true or false, got %q", v)
-			}
-			c.CloseEvents = b
-			return nil
-		}},
+		set: boolean(func(c *Config) *bool { return &c.CloseEvents })},
 	{Env: "ORDERDELAY_CLOSE_EVENTS_MAXLEN", Group: GroupClosing, Kind: KindInt, Default: "1000000", Help: "approximate cap of the close-event stream (XADD MAXLEN ~)",
 		set: func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -211,6 +202,8 @@ var Settings = []Setting{
 			c.CloseEventsMaxLen = n
 			return nil
 		}},
+	{Env: "ORDERDELAY_PREPARED_STATEMENTS", Group: GroupClosing, Kind: KindBool, Default: "true", Help: "run a batch's statements as server-side prepared statements, prepared once per connection (one round trip less per statement, a plan kept); set `false` behind PgBouncer in transaction pooling older than 1.21 or without `max_prepared_statements`",
+		set: boolean(func(c *Config) *bool { return &c.PreparedStatements })},
 	{Env: "ORDERDELAY_REMINDER_QUEUE", Group: GroupTaskQueues, Default: "", Help: "name of a task queue (in `ORDERDELAY_QUEUES_FILE`) that gets a reminder task per order enqueued through the API or CLI, due `ORDERDELAY_REMINDER_BEFORE` before its deadline (empty: no reminders); not a durable queue",
 		set: func(c *Config, v string) error { c.ReminderQueue = v; return nil }},
 	{Env: "ORDERDELAY_REMINDER_BEFORE", Group: GroupTaskQueues, Kind: KindDuration, Default: "10m", Help: "how long before an order's deadline its reminder is due",
@@ -332,6 +325,17 @@ func duration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+func boolean(field func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false, got %q", v)
+		}
+		*field(c) = b
+		return nil
+	}
 }
 
 func intIn(field func(*Config) *int, lo, hi int) func(*Config, string) error {

@@ -79,6 +79,7 @@ func TestDefaults(t *testing.T) {
 		{"ORDERDELAY_DEAD_LETTER_MAX", c.DeadMax, 100000},
 		{"ORDERDELAY_QUEUES_FILE", c.QueuesFile, ""},
 		{"ORDERDELAY_CLOSE_EVENTS", c.CloseEvents, false},
+		{"ORDERDELAY_PREPARED_STATEMENTS", c.PreparedStatements, true},
 		{"ORDERDELAY_CLOSE_EVENTS_MAXLEN", c.CloseEventsMaxLen, int64(1000000)},
 		{"ORDERDELAY_REMINDER_QUEUE", c.ReminderQueue, ""},
 		{"ORDERDELAY_REMINDER_BEFORE", c.ReminderBefore, 10 * time.Minute},
@@ -113,6 +114,7 @@ func TestEnvApplies(t *testing.T) {
 		{"ORDERDELAY_BATCH_SIZE", "5000", func(c config.Config) (any, any) { return c.BatchSize, 5000 }},
 		{"ORDERDELAY_LEASE", "2m", func(c config.Config) (any, any) { return c.Lease, 2 * time.Minute }},
 		{"ORDERDELAY_STATEMENT_TIMEOUT", "3s", func(c config.Config) (any, any) { return c.StatementTimeout, 3 * time.Second }},
+		{"ORDERDELAY_PREPARED_STATEMENTS", "false", func(c config.Config) (any, any) { return c.PreparedStatements, false }},
 		{"ORDERDELAY_DRAIN_TIMEOUT", "1s", func(c config.Config) (any, any) { return c.DrainTimeout, time.Second }},
 		{"ORDERDELAY_MAX_ATTEMPTS", "3", func(c config.Config) (any, any) { return c.MaxAttempts, 3 }},
 		{"ORDERDELAY_BACKOFF_MAX", "30s", func(c config.Config) (any, any) { return c.BackoffMax, 30 * time.Second }},
@@ -205,6 +207,8 @@ func TestBadValuesNameTheSetting(t *testing.T) {
 		extra      map[string]string // other settings needed to reach the check
 	}{
 		{"ORDERDELAY_WORKERS", "four", nil},
+		{"ORDERDELAY_PREPARED_STATEMENTS", "maybe", nil},
+		{"ORDERDELAY_PREPARED_STATEMENTS", "", nil},
 		{"ORDERDELAY_WORKERS", "0", nil},
 		{"ORDERDELAY_WORKERS", "-1", nil},
 		{"ORDERDELAY_WORKERS", "257", nil},

@@ -39,7 +39,12 @@ import (
 //   - the statement as a whole: class 42 (undefined table or column,
 //     permission denied, syntax) raised by the statement itself is the same
 //     for every order, so the schema or a grant changed under the daemon;
-//     burying orders cannot fix that;
+//     burying orders cannot fix that; so are a prepared statement whose
+//     result type the table changed under it (0A000 "cached plan must not
+//     change result type", StalePlan) and one the session does not have
+//     (26000, a pooler handing the transaction to another session): the
+//     Store prepares again or stops preparing and runs the batch again at
+//     once, and only returns them when that went wrong again;
 //   - the context's deadline or cancellation.
 //
 // Permanent, because they can depend on the row: class 22 data exception,
@@ -89,8 +94,12 @@ func transientCode(e *pq.Error) bool {
 	if len(code) != 5 {
 		return false
 	}
+	if StalePlan(e) {
+		return true
+	}
 	switch code {
-	case "25006", // read_only_sql_transaction
+	case "26000", // invalid_sql_statement_name: a prepared statement the session lost
+		"25006",                            // read_only_sql_transaction
 		"40000", "40001", "40003", "40P01": // rollback, serialization, completion unknown, deadlock
 		return true
 	}

@@ -6,3 +6,11 @@ func SetSettleSQL(s *Store, q string) { s.settleSQL = q }
 
 // TextArrayForTest is textArray, for tests that write rows in bulk.
 func TextArrayForTest(ss []string) any { return textArray(ss) }
+
+// TxRefSQL is the query for the transaction id and the server after the
+// close statement alone.
+const TxRefSQL = txRefSQL
+
+// Unprepared makes s send its statements unprepared, as it does after a
+// pooler lost them, for benchmarks that compare the two.
+func Unprepared(s *Store) { s.prep.off.Store(true) }

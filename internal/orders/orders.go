@@ -16,6 +16,20 @@
 // statement the close statement runs alone and a query fetches the
 // transaction id. Either way the caller asks the lookup, after the commit,
 // about what the close could not answer for (Outcome.Unknown).
+//
+// The statements a batch runs (the one statement; the close statement and
+// the transaction id's query; the lookup) are server-side prepared
+// statements, prepared once per connection: a batch then takes one round
+// trip per statement instead of two (Parse/Describe, then Bind/Execute),
+// and PostgreSQL may keep a generic plan rather than plan every batch. A
+// table altered under them (0A000 "cached plan must not change result
+// type") makes the store prepare them again and run the batch again at
+// once; a pooler that loses them or mixes them up (PgBouncer in
+// transaction pooling before 1.21 or without max_prepared_statements:
+// 26000, 42P05) makes it fall back to unprepared statements for good, with
+// one Warn; a connection that dies takes its statements along and the next
+// one prepares its own. Neither costs a batch an attempt. The reconciler's
+// and the start-up checks' statements run unprepared.
 package orders
 
 import (
@@ -29,6 +43,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"go.uber.org/zap"
 )
 
 // DefaultCloseSQL closes the pending orders among $1 and returns the serials
@@ -141,7 +156,25 @@ type Store struct {
 	// Server-side limits of a close transaction (SET LOCAL); zero: the
 	// session's. See SetTimeouts.
 	statementTimeout, lockTimeout time.Duration
+	// prep runs the statements of a batch as prepared statements.
+	prep *prepared
 }
+
+// SetLogger sets where the store reports what it does on its own (falling
+// back to unprepared statements). Call it before use; the default logs
+// nothing.
+func (s *Store) SetLogger(l *zap.Logger) {
+	if l != nil {
+		s.prep.log.Store(l)
+	}
+}
+
+// Unprepared makes the store send its statements unprepared, as lib/pq
+// does a query with parameters (ORDERDELAY_PREPARED_STATEMENTS=false): for
+// a pooler that hands each transaction to any server session and does not
+// track prepared statements, where a statement prepared on one client's
+// behalf could be found, by name, by another. Call it before use.
+func (s *Store) Unprepared() { s.prep.off.Store(true) }
 
 // SetLocalTimeouts applies the timeouts of SetTimeouts to the transaction
 // tx (SET LOCAL), for callers that run statements in transactions of their
@@ -178,7 +211,7 @@ func NewStore(db *sqlx.DB, s Statements) *Store {
 	if s.Overdue == "" {
 		s.Overdue = d.Overdue
 	}
-	st := &Store{db: db, stmts: s}
+	st := &Store{db: db, stmts: s, prep: newPrepared(db)}
 	if s.Close == d.Close && s.Lookup == d.Lookup {
 		st.settleSQL = DefaultSettleSQL
 	}
@@ -255,10 +288,20 @@ func (s *Store) Settle(ctx context.Context, serials []string, fence Fence) (Outc
 // closeTx is Close, or Settle when one is set (run DefaultSettleSQL);
 // outbox, if not empty, is the reason of the close events recorded in the
 // same transaction; dryRun rolls back instead of committing.
+//
+// A prepared statement that went stale (StalePlan) or that a pooler lost
+// (see prepared) rolls the transaction back like any error; the
+// transaction is run again at once, with the statements prepared again or
+// unprepared, since the batch has nothing to do with it.
 func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (Outcome, error) {
+	cured := 0
 	for {
 		out, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun, one)
 		if err != nil {
+			if cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
+				cured++
+				continue
+			}
 			return Outcome{}, err
 		}
 		if len(drop) == 0 {
@@ -274,7 +317,20 @@ func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outb
 	}
 }
 
+// maxCures bounds how often one call runs its statements again after a
+// prepared statement went stale or was lost (prepared.cure): a table
+// altered again meanwhile, then a pooler.
+const maxCures = 2
+
 func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (out Outcome, drop []string, err error) {
+	// The statements are made on the pool before the transaction takes
+	// its connection (once per store; each is then prepared on a
+	// connection the first time it runs there).
+	if one {
+		s.prep.ensure(ctx, s.settleSQL)
+	} else {
+		s.prep.ensure(ctx, s.stmts.Close, txRefSQL)
+	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return Outcome{}, nil, &BeginError{Err: err}
@@ -296,13 +352,14 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	// server (committed). The one statement returns them with the closed
 	// rows; after the close statement alone they take a query.
 	var xid txRef
+	q := s.prep.on(tx.Tx)
 	if one {
-		out, xid, err = s.settleOn(ctx, tx, serials)
+		out, xid, err = s.settleOn(ctx, q, serials)
 		if err != nil {
 			return Outcome{}, nil, err
 		}
 	} else {
-		closed, err := s.CloseOn(ctx, tx, serials)
+		closed, err := s.CloseOn(ctx, q, serials)
 		if err != nil {
 			return Outcome{}, nil, err
 		}
@@ -317,7 +374,7 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 		}
 	}
 	if !one && len(out.Closed) > 0 {
-		if err := tx.QueryRowContext(ctx, txRefSQL).Scan(&xid.id, &xid.server); err != nil {
+		if xid, err = queryTxRef(ctx, q); err != nil {
 			return Outcome{}, nil, err
 		}
 	}
@@ -448,6 +505,27 @@ const (
 	txRefSQL  = "SELECT txid_current(), " + serverSQL
 )
 
+// queryTxRef asks for the current transaction's id and server (txRefSQL)
+// on q.
+func queryTxRef(ctx context.Context, q Querier) (txRef, error) {
+	var xid txRef
+	rows, err := q.QueryContext(ctx, txRefSQL)
+	if err != nil {
+		return xid, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return xid, err
+		}
+		return xid, sql.ErrNoRows
+	}
+	if err := rows.Scan(&xid.id, &xid.server); err != nil {
+		return xid, err
+	}
+	return xid, rows.Close()
+}
+
 // committed asks the server, on another connection, whether transaction
 // xid committed (txid_status), retrying while the server cannot be reached
 // for up to commitStatusWait, and, if it did, that none of the orders it
@@ -503,11 +581,24 @@ type Found struct {
 }
 
 // Lookup returns the serials among serials that have an order row, and
-// whether each is still pending.
+// whether each is still pending. It runs the lookup statement prepared (as
+// Settle runs its statements), again at once if that went stale or was
+// lost.
 func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
-	rows, err := s.db.QueryContext(ctx, s.stmts.Lookup, textArray(serials))
+	for cured := 0; ; cured++ {
+		s.prep.ensure(ctx, s.stmts.Lookup)
+		found, err := s.lookupOnce(ctx, serials)
+		if err != nil && cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
+			continue
+		}
+		return found, clientCut(ctx, err)
+	}
+}
+
+func (s *Store) lookupOnce(ctx context.Context, serials []string) ([]Found, error) {
+	rows, err := s.prep.on(nil).QueryContext(ctx, s.stmts.Lookup, textArray(serials))
 	if err != nil {
-		return nil, clientCut(ctx, err)
+		return nil, err
 	}
 	defer rows.Close()
 	trim := blankPadded(rows)

@@ -757,7 +757,10 @@ func TestTransientClassification(t *testing.T) {
 		{&pq.Error{Code: "23505"}, false}, // unique violation
 		{&pq.Error{Code: "42P01"}, true},  // undefined table in the statement: the same for every order
 		{&pq.Error{Code: "42P01", Where: "PL/pgSQL function f() line 2 at EXECUTE"}, false}, // in a trigger: may be the row
-		{&pq.Error{Code: "23514"}, false}, // check violation
+		{&pq.Error{Code: "23514"}, false},                                  // check violation
+		{&pq.Error{Code: "0A000", Routine: "RevalidateCachedQuery"}, true}, // cached plan must not change result type
+		{&pq.Error{Code: "0A000"}, false},                                  // another feature not supported
+		{&pq.Error{Code: "26000"}, true},                                   // prepared statement does not exist (a pooler)
 		{fmt.Errorf("batch: %w", &pq.Error{Code: "40P01"}), true},
 		{fmt.Errorf("batch: %w", &pq.Error{Code: "22P02"}), false},
 		{context.DeadlineExceeded, true},

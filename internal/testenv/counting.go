@@ -12,16 +12,22 @@ import (
 	"github.com/lib/pq"
 )
 
-// Statements counts the statements a pool sent to the server (queries and
-// execs, not BEGIN or COMMIT), and keeps their text.
+// Statements counts the statements a pool ran on the server (queries and
+// execs, not BEGIN or COMMIT; a prepared statement each time it runs), and
+// keeps their text, and counts apart how many statements it prepared.
 type Statements struct {
-	n    atomic.Int64
-	mu   sync.Mutex
-	text []string
+	n        atomic.Int64
+	prepares atomic.Int64
+	mu       sync.Mutex
+	text     []string
 }
 
-// N is how many statements were sent so far.
+// N is how many statements ran so far.
 func (s *Statements) N() int64 { return s.n.Load() }
+
+// Prepares is how many statements were prepared so far (once per
+// connection and statement, not counted in N).
+func (s *Statements) Prepares() int64 { return s.prepares.Load() }
 
 // Since returns the texts of the statements after the first n.
 func (s *Statements) Since(n int64) []string {
@@ -84,8 +90,30 @@ func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.
 }
 
 func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	c.st.add(q)
-	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+	st, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	c.st.prepares.Add(1)
+	return &countingStmt{st, c.st, q}, nil
+}
+
+// countingStmt counts each run of a prepared statement of lib/pq's, which
+// implements the interfaces below.
+type countingStmt struct {
+	driver.Stmt
+	st *Statements
+	q  string
+}
+
+func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.st.add(s.q)
+	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+}
+
+func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.st.add(s.q)
+	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 }
 
 func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {

@@ -1,0 +1,202 @@
+package orders
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"go.uber.org/zap"
+)
+
+// prepared runs the statements of a batch (the one statement, or the close
+// statement and the query for the transaction id; the lookup) as
+// server-side prepared statements: parsed and described once per
+// connection, then only bound and executed. An unnamed statement — what
+// lib/pq sends for a query with parameters — costs a Parse/Describe round
+// trip before the Bind/Execute one, and PostgreSQL plans it afresh every
+// time; a prepared one takes one round trip, and after five executions
+// PostgreSQL may keep a generic plan instead of planning each batch.
+//
+// A *sql.Stmt per statement, made on the pool, keeps one prepared statement
+// per connection (database/sql prepares it on a connection the first time
+// it runs there, and again on any new connection the pool dials after one
+// died); Tx.StmtContext reuses the connection's in a transaction, and the
+// transaction's copy is closed at its end without closing the connection's.
+//
+// Three things can go wrong with a statement prepared long ago:
+//   - the table changed under it so that its result would change type
+//     (ALTER COLUMN … TYPE of a column it returns): PostgreSQL answers 0A000
+//     "cached plan must not change result type" to every execution. The
+//     statements are dropped and prepared again (reset), and the batch is
+//     run again at once: nothing was committed (the error aborts the
+//     transaction), no attempt is spent. Other changes (a column added or
+//     dropped elsewhere, an index) are replanned by PostgreSQL itself.
+//   - a pooler between the daemon and PostgreSQL that hands each
+//     transaction to another server session (PgBouncer in transaction
+//     pooling, before 1.21 or without max_prepared_statements) loses them
+//     (26000 "prepared statement … does not exist") or finds another
+//     client's of the same name (42P05 "… already exists"). The store
+//     falls back, for good, to unprepared statements, says so once at Warn,
+//     and runs the batch again at once.
+//   - the connection dies: the pool dials another, and the statement is
+//     prepared there the first time it runs on it.
+type prepared struct {
+	db  *sqlx.DB
+	log atomic.Pointer[zap.Logger]
+	// off: fall back to unprepared statements (a pooler lost ours).
+	off      atomic.Bool
+	warnOnce sync.Once
+
+	mu    sync.Mutex
+	stmts map[string]*sql.Stmt // by query text
+}
+
+func newPrepared(db *sqlx.DB) *prepared {
+	p := &prepared{db: db, stmts: map[string]*sql.Stmt{}}
+	p.log.Store(zap.NewNop())
+	return p
+}
+
+// ensure makes the statements for queries that are not made yet, on the
+// pool, before the caller takes a connection for its transaction (made in
+// a transaction, a *sql.Stmt would belong to it). A query that does not
+// prepare is run unprepared this time, and reports its own error then, as
+// it always has (so do the queries after it); an error that says a pooler
+// is in the way turns prepared statements off.
+func (p *prepared) ensure(ctx context.Context, queries ...string) {
+	if p.off.Load() {
+		return
+	}
+	for _, q := range queries {
+		p.mu.Lock()
+		_, ok := p.stmts[q]
+		p.mu.Unlock()
+		if ok {
+			continue
+		}
+		st, err := p.db.PrepareContext(ctx, q)
+		if err != nil {
+			// The statement reports it when it runs (or the database is
+			// away: then BEGIN does, and one connection attempt is enough).
+			p.cure(err)
+			return
+		}
+		p.mu.Lock()
+		if _, ok := p.stmts[q]; ok || p.off.Load() {
+			p.mu.Unlock()
+			st.Close() //nolint:errcheck // another goroutine made it first, or fallen back
+			continue
+		}
+		p.stmts[q] = st
+		p.mu.Unlock()
+	}
+}
+
+// stmt returns the statement for q, or nil: run it unprepared.
+func (p *prepared) stmt(q string) *sql.Stmt {
+	if p.off.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stmts[q]
+}
+
+// on returns a Querier that runs the prepared statements on tx (nil: on the
+// pool) and any other query as it is.
+func (p *prepared) on(tx *sql.Tx) Querier { return preparedOn{p, tx} }
+
+type preparedOn struct {
+	p  *prepared
+	tx *sql.Tx
+}
+
+func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st := q.p.stmt(query)
+	switch {
+	case st != nil && q.tx != nil:
+		// The transaction's copy uses the connection's prepared statement
+		// (preparing it there the first time) and is closed when the
+		// transaction ends; the connection's stays.
+		return q.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	case st != nil:
+		rows, err := st.QueryContext(ctx, args...)
+		if err != nil && q.p.stmt(query) != st {
+			// Closed under us by a reset (or a fallback) on another
+			// worker ("sql: statement is closed"): only the pool's
+			// read-only lookup runs here, so it runs again, as it is.
+			return q.p.db.QueryContext(ctx, query, args...)
+		}
+		return rows, err
+	case q.tx != nil:
+		return q.tx.QueryContext(ctx, query, args...)
+	default:
+		return q.p.db.QueryContext(ctx, query, args...)
+	}
+}
+
+// cure reports whether err is one that running the statement again can
+// cure, after doing what cures it: a cached plan whose result type changed
+// (drop the prepared statements, so they are prepared again), or a pooler
+// that loses prepared statements (fall back to unprepared ones). It is told
+// every error of a call that ran prepared statements; it ignores the rest.
+func (p *prepared) cure(err error) bool {
+	switch {
+	case StalePlan(err):
+		p.reset()
+		return true
+	case pooledAway(err) && !p.off.Load():
+		p.off.Store(true)
+		p.warnOnce.Do(func() {
+			p.log.Load().Warn("PostgreSQL, or a pooler in front of it, lost or mixed up this daemon's prepared statements; "+
+				"closing batches with unprepared statements from now on (one more round trip and a fresh plan per batch). "+
+				"PgBouncer in transaction pooling does this before 1.21 or without max_prepared_statements: "+
+				"set max_prepared_statements (PgBouncer 1.21 or later) or use session pooling to keep them",
+				zap.Error(err))
+		})
+		p.reset()
+		return true
+	}
+	return false
+}
+
+// reset closes the statements: the next batch prepares them again on each
+// connection. A transaction that uses one meanwhile keeps it until it ends
+// (database/sql closes the connection's statement once no transaction uses
+// it).
+func (p *prepared) reset() {
+	p.mu.Lock()
+	old := p.stmts
+	p.stmts = map[string]*sql.Stmt{}
+	p.mu.Unlock()
+	for _, st := range old {
+		st.Close() //nolint:errcheck // closing: nothing to keep
+	}
+}
+
+// StalePlan reports PostgreSQL's refusal to run a prepared statement whose
+// result would change type since it was prepared (0A000 "cached plan must
+// not change result type", raised by RevalidateCachedQuery, told by the
+// routine rather than the message, which lc_messages translates): the
+// statement, not any order, is stale; it runs once prepared again.
+func StalePlan(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && pqErr.Code == "0A000" && pqErr.Routine == "RevalidateCachedQuery"
+}
+
+// pooledAway reports an error about the name of a prepared statement of
+// ours, raised by the statement itself (not inside a shop's function): 26000
+// it does not exist in this session, 42P05 one of that name already exists.
+// Behind a pooler that hands transactions to any server session, both mean
+// prepared statements cannot be kept.
+func pooledAway(err error) bool {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) || pqErr.Where != "" || pqErr.InternalQuery != "" {
+		return false
+	}
+	return pqErr.Code == "26000" || pqErr.Code == "42P05"
+}
