@@ -149,8 +149,13 @@ func (p *prepared) cure(err error) bool {
 	case StalePlan(err):
 		p.reset()
 		return true
-	case pooledAway(err) && !p.off.Load():
-		p.off.Store(true)
+	case pooledAway(err):
+		// Another worker may have fallen back since this one's statement
+		// was sent (every worker meets the pooler at about the same
+		// time): its batch runs again too, unprepared now.
+		if p.off.Swap(true) {
+			return true
+		}
 		p.warnOnce.Do(func() {
 			p.log.Load().Warn("PostgreSQL, or a pooler in front of it, lost or mixed up this daemon's prepared statements; "+
 				"closing batches with unprepared statements from now on (one more round trip and a fresh plan per batch). "+
