@@ -87,8 +87,9 @@ func (p *prepared) ensure(ctx context.Context, queries ...string) {
 		}
 		p.mu.Lock()
 		if _, ok := p.stmts[q]; ok || p.off.Load() {
+			// Another goroutine made it first, or fallen back: left to
+			// its connection, never closed (see reset).
 			p.mu.Unlock()
-			st.Close() //nolint:errcheck // another goroutine made it first, or fallen back
 			continue
 		}
 		p.stmts[q] = st
@@ -126,9 +127,9 @@ func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any)
 	case st != nil:
 		rows, err := st.QueryContext(ctx, args...)
 		if err != nil && q.p.stmt(query) != st {
-			// Closed under us by a reset (or a fallback) on another
-			// worker ("sql: statement is closed"): only the pool's
-			// read-only lookup runs here, so it runs again, as it is.
+			// Dropped by a reset (or a fallback) on another worker
+			// meanwhile: only the pool's read-only lookup runs here, so
+			// it runs again, as it is.
 			return q.p.db.QueryContext(ctx, query, args...)
 		}
 		return rows, err
@@ -169,18 +170,21 @@ func (p *prepared) cure(err error) bool {
 	return false
 }
 
-// reset closes the statements: the next batch prepares them again on each
-// connection. A transaction that uses one meanwhile keeps it until it ends
-// (database/sql closes the connection's statement once no transaction uses
-// it).
+// reset drops the statements: the next batch prepares them again on each
+// connection. The dropped ones are not closed: they stay prepared in their
+// sessions, unused, until their connections close (database/sql closes a
+// connection's statements then). Closing a *sql.Stmt makes database/sql
+// send each idle connection's Close and wait for the answer while it holds
+// the pool's lock: on a connection whose replies are held up (a network
+// partition, a failover that blackholes the old primary) that stops every
+// user of the pool, however short their deadlines, and every db.Stats (the
+// pool metrics), until TCP gives up. A reset happens when a migration
+// changes a returned column's type, or once behind a pooler: a few
+// statements per session each time.
 func (p *prepared) reset() {
 	p.mu.Lock()
-	old := p.stmts
 	p.stmts = map[string]*sql.Stmt{}
 	p.mu.Unlock()
-	for _, st := range old {
-		st.Close() //nolint:errcheck // closing: nothing to keep
-	}
 }
 
 // StalePlan reports PostgreSQL's refusal to run a prepared statement whose
