@@ -117,3 +117,37 @@ func TestAdvPrepSecondWorkerLosingItsStatementAfterTheFallback(t *testing.T) {
 		})
 	}
 }
+
+// Behind a pooler that hands this client a server session where another
+// client prepared a different statement under the name lib/pq gave ours,
+// the Bind of ours may not fit theirs: PostgreSQL answers 08P01 from
+// exec_bind_message ("bind message has 5 result formats but query has 2
+// columns", "bind message supplies 1 parameters, but prepared statement
+// requires 2"). lib/pq always binds its own statement as it described it,
+// so that is the pooler mixing prepared statements up, as 42P05 is: the
+// store falls back to unprepared statements and runs the batch again at
+// once. Before, 08P01 (class 08, a connection exception) was taken for the
+// database being down: the batch was backed off, again and again for as
+// long as the sessions kept another client's statement under that name,
+// and prepared statements stayed on.
+func TestAdvPrepBindThatDoesNotFitFallsBack(t *testing.T) {
+	ctx := ctxT(t)
+	for _, p := range prepPaths {
+		t.Run(p.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, p.stmts)
+			logs := warnings(s)
+			batch(t, ctx, db, s, "warm")
+			// The session handed over next: another client's "1" is a
+			// statement of two columns and two parameters.
+			if _, err := db.ExecContext(ctx, `DEALLOCATE ALL`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, `PREPARE "1"(text, text) AS SELECT $1, $2`); err != nil {
+				t.Fatal(err)
+			}
+			batch(t, ctx, db, s, "mixed")
+			checkFellBack(t, db, logs, "08P01")
+		})
+	}
+}

@@ -39,7 +39,8 @@ import (
 //     transaction to another server session (PgBouncer in transaction
 //     pooling, before 1.21 or without max_prepared_statements) loses them
 //     (26000 "prepared statement … does not exist") or finds another
-//     client's of the same name (42P05 "… already exists"). The store
+//     client's of the same name (42P05 "… already exists"; 08P01 when
+//     ours is bound to theirs and the parameters or columns differ). The store
 //     falls back, for good, to unprepared statements, says so once at Warn,
 //     and runs the batch again at once.
 //   - the connection dies: the pool dials another, and the statement is
@@ -199,13 +200,17 @@ func StalePlan(err error) bool {
 
 // pooledAway reports an error about the name of a prepared statement of
 // ours, raised by the statement itself (not inside a shop's function): 26000
-// it does not exist in this session, 42P05 one of that name already exists.
-// Behind a pooler that hands transactions to any server session, both mean
-// prepared statements cannot be kept.
+// it does not exist in this session, 42P05 one of that name already exists,
+// 08P01 from exec_bind_message the statement of that name in this session
+// takes other parameters or returns other columns than ours (lib/pq binds
+// its own statement as the server described it to it: another client's
+// is in its place). Behind a pooler that hands transactions to any server
+// session, all three mean prepared statements cannot be kept.
 func pooledAway(err error) bool {
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) || pqErr.Where != "" || pqErr.InternalQuery != "" {
 		return false
 	}
-	return pqErr.Code == "26000" || pqErr.Code == "42P05"
+	return pqErr.Code == "26000" || pqErr.Code == "42P05" ||
+		pqErr.Code == "08P01" && pqErr.Routine == "exec_bind_message"
 }
