@@ -14,3 +14,6 @@ const TxRefSQL = txRefSQL
 // Unprepared makes s send its statements unprepared, as it does after a
 // pooler lost them, for benchmarks that compare the two.
 func Unprepared(s *Store) { s.prep.off.Store(true) }
+
+// ResetPrepared drops s's prepared statements, as a stale plan does.
+func ResetPrepared(s *Store) { s.prep.reset() }

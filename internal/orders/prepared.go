@@ -39,7 +39,8 @@ import (
 //     transaction to another server session (PgBouncer in transaction
 //     pooling, before 1.21 or without max_prepared_statements) loses them
 //     (26000 "prepared statement … does not exist") or finds another
-//     client's of the same name (42P05 "… already exists"). The store
+//     client's of the same name (42P05 "… already exists"; 08P01 when
+//     ours is bound to theirs and the parameters or columns differ). The store
 //     falls back, for good, to unprepared statements, says so once at Warn,
 //     and runs the batch again at once.
 //   - the connection dies: the pool dials another, and the statement is
@@ -87,8 +88,9 @@ func (p *prepared) ensure(ctx context.Context, queries ...string) {
 		}
 		p.mu.Lock()
 		if _, ok := p.stmts[q]; ok || p.off.Load() {
+			// Another goroutine made it first, or fallen back: left to
+			// its connection, never closed (see reset).
 			p.mu.Unlock()
-			st.Close() //nolint:errcheck // another goroutine made it first, or fallen back
 			continue
 		}
 		p.stmts[q] = st
@@ -126,9 +128,9 @@ func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any)
 	case st != nil:
 		rows, err := st.QueryContext(ctx, args...)
 		if err != nil && q.p.stmt(query) != st {
-			// Closed under us by a reset (or a fallback) on another
-			// worker ("sql: statement is closed"): only the pool's
-			// read-only lookup runs here, so it runs again, as it is.
+			// Dropped by a reset (or a fallback) on another worker
+			// meanwhile: only the pool's read-only lookup runs here, so
+			// it runs again, as it is.
 			return q.p.db.QueryContext(ctx, query, args...)
 		}
 		return rows, err
@@ -149,8 +151,13 @@ func (p *prepared) cure(err error) bool {
 	case StalePlan(err):
 		p.reset()
 		return true
-	case pooledAway(err) && !p.off.Load():
-		p.off.Store(true)
+	case pooledAway(err):
+		// Another worker may have fallen back since this one's statement
+		// was sent (every worker meets the pooler at about the same
+		// time): its batch runs again too, unprepared now.
+		if p.off.Swap(true) {
+			return true
+		}
 		p.warnOnce.Do(func() {
 			p.log.Load().Warn("PostgreSQL, or a pooler in front of it, lost or mixed up this daemon's prepared statements; "+
 				"closing batches with unprepared statements from now on (one more round trip and a fresh plan per batch). "+
@@ -164,18 +171,21 @@ func (p *prepared) cure(err error) bool {
 	return false
 }
 
-// reset closes the statements: the next batch prepares them again on each
-// connection. A transaction that uses one meanwhile keeps it until it ends
-// (database/sql closes the connection's statement once no transaction uses
-// it).
+// reset drops the statements: the next batch prepares them again on each
+// connection. The dropped ones are not closed: they stay prepared in their
+// sessions, unused, until their connections close (database/sql closes a
+// connection's statements then). Closing a *sql.Stmt makes database/sql
+// send each idle connection's Close and wait for the answer while it holds
+// the pool's lock: on a connection whose replies are held up (a network
+// partition, a failover that blackholes the old primary) that stops every
+// user of the pool, however short their deadlines, and every db.Stats (the
+// pool metrics), until TCP gives up. A reset happens when a migration
+// changes a returned column's type, or once behind a pooler: a few
+// statements per session each time.
 func (p *prepared) reset() {
 	p.mu.Lock()
-	old := p.stmts
 	p.stmts = map[string]*sql.Stmt{}
 	p.mu.Unlock()
-	for _, st := range old {
-		st.Close() //nolint:errcheck // closing: nothing to keep
-	}
 }
 
 // StalePlan reports PostgreSQL's refusal to run a prepared statement whose
@@ -190,13 +200,17 @@ func StalePlan(err error) bool {
 
 // pooledAway reports an error about the name of a prepared statement of
 // ours, raised by the statement itself (not inside a shop's function): 26000
-// it does not exist in this session, 42P05 one of that name already exists.
-// Behind a pooler that hands transactions to any server session, both mean
-// prepared statements cannot be kept.
+// it does not exist in this session, 42P05 one of that name already exists,
+// 08P01 from exec_bind_message the statement of that name in this session
+// takes other parameters or returns other columns than ours (lib/pq binds
+// its own statement as the server described it to it: another client's
+// is in its place). Behind a pooler that hands transactions to any server
+// session, all three mean prepared statements cannot be kept.
 func pooledAway(err error) bool {
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) || pqErr.Where != "" || pqErr.InternalQuery != "" {
 		return false
 	}
-	return pqErr.Code == "26000" || pqErr.Code == "42P05"
+	return pqErr.Code == "26000" || pqErr.Code == "42P05" ||
+		pqErr.Code == "08P01" && pqErr.Routine == "exec_bind_message"
 }
