@@ -21,8 +21,9 @@ type Proxy struct {
 	mu     sync.Mutex
 	target string
 	down   bool
-	stall  time.Time // server-to-client bytes are held until then
-	drop   int       // server-to-client reads to discard, cutting their connection
+	stall  time.Time     // server-to-client bytes are held until then
+	wake   chan struct{} // closed (and replaced) when Stall or Down changes a stall in progress
+	drop   int           // server-to-client reads to discard, cutting their connection
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 }
@@ -35,7 +36,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, wake: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -53,6 +54,14 @@ func (p *Proxy) Down() {
 	for c := range p.conns {
 		c.Close()
 	}
+	p.wakeLocked() // a held chunk is dropped with its connection
+}
+
+// wakeLocked wakes the copies waiting out a stall, so they see its new
+// end (or their closed connection). p.mu is held.
+func (p *Proxy) wakeLocked() {
+	close(p.wake)
+	p.wake = make(chan struct{})
 }
 
 // SetTarget forwards new connections to target from now on and cuts every
@@ -76,10 +85,12 @@ func (p *Proxy) Up() {
 
 // Stall holds every byte the server sends, on every connection, for d from
 // now: the server has done the work (a COMMIT, say) and the client hears of
-// it only after d. Client-to-server bytes still flow.
+// it only after d. Client-to-server bytes still flow. A later Stall moves
+// the end of one in progress (Stall(0) ends it now).
 func (p *Proxy) Stall(d time.Duration) {
 	p.mu.Lock()
 	p.stall = time.Now().Add(d)
+	p.wakeLocked()
 	p.mu.Unlock()
 }
 
@@ -104,13 +115,23 @@ func (p *Proxy) dropping() bool {
 	return false
 }
 
-// held waits out a stall in progress.
+// held waits out a stall in progress, until it ends or Stall or Down
+// changes it.
 func (p *Proxy) held() {
-	p.mu.Lock()
-	until := p.stall
-	p.mu.Unlock()
-	if wait := time.Until(until); wait > 0 {
-		time.Sleep(wait)
+	for {
+		p.mu.Lock()
+		until, wake, down := p.stall, p.wake, p.down
+		p.mu.Unlock()
+		wait := time.Until(until)
+		if wait <= 0 || down {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-wake:
+		}
+		t.Stop()
 	}
 }
 
