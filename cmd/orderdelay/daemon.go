@@ -85,6 +85,31 @@ type daemon struct {
 	tasks *tasks.Manager // nil without a queues file
 }
 
+// poolCloseWait bounds how long closing a database pool may take at the
+// end of a run. Closing a connection closes its prepared statements first,
+// and lib/pq waits for each answer with no deadline: with PostgreSQL's
+// answers held (a partition, a stalled failover) the process would wait for
+// as long as the network does. By then every batch is finished or handed
+// back; what is left is the connections' goodbyes.
+const poolCloseWait = 2 * time.Second
+
+// closeWithin returns close, waiting for it at most wait: past that it
+// lets it finish on its own (the process is ending) and reports so.
+func closeWithin(close func() error, wait time.Duration) func() error {
+	return func() error {
+		done := make(chan error, 1)
+		go func() { done <- close() }()
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case err := <-done:
+			return err
+		case <-t.C:
+			return fmt.Errorf("closing a database pool: no answer within %s; left to finish on its own", wait)
+		}
+	}
+}
+
 // wire builds the daemon from the configuration: clients (nothing is
 // dialled yet), metrics, the consumer group, the task queues and the API.
 // Every mistake it finds is a configuration error (exit 2). closeClients
@@ -120,11 +145,11 @@ func wire(cfg config.Config, log *zap.Logger) (d *daemon, closeClients func(), e
 	if d.ordDB, err = openDB(cfg, orderPoolOptions(cfg)); err != nil {
 		return nil, nil, usageError{err}
 	}
-	closers = append(closers, d.ordDB.Close)
+	closers = append(closers, closeWithin(d.ordDB.Close, poolCloseWait))
 	if d.db, err = openDB(cfg, sharedPoolOptions(queuesFile)); err != nil {
 		return nil, nil, usageError{err}
 	}
-	closers = append(closers, d.db.Close)
+	closers = append(closers, closeWithin(d.db.Close, poolCloseWait))
 	d.keys = queueKeys(cfg) // the queue key, then the shards' (ORDERDELAY_QUEUE_SHARDS)
 
 	reg := prometheus.NewRegistry()
@@ -293,7 +318,9 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 //     /healthz until the consumers have drained;
 //  5. signals: the signal handler ends — until then a second SIGTERM or
 //     SIGINT is caught and ignored, so it cannot cut the drain short;
-//  6. the Redis and PostgreSQL clients close (runDaemon's defer).
+//  6. the Redis and PostgreSQL clients close (runDaemon's defer); each
+//     database pool gets at most poolCloseWait, so a stalled network
+//     cannot hold the exit.
 //
 // Starting goes the other way: the signals are caught first, the
 // listeners are bound before anything runs (runDaemon), the checks start,
