@@ -54,10 +54,13 @@ type daemonProc struct {
 type Settings struct {
 	Workers   int `json:"workers,omitempty"`
 	BatchSize int `json:"batch_size,omitempty"`
+	// Env holds other settings, NAME=value, for an A/B of one setting in
+	// the same run (e.g. ORDERDELAY_PREPARED_STATEMENTS=false).
+	Env []string `json:"env,omitempty"`
 }
 
 func (s Settings) String() string {
-	if s.Workers == 0 && s.BatchSize == 0 {
+	if s.Workers == 0 && s.BatchSize == 0 && len(s.Env) == 0 {
 		return "defaults"
 	}
 	var parts []string
@@ -67,6 +70,7 @@ func (s Settings) String() string {
 	if s.BatchSize > 0 {
 		parts = append(parts, fmt.Sprintf("batch=%d", s.BatchSize))
 	}
+	parts = append(parts, s.Env...)
 	return strings.Join(parts, ",")
 }
 
@@ -92,6 +96,7 @@ func (e *env) startDaemon(ctx context.Context, dbName, key string, s Settings, p
 	if s.BatchSize > 0 {
 		envv = append(envv, "ORDERDELAY_BATCH_SIZE="+strconv.Itoa(s.BatchSize))
 	}
+	envv = append(envv, s.Env...)
 	if pprof {
 		pp, err := freePort()
 		if err != nil {

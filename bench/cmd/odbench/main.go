@@ -51,6 +51,14 @@ func run() int {
 	flag.DurationVar(&o.IdleFor, "idle", o.IdleFor, "how long idle Redis traffic is counted")
 	flag.IntVar(&o.Tuned.Workers, "tuned-workers", o.Tuned.Workers, "ORDERDELAY_WORKERS of orderdelay-tuned")
 	flag.IntVar(&o.Tuned.BatchSize, "tuned-batch", o.Tuned.BatchSize, "ORDERDELAY_BATCH_SIZE of orderdelay-tuned")
+	flag.Func("tuned-env", "another setting of orderdelay-tuned, NAME=value (repeatable): an A/B of one setting in one run", func(v string) error {
+		name, _, ok := strings.Cut(v, "=")
+		if !ok || !strings.HasPrefix(name, "ORDERDELAY_") {
+			return fmt.Errorf("want ORDERDELAY_NAME=value, got %q", v)
+		}
+		o.Tuned.Env = append(o.Tuned.Env, v)
+		return nil
+	})
 	noSweep := flag.Bool("no-sweep", false, "skip the batch size / workers sweep")
 	flag.BoolVar(&o.Profile, "profile", o.Profile, "CPU and allocation profiles of the big drain")
 	flag.StringVar(&o.OutDir, "out", o.OutDir, "results directory")
