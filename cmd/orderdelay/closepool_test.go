@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
@@ -19,15 +18,9 @@ import (
 // pod is killed. closeClients gives each pool a bounded wait instead: it
 // returns while the stall still lasts.
 func TestCloseClientsDoesNotWaitOutAStalledDatabase(t *testing.T) {
-	_, dsn := testenv.Postgres(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := testenv.NewProxy(t, u.Host)
-	u.Host = px.Addr()
+	_, _, dsn, px := testenv.PostgresViaProxy(t)
 	_, keys := testenv.Redis(t)
-	cfg := daemonConfig(t, keys, u.String(), nil)
+	cfg := daemonConfig(t, keys, dsn, nil)
 	d, closeClients, err := wire(cfg, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)

@@ -3,12 +3,10 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
@@ -410,19 +408,8 @@ func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
 func newProxiedEnv(t *testing.T) (*env, *testenv.Proxy) {
 	t.Helper()
 	e := newRedisEnv(t)
-	db, dsn := testenv.Postgres(t)
+	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 	e.db = db
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := testenv.NewProxy(t, u.Host)
-	u.Host = px.Addr()
-	viaProxy, err := sqlx.Open("postgres", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
 	e.store = orders.NewStore(viaProxy, orderStatements())
 	return e, px
 }

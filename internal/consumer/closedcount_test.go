@@ -353,20 +353,9 @@ func (l *lostCommitAnswer) Settle(ctx context.Context, serials []string, fence o
 // later are settled: nothing more is counted.
 func TestLostCommitAnswerIsCountedOnce(t *testing.T) {
 	e := newRedisEnv(t)
-	db, dsn := testenv.Postgres(t)
+	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 	e.db = db
 	e.closeAudit()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := testenv.NewProxy(t, u.Host)
-	u.Host = px.Addr()
-	viaProxy, err := sqlx.Open("postgres", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { viaProxy.Close() })
 	e.store = orders.NewStore(viaProxy, orders.Statements{})
 	ctx := context.Background()
 	past := e.redisNow().Add(-time.Second)

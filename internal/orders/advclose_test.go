@@ -3,7 +3,6 @@ package orders_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -173,19 +172,8 @@ func TestAdvSettleRepeatedSerialsAnswerOnce(t *testing.T) {
 func TestAdvLostCommitAfterAFenceDropAsksAboutTheLastAttempt(t *testing.T) {
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
-			db, dsn := testenv.Postgres(t)
+			db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 			insert(t, db, order{"kept", "pending", -time.Hour}, order{"taken", "pending", -time.Hour})
-			u, err := url.Parse(dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			px := testenv.NewProxy(t, u.Host)
-			u.Host = px.Addr()
-			viaProxy, err := sqlx.Open("postgres", u.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { viaProxy.Close() })
 			s := orders.NewStore(viaProxy, orders.Statements{})
 			attempts := 0
 			got, err := path.close(ctxT(t), s, []string{"kept", "taken"}, func(_ context.Context, closed []string) ([]string, error) {

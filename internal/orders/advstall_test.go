@@ -2,13 +2,10 @@ package orders_test
 
 import (
 	"context"
-	"net/url"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jmoiron/sqlx"
 
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/testenv"
@@ -24,18 +21,7 @@ import (
 // gives up, in production).
 func TestAdvPrepResetDuringAStallLeavesThePoolFree(t *testing.T) {
 	ctx := ctxT(t)
-	_, dsn := testenv.Postgres(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := testenv.NewProxy(t, u.Host)
-	u.Host = px.Addr()
-	db, err := sqlx.Open("postgres", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	_, db, _, px := testenv.PostgresViaProxy(t)
 	db.SetMaxOpenConns(2)
 	s := orders.NewStore(db, orders.Statements{})
 	batch(t, ctx, db, s, "warm") // the statements prepared on an idle connection

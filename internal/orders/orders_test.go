@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -810,19 +809,8 @@ func TestSchemaVersionMatchesMigrations(t *testing.T) {
 func TestCloseWhoseCommitAnswerIsLostIsStillReported(t *testing.T) {
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
-			db, dsn := testenv.Postgres(t)
+			db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 			insert(t, db, order{"unheard", "pending", -time.Hour})
-			u, err := url.Parse(dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			px := testenv.NewProxy(t, u.Host)
-			u.Host = px.Addr()
-			viaProxy, err := sqlx.Open("postgres", u.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { viaProxy.Close() })
 			s := orders.NewStore(viaProxy, orders.Statements{})
 			got, err := path.close(ctxT(t), s, []string{"unheard"}, func(context.Context, []string) ([]string, error) {
 				// Right before COMMIT: hold the server's answers back; once the

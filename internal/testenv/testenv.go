@@ -102,6 +102,27 @@ func Postgres(t testing.TB) (*sqlx.DB, string) {
 	return db, dsn
 }
 
+// PostgresViaProxy returns a migrated database of the test's own, reached
+// directly (db, for the test's own checks) and through a Proxy the test
+// owns: a pool on it (via) and its URL (dsn), for outages and stalls. Both
+// pools close and the database is dropped when the test ends.
+func PostgresViaProxy(t testing.TB) (db, via *sqlx.DB, dsn string, px *Proxy) {
+	t.Helper()
+	db, direct := Postgres(t)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px = NewProxy(t, u.Host)
+	u.Host = px.Addr()
+	dsn = u.String()
+	if via, err = sqlx.Open("postgres", dsn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { via.Close() })
+	return db, via, dsn, px
+}
+
 // CreateDatabase clones the migrated template into a new database, drops it
 // at cleanup, and returns its name and URL.
 func CreateDatabase(t testing.TB) (string, string) {
