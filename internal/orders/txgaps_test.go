@@ -2,13 +2,17 @@ package orders_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
 // alterQueued starts ddl on other (another client, as a migration) and
@@ -141,4 +145,92 @@ func TestFenceDropThenStalePlanRunsAgainWithoutTheDropped(t *testing.T) {
 
 func without(ss, drop []string) []string {
 	return slices.DeleteFunc(slices.Clone(ss), func(s string) bool { return slices.Contains(drop, s) })
+}
+
+// afterDeadline is a Querier on tx that runs a query the way the store's
+// prepared statements run in a transaction (Tx.StmtContext, then the
+// query) and lets the call's context end between the two, as a deadline
+// can: database/sql then rolls the transaction back and closes its copy of
+// the statement, and the query fails with "sql: statement is closed",
+// which says nothing about the orders. (The rollback runs on its own
+// goroutine, racing lib/pq's, which may mark the connection bad first;
+// end is the interleaving that leaves the statement closed, made
+// deterministic.)
+type afterDeadline struct {
+	db  *sqlx.DB
+	tx  *sqlx.Tx
+	end func(ctx context.Context, ts *sql.Stmt)
+}
+
+func (q afterDeadline) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := q.db.PrepareContext(context.Background(), query)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	ts := q.tx.StmtContext(ctx, st)
+	q.end(ctx, ts)
+	return ts.QueryContext(ctx, args...)
+}
+
+// An error database/sql raises because the call's context ended — the
+// transaction's copy of a prepared statement closed under its query by the
+// rollback that follows the deadline or the cancellation ("sql: statement
+// is closed") — is the deadline's or the cancellation's, never the
+// orders': Transient, wrapping the context's error, and neither a
+// statement timeout nor a statement cut while the server ran it. Before,
+// it was permanent: the consumer split the batch over it, and
+// dead-lettered an order alone.
+func TestErrorAfterTheCallsContextEndedIsTheContexts(t *testing.T) {
+	parent := ctxT(t)
+	db, _ := testenv.Postgres(t)
+	s := orders.NewStore(db, orders.Statements{})
+	serials := pendingOrders(t, db, "d", 3)
+	for _, c := range []struct {
+		name    string
+		timeout bool // a deadline passes; else a cancellation
+		end     func(ctx context.Context, tx *sqlx.Tx, ts *sql.Stmt)
+	}{
+		{"statement closed, deadline", true, func(ctx context.Context, _ *sqlx.Tx, ts *sql.Stmt) {
+			<-ctx.Done()
+			ts.Close() // what the transaction's rollback does to it
+		}},
+		{"statement closed, cancelled", false, func(ctx context.Context, _ *sqlx.Tx, ts *sql.Stmt) {
+			ts.Close()
+		}},
+		{"transaction rolled back, deadline", true, func(ctx context.Context, tx *sqlx.Tx, _ *sql.Stmt) {
+			<-ctx.Done()
+			tx.Rollback() //nolint:errcheck // what database/sql does when the transaction's ctx ends
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := db.BeginTxx(parent, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback() //nolint:errcheck // nothing to keep
+			ctx, cancel := context.WithTimeout(parent, 50*time.Millisecond)
+			defer cancel()
+			q := afterDeadline{db: db, tx: tx, end: func(ctx context.Context, ts *sql.Stmt) {
+				if !c.timeout {
+					cancel()
+				}
+				c.end(ctx, tx, ts)
+			}}
+			closed, err := s.CloseOn(ctx, q, serials)
+			want := context.Canceled
+			if c.timeout {
+				want = context.DeadlineExceeded
+			}
+			switch {
+			case err == nil:
+				t.Fatalf("CloseOn = %v, nil; want an error", closed)
+			case !orders.Transient(err) || !errors.Is(err, want):
+				t.Errorf("CloseOn after its context ended: %v; Transient %v, is %v: %v; want transient, the context's error",
+					err, orders.Transient(err), want, errors.Is(err, want))
+			case orders.TimedOut(err) || orders.CutWhileRunning(err) || orders.Contended(err):
+				t.Errorf("CloseOn after its context ended: %v taken for the server's timeout or a slow statement", err)
+			}
+		})
+	}
 }
