@@ -45,7 +45,9 @@ import (
 //     (26000, a pooler handing the transaction to another session): the
 //     Store prepares again or stops preparing and runs the batch again at
 //     once, and only returns them when that went wrong again;
-//   - the context's deadline or cancellation.
+//   - the context's deadline or cancellation, and any error the client
+//     side raised because of it (the Store's methods wrap those with the
+//     context's error: clientCut).
 //
 // Permanent, because they can depend on the row: class 22 data exception,
 // 23 integrity constraint, 27 triggered data change, 44 WITH CHECK OPTION,
@@ -206,14 +208,26 @@ func CutWhileRunning(err error) bool {
 		!errors.As(err, &be)
 }
 
-// clientCut wraps a 57014 that arrived after ctx ended with ctx's error:
-// the client cancelled the statement, the server did not time it out.
+// clientCut tells an error that arrived after ctx ended for what it is:
+// the deadline's or the cancellation's. It wraps with ctx's error a 57014
+// (the client cancelled the statement; the server did not time it out) and
+// any error raised on the client's side rather than by the server — by
+// database/sql or the driver once the context ended: the transaction's
+// copy of a prepared statement closed under its query by the rollback that
+// follows the context ("sql: statement is closed"), rows closed, a
+// connection lib/pq marked bad — which would otherwise be taken for the
+// orders' fault (permanent: the batch split, an order alone dead-lettered).
+// Any other error the server sent is its answer, and is left as it is.
 func clientCut(ctx context.Context, err error) error {
-	var pqErr *pq.Error
-	if err != nil && ctx.Err() != nil && errors.As(err, &pqErr) && pqErr.Code == "57014" {
-		return fmt.Errorf("%w: %w", ctx.Err(), err)
+	cerr := ctx.Err()
+	if err == nil || cerr == nil || errors.Is(err, cerr) {
+		return err
 	}
-	return err
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code != "57014" {
+		return err
+	}
+	return fmt.Errorf("%w: %w", cerr, err)
 }
 
 // BeginError is an error starting a transaction (BEGIN READ WRITE on a

@@ -636,6 +636,11 @@ type OverdueOrder struct {
 // graceMillis ago, after the cursor, in (deadline, serial) order, locked in
 // tx until it ends. The next page starts after the last one returned.
 func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int64, after Cursor) ([]OverdueOrder, error) {
+	out, err := s.overdue(ctx, tx, graceMillis, limit, after)
+	return out, clientCut(ctx, err)
+}
+
+func (s *Store) overdue(ctx context.Context, tx Querier, graceMillis, limit int64, after Cursor) ([]OverdueOrder, error) {
 	var at any = "-infinity"
 	if !after.ExpiresAt.IsZero() {
 		at = after.ExpiresAt
