@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -52,15 +53,50 @@ type prepared struct {
 	off      atomic.Bool
 	warnOnce sync.Once
 
-	mu    sync.Mutex
-	stmts map[string]*sql.Stmt // by query text
+	// extra: the queries prepared in their shaped form (shapeLookup),
+	// which takes one more parameter (shapeArg); set before use.
+	extra map[string]bool
+
+	mu sync.Mutex
+	// stmts: the prepared statements, by query text; nil for a query
+	// whose shaped form PostgreSQL refused: it runs unprepared.
+	stmts map[string]*sql.Stmt
 }
 
-func newPrepared(db *sqlx.DB) *prepared {
-	p := &prepared{db: db, stmts: map[string]*sql.Stmt{}}
+func newPrepared(db *sqlx.DB, shaped ...string) *prepared {
+	p := &prepared{db: db, stmts: map[string]*sql.Stmt{}, extra: map[string]bool{}}
+	for _, q := range shaped {
+		p.extra[q] = true
+	}
 	p.log.Store(zap.NewNop())
 	return p
 }
+
+// A mix-up behind a pooler (see prepared) is harmless only if PostgreSQL
+// refuses it, and it refuses a Bind only when the statement of that name
+// takes another number of parameters (08P01 from exec_bind_message) or,
+// where lib/pq asks for some columns in binary, returns another number of
+// columns (08P01 from PortalSetResultFormat). The close and the lookup both
+// take one text[] and may both return text only: a lookup bound to another
+// client's close would close orders outside any fenced transaction (an
+// order its producer just rescheduled, before its new deadline), and a
+// close bound to a lookup would report closed the orders it only read. So
+// the lookup is prepared shaped — wrapped so that it takes a second,
+// unused parameter — and no two statements the store prepares take the
+// same number of parameters: the one statement and the close one, the
+// query for the transaction id none, the lookup two. (Another replica's
+// close and the one statement both close, in a fenced transaction.)
+//
+// The wrapping changes neither the rows nor the plan (PostgreSQL pulls the
+// subquery up; the condition on $2 is a one-time filter). A custom lookup
+// that cannot be wrapped (PostgreSQL refuses the shaped form) runs
+// unprepared.
+func shapeLookup(q string) string {
+	return "SELECT * FROM (\n" + strings.TrimRight(q, "; \t\r\n") + "\n) AS lookup WHERE $2::int IS NOT NULL"
+}
+
+// shapeArg is what a shaped statement's extra parameter is bound to.
+const shapeArg = 1
 
 // ensure makes the statements for queries that are not made yet, on the
 // pool, before the caller takes a connection for its transaction (made in
@@ -79,7 +115,19 @@ func (p *prepared) ensure(ctx context.Context, queries ...string) {
 		if ok {
 			continue
 		}
-		st, err := p.db.PrepareContext(ctx, q)
+		form := q
+		if p.extra[q] {
+			form = shapeLookup(q)
+		}
+		st, err := p.db.PrepareContext(ctx, form)
+		if err != nil && p.extra[q] && unwrappable(err) {
+			p.log.Load().Info("this statement cannot be prepared in the shape that guards against a pooler's mix-ups; it runs unprepared",
+				zap.String("statement", q), zap.Error(err))
+			p.mu.Lock()
+			p.stmts[q] = nil
+			p.mu.Unlock()
+			continue
+		}
 		if err != nil {
 			// The statement reports it when it runs (or the database is
 			// away: then BEGIN does, and one connection attempt is enough).
@@ -119,14 +167,18 @@ type preparedOn struct {
 
 func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	st := q.p.stmt(query)
+	bound := args
+	if st != nil && q.p.extra[query] {
+		bound = append(args[:len(args):len(args)], shapeArg)
+	}
 	switch {
 	case st != nil && q.tx != nil:
 		// The transaction's copy uses the connection's prepared statement
 		// (preparing it there the first time) and is closed when the
 		// transaction ends; the connection's stays.
-		return q.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+		return q.tx.StmtContext(ctx, st).QueryContext(ctx, bound...)
 	case st != nil:
-		rows, err := st.QueryContext(ctx, args...)
+		rows, err := st.QueryContext(ctx, bound...)
 		if err != nil && q.p.stmt(query) != st {
 			// Dropped by a reset (or a fallback) on another worker
 			// meanwhile: only the pool's read-only lookup runs here, so
@@ -201,16 +253,30 @@ func StalePlan(err error) bool {
 // pooledAway reports an error about the name of a prepared statement of
 // ours, raised by the statement itself (not inside a shop's function): 26000
 // it does not exist in this session, 42P05 one of that name already exists,
-// 08P01 from exec_bind_message the statement of that name in this session
-// takes other parameters or returns other columns than ours (lib/pq binds
-// its own statement as the server described it to it: another client's
-// is in its place). Behind a pooler that hands transactions to any server
-// session, all three mean prepared statements cannot be kept.
+// 08P01 from exec_bind_message (the statement of that name in this session
+// takes other parameters than ours) or from PortalSetResultFormat (it
+// returns another number of columns than ours, and lib/pq asked for some
+// of ours in binary). lib/pq binds its own statement as the server
+// described it to it, so either says another client's is in its place.
+// Behind a pooler that hands transactions to any server session, all of
+// them mean prepared statements cannot be kept.
 func pooledAway(err error) bool {
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) || pqErr.Where != "" || pqErr.InternalQuery != "" {
 		return false
 	}
 	return pqErr.Code == "26000" || pqErr.Code == "42P05" ||
-		pqErr.Code == "08P01" && pqErr.Routine == "exec_bind_message"
+		pqErr.Code == "08P01" && (pqErr.Routine == "exec_bind_message" || pqErr.Routine == "PortalSetResultFormat")
+}
+
+// unwrappable reports PostgreSQL's refusal of a statement's shaped form
+// as a statement (syntax, names, a feature not allowed in a subquery):
+// not the database being away.
+func unwrappable(err error) bool {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return false
+	}
+	c := pqErr.Code.Class()
+	return c == "42" || c == "0A"
 }
