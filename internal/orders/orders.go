@@ -211,7 +211,7 @@ func NewStore(db *sqlx.DB, s Statements) *Store {
 	if s.Overdue == "" {
 		s.Overdue = d.Overdue
 	}
-	st := &Store{db: db, stmts: s, prep: newPrepared(db, s.Lookup)}
+	st := &Store{db: db, stmts: s, prep: newPrepared(db, s.Lookup, s.Close)}
 	if s.Close == d.Close && s.Lookup == d.Lookup {
 		st.settleSQL = DefaultSettleSQL
 	}

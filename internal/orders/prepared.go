@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,9 +54,9 @@ type prepared struct {
 	off      atomic.Bool
 	warnOnce sync.Once
 
-	// extra: the queries prepared in their shaped form (shapeLookup),
-	// which takes one more parameter (shapeArg); set before use.
-	extra map[string]bool
+	// shapes: the queries prepared in a shaped form (see shape), by
+	// query text; set before use.
+	shapes map[string]shape
 
 	mu sync.Mutex
 	// stmts: the prepared statements, by query text; nil for a query
@@ -63,36 +64,64 @@ type prepared struct {
 	stmts map[string]*sql.Stmt
 }
 
-func newPrepared(db *sqlx.DB, shaped ...string) *prepared {
-	p := &prepared{db: db, stmts: map[string]*sql.Stmt{}, extra: map[string]bool{}}
-	for _, q := range shaped {
-		p.extra[q] = true
-	}
+// newPrepared returns the prepared statements of a store whose lookup and
+// close statements are lookup and close: both are prepared shaped.
+func newPrepared(db *sqlx.DB, lookup, close string) *prepared {
+	p := &prepared{db: db, stmts: map[string]*sql.Stmt{}, shapes: map[string]shape{
+		close:  {form: shapeClose(close), extra: 2},
+		lookup: {form: shapeLookup(lookup), extra: 1},
+	}}
 	p.log.Store(zap.NewNop())
 	return p
+}
+
+// shape is the form a query is prepared in, and how many parameters that
+// form takes after the query's own (each bound to shapeArg).
+type shape struct {
+	form  string
+	extra int
 }
 
 // A mix-up behind a pooler (see prepared) is harmless only if PostgreSQL
 // refuses it, and it refuses a Bind only when the statement of that name
 // takes another number of parameters (08P01 from exec_bind_message) or,
 // where lib/pq asks for some columns in binary, returns another number of
-// columns (08P01 from PortalSetResultFormat). The close and the lookup both
-// take one text[] and may both return text only: a lookup bound to another
-// client's close would close orders outside any fenced transaction (an
-// order its producer just rescheduled, before its new deadline), and a
-// close bound to a lookup would report closed the orders it only read. So
-// the lookup is prepared shaped — wrapped so that it takes a second,
-// unused parameter — and no two statements the store prepares take the
-// same number of parameters: the one statement and the close one, the
-// query for the transaction id none, the lookup two. (Another replica's
-// close and the one statement both close, in a fenced transaction.)
+// columns (08P01 from PortalSetResultFormat). lib/pq reads as many columns
+// of a row as its own statement has and ignores the rest, so a statement
+// that takes the same parameters and returns at least as many columns, all
+// asked for as text, runs in place of ours without an error:
+//   - a lookup bound to a close or the one statement would close orders
+//     outside any fenced transaction (an order its producer just
+//     rescheduled, before its new deadline);
+//   - a close bound to the one statement would report closed every
+//     serial the one statement returns, paid orders included (a close
+//     event for a paid order), and a close bound to a lookup every serial
+//     that has a row, closing none (removed from the queue while pending).
+//
+// So every statement a replica prepares takes a number of parameters no
+// other statement of the fleet takes — other configurations included (a
+// custom lookup or close set replica by replica), and the release before
+// this one, which prepared the lookup and the close as they are (one
+// text[]): the one statement one, the query for the transaction id none,
+// the lookup two (shapeLookup), the close three (shapeClose). The one
+// statement asks for its transaction id in binary, so bound to any other
+// statement of one parameter it is refused for its columns.
 //
 // The wrapping changes neither the rows nor the plan (PostgreSQL pulls the
-// subquery up; the condition on $2 is a one-time filter). A custom lookup
-// that cannot be wrapped (PostgreSQL refuses the shaped form) runs
-// unprepared.
+// lookup's subquery up; a data-modifying WITH runs to completion whatever
+// the query around it reads; the conditions on the extra parameters are
+// one-time filters). A custom statement that cannot be wrapped (PostgreSQL
+// refuses the shaped form: a lookup with a data-modifying WITH, a close
+// with a WITH of its own that modifies data) runs unprepared.
 func shapeLookup(q string) string {
 	return "SELECT * FROM (\n" + strings.TrimRight(q, "; \t\r\n") + "\n) AS lookup WHERE $2::int IS NOT NULL"
+}
+
+// shapeClose is the close statement q wrapped so that it takes two more
+// parameters (see shapeLookup).
+func shapeClose(q string) string {
+	return "WITH orderdelay_close AS (\n" + strings.TrimRight(q, "; \t\r\n") +
+		"\n) SELECT * FROM orderdelay_close WHERE $2::int IS NOT NULL AND $3::int IS NOT NULL"
 }
 
 // shapeArg is what a shaped statement's extra parameter is bound to.
@@ -116,11 +145,12 @@ func (p *prepared) ensure(ctx context.Context, queries ...string) {
 			continue
 		}
 		form := q
-		if p.extra[q] {
-			form = shapeLookup(q)
+		sh, shaped := p.shapes[q]
+		if shaped {
+			form = sh.form
 		}
 		st, err := p.db.PrepareContext(ctx, form)
-		if err != nil && p.extra[q] && unwrappable(err) {
+		if err != nil && shaped && unwrappable(err) {
 			p.log.Load().Info("this statement cannot be prepared in the shape that guards against a pooler's mix-ups; it runs unprepared",
 				zap.String("statement", q), zap.Error(err))
 			p.mu.Lock()
@@ -168,8 +198,11 @@ type preparedOn struct {
 func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	st := q.p.stmt(query)
 	bound := args
-	if st != nil && q.p.extra[query] {
-		bound = append(args[:len(args):len(args)], shapeArg)
+	if sh, ok := q.p.shapes[query]; ok && st != nil {
+		bound = slices.Grow(args[:len(args):len(args)], sh.extra)
+		for range sh.extra {
+			bound = append(bound, shapeArg)
+		}
 	}
 	switch {
 	case st != nil && q.tx != nil:

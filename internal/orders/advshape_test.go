@@ -1,0 +1,186 @@
+package orders_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/orderdelay/orderdelay/internal/orders"
+)
+
+// fleetStatements are the statements a replica prepares with each
+// configuration a fleet may run side by side during a rolling change: the
+// reference schema's (the one statement), a custom lookup (the close
+// statement alone), a custom close with the default lookup; and, for a
+// rolling upgrade, the lookup and close statements of the previous
+// release, which prepared them as they are (one text[] parameter).
+func fleetStatements(t *testing.T, ctx context.Context) []preparedHere {
+	t.Helper()
+	seen := map[string]bool{}
+	var all []preparedHere
+	for _, st := range []orders.Statements{{}, {Lookup: orders.DefaultLookupSQL + " "}, {Close: orders.DefaultCloseSQL + " "}} {
+		db := oneConn(t)
+		batch(t, ctx, db, orders.NewStore(db, st), "learn")
+		for _, h := range preparedInSession(t, db) {
+			if !seen[h.statement] {
+				seen[h.statement] = true
+				all = append(all, h)
+			}
+		}
+	}
+	for _, old := range []string{orders.DefaultLookupSQL, orders.DefaultLookupSQL + " ", orders.DefaultCloseSQL, orders.DefaultCloseSQL + " "} {
+		all = append(all, preparedHere{name: "previous release", statement: old, types: []string{"text[]"}})
+	}
+	return all
+}
+
+// A fleet in the middle of a rolling change — a custom lookup or close
+// statement configured replica by replica, or an upgrade from the release
+// that prepared the lookup as it is — behind a transaction pooler that
+// mixes prepared statements up: every statement of a replica, bound to
+// any statement another replica of that fleet prepares under the same
+// name, must fail (and make the store fall back) or do what the replica
+// meant. Not a lookup that closes, and not a close that reports closed the
+// orders it only read: a close bound to the one statement reads its first
+// column, which also lists the orders that are paid (a close event for a
+// paid order), and a close bound to the previous release's lookup lists
+// every order that has a row, closing none (removed from the queue while
+// still pending).
+func TestAdvShapeMixUpAcrossAFleetInARollingChange(t *testing.T) {
+	ctx := ctxT(t)
+	fleet := fleetStatements(t, ctx)
+	for _, p := range append(prepPaths[:len(prepPaths):len(prepPaths)],
+		struct {
+			name     string
+			stmts    orders.Statements
+			prepared int
+		}{"custom close", orders.Statements{Close: orders.DefaultCloseSQL + " "}, 3}) {
+		db := oneConn(t)
+		batch(t, ctx, db, orders.NewStore(db, p.stmts), "learn")
+		victims := preparedInSession(t, db)
+		for _, victim := range victims {
+			for _, impostor := range fleet {
+				if impostor.statement == victim.statement || len(victim.types) == 0 && len(impostor.types) == 0 {
+					// The same statement; or two that take no
+					// parameters: only the transaction id's query does.
+					continue
+				}
+				name := fmt.Sprintf("%s: %.30q bound to %.30q", p.name, victim.statement, impostor.statement)
+				t.Run(name, func(t *testing.T) { mixUp(t, ctx, p.stmts, victim, impostor) })
+			}
+		}
+	}
+}
+
+// mixUp puts impostor under the name of victim in the session of a store
+// that ran a batch, then checks that a lookup only reads and that a batch
+// closes what it says it closed and nothing else.
+func mixUp(t *testing.T, ctx context.Context, stmts orders.Statements, victim, impostor preparedHere) {
+	t.Helper()
+	db := oneConn(t)
+	s := orders.NewStore(db, stmts)
+	batch(t, ctx, db, s, "prepared")
+	var at string
+	for _, h := range preparedInSession(t, db) {
+		if h.statement == victim.statement {
+			at = h.name
+		}
+	}
+	if at == "" {
+		t.Fatalf("%.40q is not prepared in the session", victim.statement)
+	}
+	params := ""
+	if len(impostor.types) > 0 {
+		params = "(" + strings.Join(impostor.types, ", ") + ")"
+	}
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`DEALLOCATE %s; PREPARE %s%s AS %s`,
+		pq.QuoteIdentifier(at), pq.QuoteIdentifier(at), params, impostor.statement)); err != nil {
+		t.Fatal(err)
+	}
+	pending := pendingOrders(t, db, "looked", 3)
+	found, err := s.Lookup(ctx, pending)
+	if err != nil || len(found) != 3 {
+		t.Errorf("Lookup of 3 pending orders = %+v, %v", found, err)
+	}
+	if n := notPending(t, db, pending); n != 0 {
+		t.Errorf("the lookup closed %d of 3 orders, outside any fenced transaction", n)
+	}
+	serials := pendingOrders(t, db, "after", 4)
+	paid := pendingOrders(t, db, "paid", 1)
+	if _, err := db.ExecContext(ctx, `UPDATE orders SET status = 'paid' WHERE serial_no = $1`, paid[0]); err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.Settle(ctx, append(slices.Clone(serials), paid[0], "after-no-row"), nil)
+	if err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if got := sorted(out.Closed); fmt.Sprint(got) != fmt.Sprint(serials) {
+		t.Errorf("the batch said it closed %v, want %v", got, serials)
+	}
+	if n := notPending(t, db, serials); n != len(serials) {
+		t.Errorf("the batch closed %d of its %d pending orders", n, len(serials))
+	}
+}
+
+func notPending(t *testing.T, db *sqlx.DB, serials []string) int {
+	t.Helper()
+	var n int
+	if err := db.Get(&n, `SELECT count(*) FROM orders WHERE serial_no = ANY($1) AND status <> 'pending'`,
+		pq.Array(serials)); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Custom close statements in the forms a shop writes them: each closes,
+// fenced, batch after batch, prepared shaped when PostgreSQL takes the
+// shaped form and unprepared (said once at Info) when it does not — a
+// close that has a data-modifying WITH of its own cannot be wrapped in
+// another.
+func TestAdvShapeCustomCloseForms(t *testing.T) {
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		name, close string
+		prepared    bool
+	}{
+		{"trailing semicolon and blanks", orders.DefaultCloseSQL + ";\n\t ", true},
+		{"trailing line comment", orders.DefaultCloseSQL + " -- closes the pending ones", true},
+		{"trailing block comment", orders.DefaultCloseSQL + " /* closes */", true},
+		{"read-only WITH", `WITH asked AS (SELECT unnest($1::text[]) AS s)
+UPDATE orders SET status = 'closed', closed_at = now() WHERE serial_no IN (SELECT s FROM asked) AND status = 'pending'
+RETURNING serial_no`, true},
+		{"data-modifying WITH", `WITH c AS (UPDATE orders SET status = 'closed', closed_at = now()
+WHERE serial_no = ANY($1) AND status = 'pending' RETURNING serial_no)
+SELECT serial_no FROM c`, false},
+		{"semicolon then a comment", orders.DefaultCloseSQL + "; -- closes", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, orders.Statements{Close: c.close})
+			if err := s.Verify(ctx); err != nil {
+				t.Fatalf("Verify: %v", err)
+			}
+			core, logs := observer.New(zap.InfoLevel)
+			s.SetLogger(zap.New(core))
+			for i := range 3 {
+				batch(t, ctx, db, s, fmt.Sprintf("b%d", i))
+			}
+			notes := logs.FilterMessageSnippet("cannot be prepared").Len()
+			got := preparedCounts(t, db, orders.ShapeClose(c.close))[0]
+			if c.prepared && (notes != 0 || got != "1/3") {
+				t.Errorf("%d notes, the shaped close prepared/ran %s; want 0, 1/3", notes, got)
+			}
+			if !c.prepared && (notes != 1 || ours(t, db) != 2) {
+				t.Errorf("%d notes, %d statements of the store prepared; want 1 note and 2 (the lookup, the transaction id's)",
+					notes, ours(t, db))
+			}
+		})
+	}
+}
