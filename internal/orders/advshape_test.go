@@ -184,3 +184,75 @@ SELECT serial_no FROM c`, false},
 		})
 	}
 }
+
+// Another client's statement under the name of one of ours, taking the
+// same parameters and returning as many columns, but of other types: the
+// server sends them in the formats lib/pq asked for ours, and lib/pq
+// decodes them as our columns' types. A column of ours asked for in
+// binary (the transaction id, int8) that comes back shorter than 8 bytes,
+// or a boolean that comes back empty, makes lib/pq panic (index out of
+// range): before, that took the whole daemon down, at every restart for
+// as long as the pooler kept handing it such sessions. It is the pooler
+// mixing prepared statements up, like any other: the store falls back
+// and runs the call again.
+func TestAdvShapeImpostorOfOtherColumnTypesFallsBack(t *testing.T) {
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		name     string
+		stmts    orders.Statements
+		victim   string
+		impostor string
+	}{
+		{"the transaction id's query", orders.Statements{Lookup: orders.DefaultLookupSQL + " "}, orders.TxRefSQL,
+			`SELECT 'x'::text, 'y'::text`},
+		{"the one statement", orders.Statements{}, orders.DefaultSettleSQL,
+			`(text[]) AS SELECT 'x'::text, true, true, 'short'::text, 'y'::text FROM unnest($1) LIMIT 1`},
+		{"the lookup", orders.Statements{}, orders.ShapeLookup(orders.DefaultLookupSQL),
+			`(text[], int) AS SELECT s, ''::text FROM unnest($1) s WHERE $2 IS NOT NULL`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, c.stmts)
+			logs := warnings(s)
+			batch(t, ctx, db, s, "warm")
+			var name string
+			if err := db.Get(&name, `SELECT name FROM pg_prepared_statements WHERE statement = $1`, c.victim); err != nil {
+				t.Fatal(err)
+			}
+			impostor := c.impostor
+			if !strings.HasPrefix(impostor, "(") {
+				impostor = "AS " + impostor
+			}
+			if _, err := db.ExecContext(ctx, fmt.Sprintf(`DEALLOCATE %[1]s; PREPARE %[1]s %s`,
+				pq.QuoteIdentifier(name), impostor)); err != nil {
+				t.Fatal(err)
+			}
+			pending := pendingOrders(t, db, "looked", 2)
+			if found, err := s.Lookup(ctx, pending); err != nil || len(found) != 2 || !found[0].Pending || !found[1].Pending {
+				t.Errorf("Lookup = %+v, %v; want both pending", found, err)
+			}
+			batch(t, ctx, db, s, "mixed")
+			if logs.Len() != 1 || !strings.Contains(logs.All()[0].Message, "PgBouncer") {
+				t.Errorf("warnings %v, want one that names PgBouncer", logs.All())
+			}
+			// The statements other than the impostor's stay prepared in
+			// the session (a fallback does not close them), unused.
+			before := oursRan(t, db)
+			batch(t, ctx, db, s, "after")
+			if after := oursRan(t, db); after != before {
+				t.Errorf("the store's prepared statements ran %d times after the fallback, want none", after-before)
+			}
+		})
+	}
+}
+
+// oursRan is how often the store's statements prepared in db's session ran.
+func oursRan(t *testing.T, db *sqlx.DB) int64 {
+	t.Helper()
+	var n int64
+	if err := db.Get(&n, `SELECT coalesce(sum(generic_plans + custom_plans), 0) FROM pg_prepared_statements
+		WHERE statement ~ 'serial_no|txid_current'`); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -400,8 +400,8 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 // reads its answer: one row per serial that has a row (serial, closed,
 // pending, and on closed rows the transaction id and the server's start
 // time). Anything else is ErrBadResult, found before the fence and COMMIT.
-func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (Outcome, txRef, error) {
-	var xid txRef
+func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (_ Outcome, xid txRef, err error) {
+	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, s.settleSQL, textArray(serials))
 	if err != nil {
 		return Outcome{}, xid, err
@@ -507,8 +507,8 @@ const (
 
 // queryTxRef asks for the current transaction's id and server (txRefSQL)
 // on q.
-func queryTxRef(ctx context.Context, q Querier) (txRef, error) {
-	var xid txRef
+func queryTxRef(ctx context.Context, q Querier) (xid txRef, err error) {
+	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, txRefSQL)
 	if err != nil {
 		return xid, err
@@ -595,8 +595,10 @@ func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
 	}
 }
 
-func (s *Store) lookupOnce(ctx context.Context, serials []string) ([]Found, error) {
-	rows, err := s.prep.on(nil).QueryContext(ctx, s.stmts.Lookup, textArray(serials))
+func (s *Store) lookupOnce(ctx context.Context, serials []string) (_ []Found, err error) {
+	q := s.prep.on(nil)
+	defer decodePanic(q, &err)
+	rows, err := q.QueryContext(ctx, s.stmts.Lookup, textArray(serials))
 	if err != nil {
 		return nil, err
 	}
@@ -683,7 +685,8 @@ var ErrBadResult = errors.New("statement result")
 // row's fault.
 var ErrBadShape = errors.New("wrong number of columns")
 
-func querySerials(ctx context.Context, q Querier, query string, sizeHint int, args ...any) ([]string, error) {
+func querySerials(ctx context.Context, q Querier, query string, sizeHint int, args ...any) (_ []string, err error) {
+	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -188,11 +190,13 @@ func (p *prepared) stmt(q string) *sql.Stmt {
 
 // on returns a Querier that runs the prepared statements on tx (nil: on the
 // pool) and any other query as it is.
-func (p *prepared) on(tx *sql.Tx) Querier { return preparedOn{p, tx} }
+func (p *prepared) on(tx *sql.Tx) Querier { return preparedOn{p, tx, new(bool)} }
 
 type preparedOn struct {
 	p  *prepared
 	tx *sql.Tx
+	// ran: the last statement run on it ran prepared (see decodePanic).
+	ran *bool
 }
 
 func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
@@ -204,6 +208,7 @@ func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any)
 			bound = append(bound, shapeArg)
 		}
 	}
+	*q.ran = st != nil
 	switch {
 	case st != nil && q.tx != nil:
 		// The transaction's copy uses the connection's prepared statement
@@ -216,6 +221,7 @@ func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any)
 			// Dropped by a reset (or a fallback) on another worker
 			// meanwhile: only the pool's read-only lookup runs here, so
 			// it runs again, as it is.
+			*q.ran = false
 			return q.p.db.QueryContext(ctx, query, args...)
 		}
 		return rows, err
@@ -224,6 +230,39 @@ func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any)
 	default:
 		return q.p.db.QueryContext(ctx, query, args...)
 	}
+}
+
+// errMixedUp says lib/pq could not decode a row of a statement of ours
+// that ran prepared (see decodePanic).
+var errMixedUp = errors.New("a row of a prepared statement did not decode as its columns: " +
+	"another client's statement of that name ran in its place")
+
+// decodePanic, deferred by a function that reads the rows of a statement
+// run on q, turns a runtime panic while they were read into errMixedUp in
+// *err, when the statement ran prepared. lib/pq decodes each column as the
+// type our statement was described with, in the format it asked for: the
+// server sends what the statement that ran returns, so another client's
+// statement under our statement's name, taking our parameters and
+// returning as many columns of other types, can come back as an int8 in
+// binary shorter than 8 bytes or an empty boolean, and lib/pq indexes out
+// of range. That is a pooler mixing statements up, as the errors of
+// pooledAway are (lib/pq has read the whole message: the connection is
+// sound, and the rows are closed before this runs). Any other panic, and
+// any panic of a statement sent unprepared, goes on.
+func decodePanic(q Querier, err *error) {
+	on, ok := q.(preparedOn)
+	if !ok || !*on.ran {
+		return
+	}
+	r := recover()
+	if r == nil {
+		return
+	}
+	re, ok := r.(runtime.Error)
+	if !ok {
+		panic(r)
+	}
+	*err = fmt.Errorf("%w (%v)", errMixedUp, re)
 }
 
 // cure reports whether err is one that running the statement again can
@@ -292,8 +331,12 @@ func StalePlan(err error) bool {
 // of ours in binary). lib/pq binds its own statement as the server
 // described it to it, so either says another client's is in its place.
 // Behind a pooler that hands transactions to any server session, all of
-// them mean prepared statements cannot be kept.
+// them mean prepared statements cannot be kept; so does a row of ours that
+// lib/pq could not decode (errMixedUp).
 func pooledAway(err error) bool {
+	if errors.Is(err, errMixedUp) {
+		return true
+	}
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) || pqErr.Where != "" || pqErr.InternalQuery != "" {
 		return false
