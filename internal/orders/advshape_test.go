@@ -256,3 +256,31 @@ func oursRan(t *testing.T, db *sqlx.DB) int64 {
 	}
 	return n
 }
+
+// A custom lookup PostgreSQL refuses in the shaped form runs unprepared,
+// said once. A table altered under the other prepared statements (0A000,
+// a reset) does not change what the lookup is: it is not offered to
+// PostgreSQL shaped again, nor said again, after each such migration.
+func TestAdvShapeUnshapeableLookupSaidOnceAcrossAReset(t *testing.T) {
+	ctx := ctxT(t)
+	db := oneConn(t)
+	other := otherSession(t, db)
+	lookup := `WITH touched AS (UPDATE orders SET status = status WHERE false RETURNING 1)
+SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
+	s := orders.NewStore(db, orders.Statements{Lookup: lookup})
+	core, logs := observer.New(zap.InfoLevel)
+	s.SetLogger(zap.New(core))
+	batch(t, ctx, db, s, "before")
+	for i, ddl := range []string{
+		`ALTER TABLE orders ALTER COLUMN serial_no TYPE varchar(128)`,
+		`ALTER TABLE orders ALTER COLUMN serial_no TYPE text`,
+	} {
+		if _, err := other.ExecContext(ctx, ddl); err != nil {
+			t.Fatalf("%s: %v", ddl, err)
+		}
+		batch(t, ctx, db, s, fmt.Sprintf("after%d", i))
+	}
+	if n := logs.FilterMessageSnippet("cannot be prepared").Len(); n != 1 {
+		t.Errorf("%d notes that the lookup runs unprepared, want 1", n)
+	}
+}

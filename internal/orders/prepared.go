@@ -305,10 +305,18 @@ func (p *prepared) cure(err error) bool {
 // user of the pool, however short their deadlines, and every db.Stats (the
 // pool metrics), until TCP gives up. A reset happens when a migration
 // changes a returned column's type, or once behind a pooler: a few
-// statements per session each time.
+// statements per session each time. A query whose shaped form PostgreSQL
+// refused stays unprepared: that is the statement's form, which no
+// migration changes, and it is not offered (nor said) again.
 func (p *prepared) reset() {
 	p.mu.Lock()
-	p.stmts = map[string]*sql.Stmt{}
+	kept := map[string]*sql.Stmt{}
+	for q, st := range p.stmts {
+		if st == nil {
+			kept[q] = nil
+		}
+	}
+	p.stmts = kept
 	p.mu.Unlock()
 }
 
