@@ -284,3 +284,65 @@ SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
 		t.Errorf("%d notes that the lookup runs unprepared, want 1", n)
 	}
 }
+
+// Custom lookup statements in the forms a shop writes them: each passes
+// Verify and answers right, batch after batch, prepared shaped when
+// PostgreSQL takes the shaped form, unprepared (said once) when it does
+// not.
+func TestAdvShapeCustomLookupForms(t *testing.T) {
+	ctx := ctxT(t)
+	const plain = `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
+	for _, c := range []struct {
+		name, lookup string
+		prepared     bool
+	}{
+		{"trailing semicolon and blanks", plain + " ;;\r\n\t", true},
+		{"trailing line comment", plain + " -- pending or not", true},
+		{"trailing line comment ending in a semicolon", plain + " -- pending or not;", true},
+		{"trailing block comment", plain + " /* pending or not */", true},
+		{"a function", `SELECT * FROM od_lookup($1)`, true},
+		{"ORDER BY and LIMIT", plain + " ORDER BY serial_no LIMIT 1000", true},
+		{"FOR UPDATE", plain + " FOR UPDATE", true},
+		{"UNION", plain + " AND status = 'pending' UNION ALL " + plain + " AND status <> 'pending'", true},
+		{"semicolon then a comment", plain + "; -- pending or not", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := oneConn(t)
+			if _, err := db.ExecContext(ctx, `CREATE FUNCTION od_lookup(text[]) RETURNS TABLE (s text, p boolean)
+				LANGUAGE sql STABLE AS $$`+plain+`$$`); err != nil {
+				t.Fatal(err)
+			}
+			s := orders.NewStore(db, orders.Statements{Lookup: c.lookup})
+			if err := s.Verify(ctx); err != nil {
+				t.Fatalf("Verify: %v", err)
+			}
+			core, logs := observer.New(zap.InfoLevel)
+			s.SetLogger(zap.New(core))
+			for i := range 3 {
+				batch(t, ctx, db, s, fmt.Sprintf("b%d", i))
+				pending := pendingOrders(t, db, fmt.Sprintf("p%d", i), 2)
+				if _, err := db.ExecContext(ctx, `UPDATE orders SET status = 'paid' WHERE serial_no = $1`, pending[1]); err != nil {
+					t.Fatal(err)
+				}
+				found, err := s.Lookup(ctx, append(pending, "no-row"))
+				if got := fmt.Sprintf("%+v", sortedFound(found)); err != nil || got != fmt.Sprintf("[{Serial:%s Pending:true} {Serial:%s Pending:false}]", pending[0], pending[1]) {
+					t.Fatalf("Lookup = %s, %v", got, err)
+				}
+			}
+			notes := logs.FilterMessageSnippet("cannot be prepared").Len()
+			got := preparedCounts(t, db, orders.ShapeLookup(c.lookup))[0]
+			if c.prepared && (notes != 0 || got != "1/6") {
+				t.Errorf("%d notes, the shaped lookup prepared/ran %s; want 0, 1/6", notes, got)
+			}
+			if !c.prepared && (notes != 1 || got != "0/0") {
+				t.Errorf("%d notes, the shaped lookup prepared/ran %s; want 1, 0/0", notes, got)
+			}
+		})
+	}
+}
+
+func sortedFound(f []orders.Found) []orders.Found {
+	out := slices.Clone(f)
+	slices.SortFunc(out, func(a, b orders.Found) int { return strings.Compare(a.Serial, b.Serial) })
+	return out
+}
