@@ -73,7 +73,7 @@ func TestAdvShapeMixUpAcrossAFleetInARollingChange(t *testing.T) {
 					continue
 				}
 				name := fmt.Sprintf("%s: %.30q bound to %.30q", p.name, victim.statement, impostor.statement)
-				t.Run(name, func(t *testing.T) { mixUp(t, ctx, p.stmts, victim, impostor) })
+				t.Run(name, func(t *testing.T) { mixUp(t, ctxT(t), p.stmts, victim, impostor) })
 			}
 		}
 	}
