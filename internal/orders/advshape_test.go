@@ -2,6 +2,7 @@ package orders_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -345,4 +346,91 @@ func sortedFound(f []orders.Found) []orders.Found {
 	out := slices.Clone(f)
 	slices.SortFunc(out, func(a, b orders.Found) int { return strings.Compare(a.Serial, b.Serial) })
 	return out
+}
+
+// Another client's statement under the name of one of ours, taking as
+// many parameters of other types: PostgreSQL cannot read our text[] as
+// its parameter and answers a data exception (22P02) from the Bind, which
+// says nothing about the batch's orders. Before, the batch was taken for
+// bad data: split, and its orders dead-lettered for as long as the pooler
+// kept handing out such sessions. A data exception of a statement that ran
+// prepared is tried once more unprepared: if that runs, it was the mix-up,
+// and the store falls back for good.
+func TestAdvShapeImpostorOfOtherParameterTypesFallsBack(t *testing.T) {
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		name     string
+		stmts    orders.Statements
+		victim   string
+		impostor string
+	}{
+		{"the one statement", orders.Statements{}, orders.DefaultSettleSQL, `(int8) AS SELECT $1`},
+		{"the close statement", orders.Statements{Lookup: orders.DefaultLookupSQL + " "}, orders.ShapeClose(orders.DefaultCloseSQL),
+			`(int8, int8, int8) AS SELECT $1 + $2 + $3`},
+		{"the lookup", orders.Statements{}, orders.ShapeLookup(orders.DefaultLookupSQL), `(int8, int8) AS SELECT $1 + $2`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, c.stmts)
+			logs := warnings(s)
+			batch(t, ctx, db, s, "warm")
+			var name string
+			if err := db.Get(&name, `SELECT name FROM pg_prepared_statements WHERE statement = $1`, c.victim); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, fmt.Sprintf(`DEALLOCATE %[1]s; PREPARE %[1]s%s`,
+				pq.QuoteIdentifier(name), c.impostor)); err != nil {
+				t.Fatal(err)
+			}
+			pending := pendingOrders(t, db, "looked", 2)
+			if found, err := s.Lookup(ctx, pending); err != nil || len(found) != 2 {
+				t.Errorf("Lookup = %+v, %v; want both", found, err)
+			}
+			batch(t, ctx, db, s, "mixed")
+			if logs.Len() != 1 || !strings.Contains(logs.All()[0].Message, "PgBouncer") || loggedCode(logs.All()[0]) != "22P02" {
+				t.Errorf("warnings %v, want one that names PgBouncer, for 22P02", logs.All())
+			}
+			before := oursRan(t, db)
+			batch(t, ctx, db, s, "after")
+			if after := oursRan(t, db); after != before {
+				t.Errorf("the store's prepared statements ran %d times after the fallback, want none", after-before)
+			}
+		})
+	}
+}
+
+// A data exception of the batch's own — a shop's trigger failing on one
+// row's data (22012, raised in the trigger: with a context, as a Bind's
+// parameter conversion is, but one that names the function) — reaches the
+// caller as the batch's data; prepared statements stay on. (A lookup
+// function failing once with 22000, in the consumer's
+// TestLookupFailingAfterACommittedClose, is the same: not taken for a
+// mix-up because a run unprepared then succeeds.)
+func TestAdvShapeDataExceptionOfTheBatchStaysTheBatchs(t *testing.T) {
+	ctx := ctxT(t)
+	for _, p := range prepPaths {
+		t.Run(p.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, p.stmts)
+			logs := warnings(s)
+			batch(t, ctx, db, s, "warm")
+			db.MustExec(`CREATE FUNCTION od_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN IF NEW.serial_no = 'poison-000' THEN PERFORM 1 / 0; END IF; RETURN NEW; END $$`)
+			db.MustExec(`CREATE TRIGGER od_poison BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION od_poison()`)
+			serials := pendingOrders(t, db, "poison", 3)
+			_, err := s.Settle(ctx, serials, nil)
+			var pqErr *pq.Error
+			if !errors.As(err, &pqErr) || pqErr.Code != "22012" || orders.Transient(err) {
+				t.Fatalf("Settle = %v, want the trigger's 22012, not transient", err)
+			}
+			if logs.Len() != 0 {
+				t.Errorf("warnings %v, want none", logs.All())
+			}
+			before := oursRan(t, db)
+			batch(t, ctx, db, s, "after")
+			if after := oursRan(t, db); after == before {
+				t.Errorf("the store's prepared statements did not run after the batch's data exception")
+			}
+		})
+	}
 }

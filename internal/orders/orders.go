@@ -295,14 +295,24 @@ func (s *Store) Settle(ctx context.Context, serials []string, fence Fence) (Outc
 // unprepared, since the batch has nothing to do with it.
 func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (Outcome, error) {
 	cured := 0
+	var probe error // a suspect error of a prepared run, being probed unprepared
 	for {
-		out, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun, one)
+		st := callState{unprepared: probe != nil}
+		out, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun, one, &st)
 		if err != nil {
 			if cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
 				cured++
 				continue
 			}
+			if probe == nil && st.ranPrepared && ctx.Err() == nil && suspect(err) {
+				probe = err
+				continue
+			}
 			return Outcome{}, err
+		}
+		if probe != nil {
+			s.prep.fallBack(probe) // unprepared, it ran: the prepared one was not ours
+			probe = nil
 		}
 		if len(drop) == 0 {
 			return out, nil
@@ -322,7 +332,11 @@ func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outb
 // altered again meanwhile, then a pooler.
 const maxCures = 2
 
-func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (out Outcome, drop []string, err error) {
+// callState is what one run of a call is told (run unprepared) and tells
+// (a statement ran prepared).
+type callState struct{ unprepared, ranPrepared bool }
+
+func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool, st *callState) (out Outcome, drop []string, err error) {
 	// The statements are made on the pool before the transaction takes
 	// its connection (once per store; each is then prepared on a
 	// connection the first time it runs there).
@@ -352,7 +366,8 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	// server (committed). The one statement returns them with the closed
 	// rows; after the close statement alone they take a query.
 	var xid txRef
-	q := s.prep.on(tx.Tx)
+	q := s.prep.on(tx.Tx, st.unprepared)
+	defer func() { st.ranPrepared = *q.used }()
 	if one {
 		out, xid, err = s.settleOn(ctx, q, serials)
 		if err != nil {
@@ -585,18 +600,28 @@ type Found struct {
 // Settle runs its statements), again at once if that went stale or was
 // lost.
 func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
+	var probe error // as in closeTx
 	for cured := 0; ; cured++ {
 		s.prep.ensure(ctx, s.stmts.Lookup)
-		found, err := s.lookupOnce(ctx, serials)
+		st := callState{unprepared: probe != nil}
+		found, err := s.lookupOnce(ctx, serials, &st)
 		if err != nil && cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
 			continue
+		}
+		if err != nil && probe == nil && st.ranPrepared && ctx.Err() == nil && suspect(err) {
+			probe = err
+			continue
+		}
+		if err == nil && probe != nil {
+			s.prep.fallBack(probe)
 		}
 		return found, clientCut(ctx, err)
 	}
 }
 
-func (s *Store) lookupOnce(ctx context.Context, serials []string) (_ []Found, err error) {
-	q := s.prep.on(nil)
+func (s *Store) lookupOnce(ctx context.Context, serials []string, st *callState) (_ []Found, err error) {
+	q := s.prep.on(nil, st.unprepared)
+	defer func() { st.ranPrepared = *q.used }()
 	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, s.stmts.Lookup, textArray(serials))
 	if err != nil {

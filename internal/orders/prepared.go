@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -190,17 +191,28 @@ func (p *prepared) stmt(q string) *sql.Stmt {
 
 // on returns a Querier that runs the prepared statements on tx (nil: on the
 // pool) and any other query as it is.
-func (p *prepared) on(tx *sql.Tx) Querier { return preparedOn{p, tx, new(bool)} }
+// unprepared runs every statement unprepared (a probe: see suspect).
+func (p *prepared) on(tx *sql.Tx, unprepared bool) preparedOn {
+	return preparedOn{p: p, tx: tx, ran: new(bool), used: new(bool), skip: unprepared}
+}
 
 type preparedOn struct {
 	p  *prepared
 	tx *sql.Tx
-	// ran: the last statement run on it ran prepared (see decodePanic).
-	ran *bool
+	// ran: the last statement run on it ran prepared (see decodePanic);
+	// used: any did (see suspect).
+	ran, used *bool
+	skip      bool
 }
 
 func (q preparedOn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	st := q.p.stmt(query)
+	if q.skip {
+		st = nil
+	}
+	if st != nil {
+		*q.used = true
+	}
 	bound := args
 	if sh, ok := q.p.shapes[query]; ok && st != nil {
 		bound = slices.Grow(args[:len(args):len(args)], sh.extra)
@@ -279,21 +291,49 @@ func (p *prepared) cure(err error) bool {
 		// Another worker may have fallen back since this one's statement
 		// was sent (every worker meets the pooler at about the same
 		// time): its batch runs again too, unprepared now.
-		if p.off.Swap(true) {
-			return true
-		}
-		p.warnOnce.Do(func() {
-			p.log.Load().Warn("PostgreSQL, or a pooler in front of it, lost or mixed up this daemon's prepared statements; "+
-				"closing batches with unprepared statements from now on (one more round trip and a fresh plan per batch). "+
-				"PgBouncer in transaction pooling does this before 1.21 or without max_prepared_statements: "+
-				"set max_prepared_statements (PgBouncer 1.21 or later) or use session pooling to keep them",
-				zap.Error(err))
-		})
-		p.reset()
+		p.fallBack(err)
 		return true
 	}
 	return false
 }
+
+// fallBack turns prepared statements off for good, saying why (err) once.
+func (p *prepared) fallBack(err error) {
+	if p.off.Swap(true) {
+		return
+	}
+	p.warnOnce.Do(func() {
+		p.log.Load().Warn("PostgreSQL, or a pooler in front of it, lost or mixed up this daemon's prepared statements; "+
+			"closing batches with unprepared statements from now on (one more round trip and a fresh plan per batch). "+
+			"PgBouncer in transaction pooling does this before 1.21 or without max_prepared_statements: "+
+			"set max_prepared_statements (PgBouncer 1.21 or later) or use session pooling to keep them",
+			zap.Error(err))
+	})
+	p.reset()
+}
+
+// suspect reports an error of a call that ran prepared statements that a
+// pooler's mix-up may have caused, though PostgreSQL does not say so: a
+// data exception (class 22) raised while the Bind's parameters were read
+// as the statement's types. Another client's statement under the name of
+// ours, taking as many parameters of other types, reads our text[] as,
+// say, a bigint (22P02). The context PostgreSQL gives such an error is
+// one line naming the parameter and its value ("unnamed portal parameter
+// $1 = '...'": the words are translated, "$1 = " is not); one of a
+// shop's function or trigger names the function (and a query inside it
+// sets InternalQuery). Our own parameters (a text[] we encode, an int)
+// always read, but to be sure the caller runs the call once more
+// unprepared: if that runs, the prepared statement was not ours, and it
+// falls back (fallBack); if not, the second error is the call's.
+func suspect(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && pqErr.Code.Class() == "22" && pqErr.InternalQuery == "" &&
+		!strings.Contains(pqErr.Where, "\n") && bindParameter.MatchString(pqErr.Where)
+}
+
+// bindParameter matches the context of an error raised reading a Bind's
+// parameter (see suspect).
+var bindParameter = regexp.MustCompile(`\$[0-9]+ = `)
 
 // reset drops the statements: the next batch prepares them again on each
 // connection. The dropped ones are not closed: they stay prepared in their
