@@ -121,9 +121,10 @@ func TestAdvPrepSecondWorkerLosingItsStatementAfterTheFallback(t *testing.T) {
 // Behind a pooler that hands this client a server session where another
 // client prepared a different statement under the name lib/pq gave ours,
 // the Bind of ours may not fit theirs: PostgreSQL answers 08P01 from
-// exec_bind_message ("bind message has 5 result formats but query has 2
-// columns", "bind message supplies 1 parameters, but prepared statement
-// requires 2"). lib/pq always binds its own statement as it described it,
+// exec_bind_message ("bind message supplies 1 parameters, but prepared
+// statement requires 2") or PortalSetResultFormat ("bind message has 5
+// result formats but query has 2 columns"). lib/pq always binds its own
+// statement as it described it,
 // so that is the pooler mixing prepared statements up, as 42P05 is: the
 // store falls back to unprepared statements and runs the batch again at
 // once. Before, 08P01 (class 08, a connection exception) was taken for the

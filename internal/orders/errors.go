@@ -67,6 +67,9 @@ func Transient(err error) bool {
 	if errors.As(err, &be) {
 		return true // no statement of ours ran: nothing about an order
 	}
+	if errors.Is(err, errMixedUp) {
+		return true // a pooler ran another client's statement: nothing about an order
+	}
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
 		return transientCode(pqErr)

@@ -17,3 +17,9 @@ func Unprepared(s *Store) { s.prep.off.Store(true) }
 
 // ResetPrepared drops s's prepared statements, as a stale plan does.
 func ResetPrepared(s *Store) { s.prep.reset() }
+
+// ShapeLookup is the form the lookup statement q is prepared in.
+func ShapeLookup(q string) string { return shapeLookup(q) }
+
+// ShapeClose is the form the close statement q is prepared in.
+func ShapeClose(q string) string { return shapeClose(q) }

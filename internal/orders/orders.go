@@ -211,7 +211,7 @@ func NewStore(db *sqlx.DB, s Statements) *Store {
 	if s.Overdue == "" {
 		s.Overdue = d.Overdue
 	}
-	st := &Store{db: db, stmts: s, prep: newPrepared(db)}
+	st := &Store{db: db, stmts: s, prep: newPrepared(db, s.Lookup, s.Close)}
 	if s.Close == d.Close && s.Lookup == d.Lookup {
 		st.settleSQL = DefaultSettleSQL
 	}
@@ -295,14 +295,24 @@ func (s *Store) Settle(ctx context.Context, serials []string, fence Fence) (Outc
 // unprepared, since the batch has nothing to do with it.
 func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (Outcome, error) {
 	cured := 0
+	var probe error // a suspect error of a prepared run, being probed unprepared
 	for {
-		out, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun, one)
+		st := callState{unprepared: probe != nil}
+		out, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun, one, &st)
 		if err != nil {
 			if cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
 				cured++
 				continue
 			}
+			if probe == nil && st.ranPrepared && ctx.Err() == nil && suspect(err) {
+				probe = err
+				continue
+			}
 			return Outcome{}, err
+		}
+		if probe != nil {
+			s.prep.fallBack(probe) // unprepared, it ran: the prepared one was not ours
+			probe = nil
 		}
 		if len(drop) == 0 {
 			return out, nil
@@ -322,7 +332,11 @@ func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outb
 // altered again meanwhile, then a pooler.
 const maxCures = 2
 
-func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (out Outcome, drop []string, err error) {
+// callState is what one run of a call is told (run unprepared) and tells
+// (a statement ran prepared).
+type callState struct{ unprepared, ranPrepared bool }
+
+func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool, st *callState) (out Outcome, drop []string, err error) {
 	// The statements are made on the pool before the transaction takes
 	// its connection (once per store; each is then prepared on a
 	// connection the first time it runs there).
@@ -352,7 +366,8 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	// server (committed). The one statement returns them with the closed
 	// rows; after the close statement alone they take a query.
 	var xid txRef
-	q := s.prep.on(tx.Tx)
+	q := s.prep.on(tx.Tx, st.unprepared)
+	defer func() { st.ranPrepared = *q.used }()
 	if one {
 		out, xid, err = s.settleOn(ctx, q, serials)
 		if err != nil {
@@ -400,8 +415,8 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 // reads its answer: one row per serial that has a row (serial, closed,
 // pending, and on closed rows the transaction id and the server's start
 // time). Anything else is ErrBadResult, found before the fence and COMMIT.
-func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (Outcome, txRef, error) {
-	var xid txRef
+func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (_ Outcome, xid txRef, err error) {
+	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, s.settleSQL, textArray(serials))
 	if err != nil {
 		return Outcome{}, xid, err
@@ -507,8 +522,8 @@ const (
 
 // queryTxRef asks for the current transaction's id and server (txRefSQL)
 // on q.
-func queryTxRef(ctx context.Context, q Querier) (txRef, error) {
-	var xid txRef
+func queryTxRef(ctx context.Context, q Querier) (xid txRef, err error) {
+	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, txRefSQL)
 	if err != nil {
 		return xid, err
@@ -585,18 +600,30 @@ type Found struct {
 // Settle runs its statements), again at once if that went stale or was
 // lost.
 func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
+	var probe error // as in closeTx
 	for cured := 0; ; cured++ {
 		s.prep.ensure(ctx, s.stmts.Lookup)
-		found, err := s.lookupOnce(ctx, serials)
+		st := callState{unprepared: probe != nil}
+		found, err := s.lookupOnce(ctx, serials, &st)
 		if err != nil && cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
 			continue
+		}
+		if err != nil && probe == nil && st.ranPrepared && ctx.Err() == nil && suspect(err) {
+			probe = err
+			continue
+		}
+		if err == nil && probe != nil {
+			s.prep.fallBack(probe)
 		}
 		return found, clientCut(ctx, err)
 	}
 }
 
-func (s *Store) lookupOnce(ctx context.Context, serials []string) ([]Found, error) {
-	rows, err := s.prep.on(nil).QueryContext(ctx, s.stmts.Lookup, textArray(serials))
+func (s *Store) lookupOnce(ctx context.Context, serials []string, st *callState) (_ []Found, err error) {
+	q := s.prep.on(nil, st.unprepared)
+	defer func() { st.ranPrepared = *q.used }()
+	defer decodePanic(q, &err)
+	rows, err := q.QueryContext(ctx, s.stmts.Lookup, textArray(serials))
 	if err != nil {
 		return nil, err
 	}
@@ -688,7 +715,8 @@ var ErrBadResult = errors.New("statement result")
 // row's fault.
 var ErrBadShape = errors.New("wrong number of columns")
 
-func querySerials(ctx context.Context, q Querier, query string, sizeHint int, args ...any) ([]string, error) {
+func querySerials(ctx context.Context, q Querier, query string, sizeHint int, args ...any) (_ []string, err error) {
+	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err

@@ -88,8 +88,8 @@ func TestBatchStatementsArePreparedOncePerConnection(t *testing.T) {
 		stmts   orders.Statements
 		queries []string // the statements a batch runs, each prepared once
 	}{
-		{"one statement", orders.Statements{}, []string{orders.DefaultSettleSQL, orders.DefaultLookupSQL}},
-		{"close statement", orders.Statements{Lookup: custom}, []string{orders.DefaultCloseSQL, orders.TxRefSQL, custom}},
+		{"one statement", orders.Statements{}, []string{orders.DefaultSettleSQL, orders.ShapeLookup(orders.DefaultLookupSQL)}},
+		{"close statement", orders.Statements{Lookup: custom}, []string{orders.ShapeClose(orders.DefaultCloseSQL), orders.TxRefSQL, orders.ShapeLookup(custom)}},
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			db := oneConn(t)

@@ -133,7 +133,7 @@ func TestFenceDropThenStalePlanRunsAgainWithoutTheDropped(t *testing.T) {
 				// leaves the stale ones in the session, unused).
 				table := orders.DefaultSettleSQL
 				if p.name != "one statement" {
-					table = orders.DefaultCloseSQL
+					table = orders.ShapeClose(orders.DefaultCloseSQL)
 				}
 				if got := preparedCounts(t, db, table)[0]; got[:2] != "3/" {
 					t.Errorf("the close statement prepared/ran in the session: %s, want prepared 3 times (once, then once per cure)", got)
