@@ -225,6 +225,47 @@ func (e *BeginError) Error() string { return "begin: " + e.Err.Error() }
 
 func (e *BeginError) Unwrap() error { return e.Err }
 
+// InDoubtError is a close whose COMMIT got no answer (the connection broke,
+// the client's deadline passed while the server committed) and whose
+// outcome the server could not confirm either way within commitStatusWait
+// (it could not be reached, or the one that answered is not the one that
+// ran the transaction: a failover). The Orders it closed may have closed:
+// the caller retries them as after any outage, and the SQL guard makes the
+// retry harmless — an order that did close comes back settled. So a
+// counter of closed orders misses exactly these; InDoubt tells how many.
+type InDoubtError struct {
+	Err    error
+	Orders int // the orders the close closed, had it committed
+}
+
+func (e *InDoubtError) Error() string {
+	return fmt.Sprintf("commit of %d closed orders unconfirmed: %v", e.Orders, e.Err)
+}
+
+func (e *InDoubtError) Unwrap() error { return e.Err }
+
+// InDoubt returns how many orders err says a close may have closed
+// unconfirmed (an InDoubtError), or 0.
+func InDoubt(err error) int {
+	var d *InDoubtError
+	if errors.As(err, &d) {
+		return d.Orders
+	}
+	return 0
+}
+
+// CommitError is err, the error of a COMMIT of a transaction that closed n
+// orders, as an InDoubtError unless the server answered it (then the
+// transaction did not commit) or n is 0: for callers that do not ask the
+// server what became of the transaction, as Settle does.
+func CommitError(err error, n int) error {
+	var pqErr *pq.Error
+	if err == nil || n == 0 || errors.As(err, &pqErr) {
+		return err
+	}
+	return &InDoubtError{Err: err, Orders: n}
+}
+
 // ConnectError is an error opening a connection of a pool made by Open.
 type ConnectError struct{ Err error }
 
