@@ -550,8 +550,9 @@ func queryTxRef(ctx context.Context, q Querier) (txRef, error) {
 }
 
 // committed asks the server, on another connection, whether transaction
-// xid committed (txid_status), retrying while the server cannot be reached
-// for up to commitStatusWait, and, if it did, that none of the orders it
+// xid committed (txid_status), asking again while the server cannot be
+// reached or says the transaction is still in progress (it is still
+// running the COMMIT) for up to commitStatusWait, and, if it did, that none of the orders it
 // closed is still pending (an id reused after a crash cannot have closed
 // them). It reports commitFailed only when the server that ran the
 // transaction says it aborted, and commitUnknown when nobody could say —
@@ -571,14 +572,20 @@ func (s *Store) committed(xid txRef, closed []string) commitOutcome {
 		var status sql.NullString
 		var server string
 		err := s.db.QueryRowContext(ctx, "SELECT txid_status($1), "+serverSQL, xid.id).Scan(&status, &server)
-		if err == nil {
+		switch {
+		case err == nil && server == xid.server && status.String == "in progress":
+			// Not finished yet: the server is still running the COMMIT
+			// (a deferred trigger, a flush, a wait for a synchronous
+			// standby) or has not yet seen the connection go and roll
+			// it back. Ask again, as while it cannot be reached.
+		case err == nil:
 			switch {
 			case server != xid.server:
 				return commitUnknown
 			case status.String == "aborted":
 				return commitFailed
 			case status.String != "committed":
-				return commitUnknown
+				return commitUnknown // NULL: too old to tell
 			}
 			found, err := s.Lookup(ctx, closed)
 			if err != nil {
@@ -590,8 +597,7 @@ func (s *Store) committed(xid txRef, closed []string) commitOutcome {
 				}
 			}
 			return commitLanded
-		}
-		if !Transient(err) || ctx.Err() != nil {
+		case !Transient(err) || ctx.Err() != nil:
 			return commitUnknown
 		}
 		select {
