@@ -226,7 +226,7 @@ func (e *BeginError) Error() string { return "begin: " + e.Err.Error() }
 func (e *BeginError) Unwrap() error { return e.Err }
 
 // InDoubtError is a close whose COMMIT got no answer (the connection broke,
-// the client's deadline passed while the server committed) and whose
+// the client's deadline passed while the server committed: unanswered) and whose
 // outcome the server could not confirm either way within commitStatusWait
 // (it could not be reached, or the one that answered is not the one that
 // ran the transaction: a failover). The Orders it closed may have closed:
@@ -255,15 +255,27 @@ func InDoubt(err error) int {
 }
 
 // CommitError is err, the error of a COMMIT of a transaction that closed n
-// orders, as an InDoubtError unless the server answered it (then the
-// transaction did not commit) or n is 0: for callers that do not ask the
-// server what became of the transaction, as Settle does.
+// orders, as an InDoubtError if it carries no answer (unanswered) and n is
+// not 0: for callers that do not ask the server what became of the
+// transaction, as Settle does.
 func CommitError(err error, n int) error {
-	var pqErr *pq.Error
-	if err == nil || n == 0 || errors.As(err, &pqErr) {
+	if err == nil || n == 0 || !unanswered(err) {
 		return err
 	}
 	return &InDoubtError{Err: err, Orders: n}
+}
+
+// unanswered reports a COMMIT error that says nothing of the transaction's
+// fate: the connection broke or the client stopped waiting (Transient, and
+// not an error the server sent). Anything else is an answer that it did
+// not commit: PostgreSQL answers a COMMIT with an error only before its
+// commit record (a deferred constraint or trigger, a serialization check;
+// a FATAL, which may come after, reaches us as driver.ErrBadConn), and the
+// driver's own refusals (a transaction it knows failed, a command tag other
+// than COMMIT) follow a rollback. So an InDoubtError is always Transient.
+func unanswered(err error) bool {
+	var pqErr *pq.Error
+	return !errors.As(err, &pqErr) && Transient(err)
 }
 
 // ConnectError is an error opening a connection of a pool made by Open.

@@ -404,7 +404,9 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 		case commitFailed:
 			return Outcome{}, nil, err
 		}
-		return Outcome{}, nil, &InDoubtError{Err: err, Orders: len(out.Closed)}
+		// Nobody could say: in doubt, unless the COMMIT's error was itself
+		// the answer (the server refused it).
+		return Outcome{}, nil, CommitError(err, len(out.Closed))
 	}
 	return out, nil, nil
 }
