@@ -87,6 +87,14 @@ func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
 	}
 	t.Logf("seed %d (replay: ORDERDELAY_SOAK_SEED=%d; longer: ORDERDELAY_SOAK=30s)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
+	// On odd seeds the store asks what became of a COMMIT without an
+	// answer for 150 ms only, so a fault outlasts the question and closes
+	// are in doubt: the counters' bounds are tested, not their equality.
+	var statusWait time.Duration
+	if seed%2 == 1 {
+		statusWait = 150 * time.Millisecond
+	}
+	t.Logf("status wait %v", statusWait)
 
 	e := newRedisEnv(t)
 	db, dsn := testenv.Postgres(t)
@@ -131,6 +139,7 @@ func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
 		rdb := redis.NewClient(&o)
 		r.m = metrics.New(prometheus.NewRegistry(), "test", "test")
 		store := orders.NewStore(pool, orders.Statements{})
+		store.SetCommitStatusWait(statusWait)
 		log := zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
 		c, err := New(Config{Keys: e.keys, Owner: r.name, Workers: 2, BatchSize: 20, Lease: lease,
 			StatementTimeout: stmt, DrainTimeout: 300 * time.Millisecond, BackoffMax: 400 * time.Millisecond,
