@@ -244,6 +244,8 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		}
 		if closed > 0 {
 			if err := tx.Commit(); err != nil {
+				err = orders.CommitError(err, closed)
+				r.m.InDoubt.Add(float64(orders.InDoubt(err)))
 				return 0, cur, false, fmt.Errorf("reconcile commit: %w", err)
 			}
 			r.m.Reconciled.Add(float64(closed))

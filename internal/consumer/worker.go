@@ -73,6 +73,7 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 	out, err := c.store.Settle(ctx, serialsOf(items), fence)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
+		c.m.InDoubt.Add(float64(orders.InDoubt(err)))
 		if ownDeadline(ctx, batchCtx) && batchCtx.Err() != nil && errors.As(err, new(*orders.BeginError)) {
 			// The close had a deadline of its own, before the batch's,
 			// and its BEGIN (which the driver cannot cut) answered only

@@ -44,6 +44,7 @@ type Metrics struct {
 	Reclaimed    prometheus.Counter
 	Closed       prometheus.Counter
 	Reconciled   prometheus.Counter
+	InDoubt      prometheus.Counter
 	Skipped      *prometheus.CounterVec
 	DeadLettered *prometheus.CounterVec
 	Errors       *prometheus.CounterVec
@@ -105,6 +106,10 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 		Reconciled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "orderdelay_orders_reconciled_total",
 			Help: "Orders closed by the reconciler; above zero means the fast path lost orders.",
+		}),
+		InDoubt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderdelay_orders_in_doubt_total",
+			Help: "Orders a close of this replica closed whose COMMIT got no answer the server could then confirm: they may have closed, uncounted.",
 		}),
 		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "orderdelay_orders_skipped_total",
@@ -176,7 +181,7 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
 	})
 	info.Set(1)
-	reg.MustRegister(m.Enqueued, m.Claimed, m.Reclaimed, m.Closed, m.Reconciled, m.Skipped,
+	reg.MustRegister(m.Enqueued, m.Claimed, m.Reclaimed, m.Closed, m.Reconciled, m.InDoubt, m.Skipped,
 		m.DeadLettered, m.Errors, lateness, m.Inflight, m.LastScan, m.DependencyUp, info,
 		m.Paused, m.CloseRateLimited, m.DryRunWouldClose, m.ConfigWarning)
 	return m

@@ -63,6 +63,7 @@ func (f *TaskFamilies) For(queue string) *Metrics {
 		Closed:       f.done.WithLabelValues(queue),
 		Forwarded:    f.forwarded.WithLabelValues(queue),
 		Reconciled:   prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"}),
+		InDoubt:      prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"}),
 		Skipped:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "unused"}, []string{"reason"}),
 		DeadLettered: f.deadLettered.MustCurryWith(l),
 		Errors:       f.errors.MustCurryWith(l),

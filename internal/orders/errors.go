@@ -242,6 +242,59 @@ func (e *BeginError) Error() string { return "begin: " + e.Err.Error() }
 
 func (e *BeginError) Unwrap() error { return e.Err }
 
+// InDoubtError is a close whose COMMIT got no answer (the connection broke,
+// the client's deadline passed while the server committed: unanswered) and whose
+// outcome the server could not confirm either way within commitStatusWait
+// (it could not be reached, or the one that answered is not the one that
+// ran the transaction: a failover). The Orders it closed may have closed:
+// the caller retries them as after any outage, and the SQL guard makes the
+// retry harmless — an order that did close comes back settled. So a
+// counter of closed orders misses exactly these; InDoubt tells how many.
+type InDoubtError struct {
+	Err    error
+	Orders int // the orders the close closed, had it committed
+}
+
+func (e *InDoubtError) Error() string {
+	return fmt.Sprintf("commit of %d closed orders unconfirmed: %v", e.Orders, e.Err)
+}
+
+func (e *InDoubtError) Unwrap() error { return e.Err }
+
+// InDoubt returns how many orders err says a close may have closed
+// unconfirmed (an InDoubtError), or 0.
+func InDoubt(err error) int {
+	var d *InDoubtError
+	if errors.As(err, &d) {
+		return d.Orders
+	}
+	return 0
+}
+
+// CommitError is err, the error of a COMMIT of a transaction that closed n
+// orders, as an InDoubtError if it carries no answer (unanswered) and n is
+// not 0: for callers that do not ask the server what became of the
+// transaction, as Settle does.
+func CommitError(err error, n int) error {
+	if err == nil || n == 0 || !unanswered(err) {
+		return err
+	}
+	return &InDoubtError{Err: err, Orders: n}
+}
+
+// unanswered reports a COMMIT error that says nothing of the transaction's
+// fate: the connection broke or the client stopped waiting (Transient, and
+// not an error the server sent). Anything else is an answer that it did
+// not commit: PostgreSQL answers a COMMIT with an error only before its
+// commit record (a deferred constraint or trigger, a serialization check;
+// a FATAL, which may come after, reaches us as driver.ErrBadConn), and the
+// driver's own refusals (a transaction it knows failed, a command tag other
+// than COMMIT) follow a rollback. So an InDoubtError is always Transient.
+func unanswered(err error) bool {
+	var pqErr *pq.Error
+	return !errors.As(err, &pqErr) && Transient(err)
+}
+
 // ConnectError is an error opening a connection of a pool made by Open.
 type ConnectError struct{ Err error }
 

@@ -90,6 +90,9 @@ func TestLostCommitAnswerAfterFailoverIsNotTakenForCommitted(t *testing.T) {
 			if !orders.Transient(err) {
 				t.Errorf("Close error %v is not transient: the order must be retried, not buried", err)
 			}
+			if n := orders.InDoubt(err); n != 1 {
+				t.Errorf("InDoubt(%v) = %d, want 1: the server that answered is not the one that ran the close", err, n)
+			}
 		})
 	}
 }

@@ -158,6 +158,8 @@ type Store struct {
 	statementTimeout, lockTimeout time.Duration
 	// prep runs the statements of a batch as prepared statements.
 	prep *prepared
+	// statusWait: commitStatusWait, unless a test shortened it.
+	statusWait time.Duration
 }
 
 // SetLogger sets where the store reports what it does on its own (falling
@@ -188,6 +190,11 @@ func (s *Store) SetLocalTimeouts(ctx context.Context, tx *sqlx.Tx) error {
 	_, err := tx.ExecContext(ctx, set)
 	return err
 }
+
+// SetCommitStatusWait sets how long a close whose COMMIT got no answer
+// asks the server what became of it before it is in doubt (InDoubtError);
+// zero or less: 5 s. Call it before use.
+func (s *Store) SetCommitStatusWait(d time.Duration) { s.statusWait = d }
 
 // SetTimeouts makes every close transaction set statement_timeout and
 // lock_timeout on the server (SET LOCAL), so a slow statement or a row lock
@@ -403,10 +410,18 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		if xid.id != 0 && s.committed(xid, out.Closed) {
-			return out, nil, nil // the COMMIT landed; only its answer was lost
+		if xid.id == 0 {
+			return Outcome{}, nil, err // nothing closed
 		}
-		return Outcome{}, nil, err
+		switch s.committed(xid, out.Closed) {
+		case commitLanded:
+			return out, nil, nil // the COMMIT landed; only its answer was lost
+		case commitFailed:
+			return Outcome{}, nil, err
+		}
+		// Nobody could say: in doubt, unless the COMMIT's error was itself
+		// the answer (the server refused it).
+		return Outcome{}, nil, CommitError(err, len(out.Closed))
 	}
 	return out, nil, nil
 }
@@ -499,8 +514,18 @@ func without(serials, drop []string) []string {
 }
 
 // commitStatusWait bounds how long a close whose COMMIT answer was lost asks
-// the server what became of it.
+// the server what became of it (Store.statusWait; tests shorten it).
 const commitStatusWait = 5 * time.Second
+
+// commitOutcome is what the server says became of a transaction whose
+// COMMIT got no answer.
+type commitOutcome int
+
+const (
+	commitUnknown commitOutcome = iota // nobody could say: in doubt
+	commitLanded                       // committed, and the orders it closed are closed
+	commitFailed                       // the server that ran it says it aborted
+)
 
 // txRef names a transaction: its id and the server that assigned it. A
 // transaction id means something only to the server that handed it out: a
@@ -542,42 +567,59 @@ func queryTxRef(ctx context.Context, q Querier) (xid txRef, err error) {
 }
 
 // committed asks the server, on another connection, whether transaction
-// xid committed (txid_status), retrying while the server cannot be reached
-// for up to commitStatusWait, and, if it did, that none of the orders it
+// xid committed (txid_status), asking again while the server cannot be
+// reached or says the transaction is still in progress (it is still
+// running the COMMIT) for up to commitStatusWait, and, if it did, that none of the orders it
 // closed is still pending (an id reused after a crash cannot have closed
-// them). It reports false when the close did not commit, or when nobody
-// could say — the server that answers is not the one that ran the
-// transaction (a failover), or none answered: the caller then treats the
-// close as failed and retries it, and the SQL guard makes the retry
-// harmless (the order is then counted as settled rather than closed).
-func (s *Store) committed(xid txRef, closed []string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), commitStatusWait)
+// them). It reports commitFailed only when the server that ran the
+// transaction says it aborted, and commitUnknown when nobody could say —
+// the server that answers is not the one that ran the transaction (a
+// failover), none answered, or the answer does not fit the rows. Either
+// way the caller treats the close as failed and retries it, and the SQL
+// guard makes the retry harmless (an order that did close is then counted
+// as settled rather than closed: InDoubtError says how many may be).
+func (s *Store) committed(xid txRef, closed []string) commitOutcome {
+	wait := s.statusWait
+	if wait <= 0 {
+		wait = commitStatusWait
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	for {
 		var status sql.NullString
 		var server string
 		err := s.db.QueryRowContext(ctx, "SELECT txid_status($1), "+serverSQL, xid.id).Scan(&status, &server)
-		if err == nil {
-			if server != xid.server || status.String != "committed" {
-				return false
+		switch {
+		case err == nil && server == xid.server && status.String == "in progress":
+			// Not finished yet: the server is still running the COMMIT
+			// (a deferred trigger, a flush, a wait for a synchronous
+			// standby) or has not yet seen the connection go and roll
+			// it back. Ask again, as while it cannot be reached.
+		case err == nil:
+			switch {
+			case server != xid.server:
+				return commitUnknown
+			case status.String == "aborted":
+				return commitFailed
+			case status.String != "committed":
+				return commitUnknown // NULL: too old to tell
 			}
 			found, err := s.Lookup(ctx, closed)
 			if err != nil {
-				return false
+				return commitUnknown
 			}
 			for _, f := range found {
 				if f.Pending {
-					return false
+					return commitUnknown
 				}
 			}
-			return true
-		}
-		if !Transient(err) || ctx.Err() != nil {
-			return false
+			return commitLanded
+		case !Transient(err) || ctx.Err() != nil:
+			return commitUnknown
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return commitUnknown
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

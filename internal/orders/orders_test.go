@@ -802,6 +802,52 @@ func TestSchemaVersionMatchesMigrations(t *testing.T) {
 	}
 }
 
+// The server commits a close, its answer is lost, and the server stays out
+// of reach for longer than the store asks what became of the transaction:
+// nobody can say whether the orders closed. The close fails (retried as
+// after an outage: transient), and says how many orders are in doubt, so
+// the daemon can count them apart from the closes it confirmed.
+func TestCloseWhoseCommitCannotBeConfirmedIsInDoubt(t *testing.T) {
+	for _, path := range closePaths {
+		t.Run(path.name, func(t *testing.T) {
+			db, viaProxy, _, px := testenv.PostgresViaProxy(t)
+			insert(t, db, order{"unheard-1", "pending", -time.Hour}, order{"unheard-2", "pending", -time.Hour})
+			s := orders.NewStore(viaProxy, orders.Statements{})
+			s.SetCommitStatusWait(300 * time.Millisecond)
+			landed := make(chan struct{})
+			got, err := path.close(ctxT(t), s, []string{"unheard-1", "unheard-2"}, func(context.Context, []string) ([]string, error) {
+				// Right before COMMIT: hold the server's answers back; once the
+				// server has committed, cut the proxy and keep it down.
+				px.Stall(time.Minute)
+				go func() {
+					defer close(landed)
+					defer px.Down()
+					for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+						var st string
+						if db.Get(&st, "SELECT status FROM orders WHERE serial_no = 'unheard-2'") == nil && st == "closed" {
+							return
+						}
+					}
+				}()
+				return nil, nil
+			})
+			<-landed
+			if st := status(t, db, "unheard-1"); st != "closed" {
+				t.Fatalf("the server did not commit (%s): the test proved nothing", st)
+			}
+			if err == nil || len(got) != 0 {
+				t.Fatalf("Close = %v, %v; want an error: nobody could confirm the commit", got, err)
+			}
+			if n := orders.InDoubt(err); n != 2 {
+				t.Errorf("InDoubt(%v) = %d, want 2: the close's two orders may have closed", err, n)
+			}
+			if !orders.Transient(err) {
+				t.Errorf("Close error %v is not transient: the orders must be retried, not buried", err)
+			}
+		})
+	}
+}
+
 // Issue 11 item 9: the server commits a close but its answer is lost (the
 // connection drops while the answer is on its way). The close must still be reported as
 // closed — the store asks the server what became of the transaction —
