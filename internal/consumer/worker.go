@@ -303,8 +303,8 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// (its session is cut after idle_in_transaction_session_timeout,
 		// see orders.PoolOptions). A statement timeout of one order is
 		// taken for a slow row, not a slow database: the database is
-		// taken to be slow when two orders of a batch time out alone
-		// (oneByOne).
+		// taken to be slow when two orders of a batch time out alone and
+		// it does not answer a read of them in time either (oneByOne).
 		c.log.Warn("this order's row is locked, in conflict or slow to close; retrying it alone",
 			zap.String("serial", items[0].serial), zap.Error(err))
 		if held != nil {
@@ -385,8 +385,14 @@ const maxCostly = 2
 // slow or locked row for the price of one timeout, where halving the batch
 // would pay one per level. Errors that cost a timeout are bounded: after
 // maxCostly of them, or when the batch's time runs out, the rest goes back
-// untried; and if those were all statement timeouts, the database itself
-// is taken to be slow, as for an outage.
+// untried. If those were all statement timeouts, no order it tried closed
+// and the database does not answer a read of the rows that timed out (the
+// lookup statement) within a statement's time either, the database itself
+// is taken to be slow, as for an outage (PostgreSQL down, the dependency
+// backoff); if it answers, the timeouts were those rows' (a shop's trigger,
+// a hot row) and the rest goes back untried, the database up, no wait:
+// rows that always time out at the front of a backlog's batches cost a
+// few rounds, never a false outage each. No order is remembered for it.
 //
 // Every round makes progress without remembering any order: it tries
 // orders for as long as the batch has time (the batch's own statement
@@ -401,7 +407,9 @@ const maxCostly = 2
 // that stopped it, instead of the same rows first every round.
 func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	costly, timeouts := 0, 0
+	answered := false // an order tried alone closed or was settled
 	var last error
+	var timedOut []string
 	var held heldRetries
 	for i, it := range items {
 		rest := items[i:]
@@ -410,20 +418,27 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 			c.handBack(rest)
 			held.flush(c, 0)
 			return
-		case timeouts >= maxCostly:
+		case timeouts >= maxCostly && !answered && !c.answers(batchCtx, stmt, timedOut):
 			c.unavailableAfter(workCtx, rest, last, "close", true, &held)
 			return
 		case costly >= maxCostly || batchCtx.Err() != nil:
+			if timeouts >= maxCostly {
+				c.log.Warn("orders timed out alone while the database answers: slow rows, not a slow database; the rest of the batch goes back untried",
+					zap.Strings("serials", timedOut), zap.Int("orders", len(rest)))
+			}
 			held.flush(c, c.retryInOrder(rest, c.untriedBackoff(), "not tried: the batch's time ran out isolating a row"))
 			return
 		}
 		err := c.closeItemsHeld(workCtx, batchCtx, stmt, []item{it}, &held)
 		switch {
+		case err == nil:
+			answered = true
 		case orders.Costly(err) || c.slowStatement(batchCtx, err):
 			costly++
 			last = err
 			if orders.TimedOut(err) || c.slowStatement(batchCtx, err) {
 				timeouts++
+				timedOut = append(timedOut, it.serial)
 			}
 		case err != nil && batchCtx.Err() != nil:
 			// The batch's deadline cut it (failed held it): the rest
@@ -442,6 +457,20 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		}
 	}
 	held.flush(c, 0)
+}
+
+// answers reports whether the database answers a read of serials (the
+// lookup statement: no row lock or close trigger stands in its way)
+// within a statement's time, the batch's permitting: after orders timed
+// out alone, it tells rows that are slow to close from a database that
+// is slow (or an orders table that answers nothing, as under a
+// migration's lock). An answer that does not come in time, or an error,
+// is a no.
+func (c *Consumer) answers(batchCtx context.Context, stmt time.Duration, serials []string) bool {
+	ctx, cancel := context.WithTimeout(batchCtx, stmt)
+	defer cancel()
+	_, err := c.store.Lookup(ctx, serials)
+	return err == nil
 }
 
 // ownDeadline reports whether ctx, made from batchCtx, ends before the
