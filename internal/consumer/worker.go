@@ -65,7 +65,8 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 
 // closeItemsHeld is closeItems; held, if not nil, collects the orders whose
 // retry oneByOne issues itself, after the untried rest of its batch
-// (failed).
+// (failed), and records a database found away (away): oneByOne then sends
+// the rest back before it waits.
 func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.Duration, items []item, held *heldRetries) error {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
@@ -79,7 +80,7 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 			// after both: the database did not answer for a whole
 			// statement's time — an outage or a stall, never a row cut by
 			// the batch's running out while it isolated one.
-			c.unavailableAfter(workCtx, items, err, "close", true, held)
+			c.away(workCtx, items, err, "close", true, held)
 			return err
 		}
 		c.failed(workCtx, batchCtx, stmt, items, err, "close", held)
@@ -273,7 +274,8 @@ func (c *Consumer) stillPending(items []item) {
 // failed handles a batch whose statement failed. held is oneByOne's (nil
 // elsewhere): an order it tried alone that may close later is recorded
 // there instead of retried at once, so that it comes due after the
-// batch's untried rest.
+// batch's untried rest; so is one the database (or the queue) was away
+// for (away).
 func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, held *heldRetries) {
 	var fenceErr *orders.FenceError
 	// A statement the client cut at its own deadline (not the batch's)
@@ -331,7 +333,7 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		}
 		c.retry(items, c.entryBackoff(1), false, "not finished: the batch's time ran out isolating a row")
 	case errors.As(err, &fenceErr) || orders.Transient(err):
-		c.unavailable(workCtx, items, err, stage, fenceErr == nil)
+		c.away(workCtx, items, err, stage, fenceErr == nil, held)
 	case len(items) > 1:
 		c.log.Warn("statement failed; splitting the batch to isolate the cause", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Error(err))
@@ -351,20 +353,35 @@ func (c *Consumer) unavailable(workCtx context.Context, items []item, err error,
 	c.unavailableAfter(workCtx, items, err, stage, down, nil)
 }
 
-// unavailableAfter is unavailable; items come due in the order given
-// (retryInOrder), and the orders in held after them, before the wait.
-func (c *Consumer) unavailableAfter(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
-	if down {
-		c.m.SetUp(metrics.DepPostgres, false)
+// away is unavailable, except inside oneByOne (held not nil): there items
+// are held and the fault recorded (heldRetries.away), without the wait,
+// so that oneByOne first sends back the orders of its batch it has not
+// tried yet — still leased, which the wait could outlast — and then waits
+// (unavailableAfter).
+func (c *Consumer) away(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
+	if held == nil {
+		c.unavailable(workCtx, items, err, stage, down)
+		return
 	}
+	held.add(c, items, 0, err.Error())
+	held.away = &awayFault{err: err, stage: stage, down: down}
+}
+
+// unavailableAfter is unavailable; items come due in the order given
+// (retryInOrder), and the orders in held after them. Every retry is
+// issued before the wait: nothing of the batch stays leased through it.
+func (c *Consumer) unavailableAfter(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
 	d := c.pgBackoff()
-	c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
-		zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
 	if held == nil {
 		c.retry(items, d, false, err.Error())
 	} else {
 		held.flush(c, c.retryInOrder(items, d, err.Error()))
 	}
+	if down {
+		c.m.SetUp(metrics.DepPostgres, false)
+	}
+	c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
+		zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -393,6 +410,9 @@ const maxCostly = 2
 // a hot row) and the rest goes back untried, the database up, no wait:
 // rows that always time out at the front of a backlog's batches cost a
 // few rounds, never a false outage each. No order is remembered for it.
+// When the database or the queue is away while an order is tried alone
+// (away), the untried rest is sent back first, the orders tried after it,
+// and only then does the worker wait out the dependency backoff.
 //
 // Every round makes progress without remembering any order: it tries
 // orders for as long as the batch has time (the batch's own statement
@@ -430,6 +450,20 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 			return
 		}
 		err := c.closeItemsHeld(workCtx, batchCtx, stmt, []item{it}, &held)
+		if a := held.away; a != nil {
+			// The database (or the queue) went away: that order is
+			// held; the rest goes back untried, due after the
+			// dependency backoff, rather than fail one by one, and the
+			// worker waits (unavailableAfter) only once all is sent back.
+			held.away = nil
+			if workCtx.Err() != nil {
+				c.handBack(items[i+1:])
+				held.flush(c, 0)
+				return
+			}
+			c.unavailableAfter(workCtx, items[i+1:], a.err, a.stage, a.down, &held)
+			return
+		}
 		switch {
 		case err == nil:
 			answered = true
@@ -440,20 +474,9 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 				timeouts++
 				timedOut = append(timedOut, it.serial)
 			}
-		case err != nil && batchCtx.Err() != nil:
+		case batchCtx.Err() != nil:
 			// The batch's deadline cut it (failed held it): the rest
 			// goes back untried, above.
-		case err != nil && !orders.Contended(err) && orders.Transient(err):
-			// The database (or the queue) went away: that order was
-			// retried after the dependency backoff; the rest goes back
-			// untried rather than fail one by one.
-			if workCtx.Err() == nil {
-				c.retry(items[i+1:], c.entryBackoff(0), false, "not tried: the database went away isolating a row")
-			} else {
-				c.handBack(items[i+1:])
-			}
-			held.flush(c, 0)
-			return
 		}
 	}
 	held.flush(c, 0)
@@ -524,10 +547,24 @@ func (c *Consumer) retryInOrder(items []item, delay time.Duration, reason string
 
 // heldRetries are the orders oneByOne tried alone and could not close for
 // a reason that may pass (a contended or slow row, a statement its
-// batch's deadline cut), each with the time its retry would have been due
-// had it been retried at once (failed). They are retried after the
-// batch's untried rest (flush), so they come due after it.
-type heldRetries []heldRetry
+// batch's deadline cut, the database away), each with the time its retry
+// would have been due had it been retried at once (failed). They are
+// retried after the batch's untried rest (flush), so they come due after
+// it.
+type heldRetries struct {
+	retries []heldRetry
+	// away, if set, is why the last order was held: the database (or
+	// the queue) was away (Consumer.away).
+	away *awayFault
+}
+
+// awayFault is an outage an order tried alone met: what unavailableAfter
+// is told once oneByOne has the rest of its batch to send back.
+type awayFault struct {
+	err   error
+	stage string
+	down  bool // PostgreSQL's (not the queue's, for a fence error)
+}
 
 type heldRetry struct {
 	items  []item
@@ -536,17 +573,17 @@ type heldRetry struct {
 }
 
 func (h *heldRetries) add(c *Consumer, items []item, delay time.Duration, reason string) {
-	*h = append(*h, heldRetry{items: items, due: c.now().Add(delay), reason: reason})
+	h.retries = append(h.retries, heldRetry{items: items, due: c.now().Add(delay), reason: reason})
 }
 
 // flush retries the held orders, each due when its own delay made it but
 // not before after (the delay of the untried rest retried just before).
 func (h *heldRetries) flush(c *Consumer, after time.Duration) {
 	now := c.now()
-	for _, r := range *h {
+	for _, r := range h.retries {
 		c.retry(r.items, max(r.due.Sub(now), after+time.Millisecond), false, r.reason)
 	}
-	*h = nil
+	h.retries = nil
 }
 
 // contendedBackoff is the delay before an order whose row was locked, in
