@@ -433,17 +433,21 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 	var held heldRetries
 	for i, it := range items {
 		rest := items[i:]
+		// The probe runs once at most: the round ends below whatever it
+		// says. Shutdown during it is handled as before it.
+		slowDB := timeouts >= maxCostly && !answered && workCtx.Err() == nil &&
+			c.slowDatabase(workCtx, batchCtx, stmt, timedOut)
 		switch {
 		case workCtx.Err() != nil:
 			c.handBack(rest)
 			held.flush(c, 0)
 			return
-		case timeouts >= maxCostly && !answered && !c.answers(batchCtx, stmt, timedOut):
+		case slowDB:
 			c.unavailableAfter(workCtx, rest, last, "close", true, &held)
 			return
 		case costly >= maxCostly || batchCtx.Err() != nil:
 			if timeouts >= maxCostly {
-				c.log.Warn("orders timed out alone while the database answers: slow rows, not a slow database; the rest of the batch goes back untried",
+				c.log.Warn("orders timed out alone and the database was not found slow: slow rows; the rest of the batch goes back untried",
 					zap.Strings("serials", timedOut), zap.Int("orders", len(rest)))
 			}
 			held.flush(c, c.retryInOrder(rest, c.untriedBackoff(), "not tried: the batch's time ran out isolating a row"))
@@ -482,18 +486,31 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 	held.flush(c, 0)
 }
 
-// answers reports whether the database answers a read of serials (the
-// lookup statement: no row lock or close trigger stands in its way)
-// within a statement's time, the batch's permitting: after orders timed
-// out alone, it tells rows that are slow to close from a database that
-// is slow (or an orders table that answers nothing, as under a
-// migration's lock). An answer that does not come in time, or an error,
-// is a no.
-func (c *Consumer) answers(batchCtx context.Context, stmt time.Duration, serials []string) bool {
+// slowDatabase reports whether the database failed to answer a read of
+// serials (the lookup statement: no row lock or close trigger stands in
+// its way) within a statement's time: after orders timed out alone, it
+// tells a database that is slow (or an orders table that answers nothing,
+// as under a migration's lock) from rows that are slow to close. A
+// failure is that verdict only if the database had the time: a probe
+// the batch's deadline cut before a statement's time (the batch's time
+// was used up before it, as under load) or that shutdown cut says
+// nothing about the database — the rows are then taken for slow rows,
+// and oneByOne sends the rest back untried (or hands it back, stopping).
+func (c *Consumer) slowDatabase(workCtx, batchCtx context.Context, stmt time.Duration, serials []string) bool {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
 	_, err := c.store.Lookup(ctx, serials)
-	return err == nil
+	switch {
+	case err == nil:
+		return false
+	case workCtx.Err() != nil:
+		return false
+	case batchCtx.Err() != nil && !ownDeadline(ctx, batchCtx):
+		c.log.Info("no time left to ask the database about the orders that timed out alone; taking them for slow rows",
+			zap.Strings("serials", serials), zap.Error(err))
+		return false
+	}
+	return true
 }
 
 // ownDeadline reports whether ctx, made from batchCtx, ends before the

@@ -1,0 +1,141 @@
+package consumer
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+)
+
+// probeHooks is a Store whose Settle calls afterSettle (if set) once the
+// nth Settle (from 1) has returned, and whose Lookup calls beforeLookup
+// (if set) first.
+type probeHooks struct {
+	Store
+	n            int64
+	settles      atomic.Int64
+	afterSettle  func(err error)
+	beforeLookup func()
+	lookups      atomic.Int64
+}
+
+func (s *probeHooks) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
+	out, err := s.Store.Settle(ctx, serials, fence)
+	if s.settles.Add(1) == s.n && s.afterSettle != nil {
+		s.afterSettle(err)
+	}
+	return out, err
+}
+
+func (s *probeHooks) Lookup(ctx context.Context, serials []string) ([]orders.Found, error) {
+	s.lookups.Add(1)
+	if s.beforeLookup != nil {
+		s.beforeLookup()
+	}
+	return s.Store.Lookup(ctx, serials)
+}
+
+// slowFrontBatch is two rows whose close always times out ahead of four
+// good orders, claimed by a consumer whose dependency backoff is a fixed
+// wait, not cut by stopping: the round that takes it goes order by order
+// and meets the two slow rows first, then probes them.
+func slowFrontBatch(t *testing.T, st time.Duration, lease time.Duration) (e *env, c *Consumer, slow, good []string, items []item) {
+	e = newEnv(t, orderStatements())
+	e.store.SetTimeouts(st, st/2)
+	past := e.redisNow().Add(-time.Second)
+	slow = e.orders("a-slow", 2, past)
+	good = e.orders("b-good", 4, past)
+	e.enqueue(append(append([]string{}, slow...), good...), past)
+	e.slowClosesOf(slow)
+	c = e.consumer(Config{BatchSize: 6, StatementTimeout: st, Lease: lease})
+	c.pgBack = fixedDependencyBackoff(3 * time.Second)
+	c.stopping = make(chan struct{})
+	res, err := c.claimBatch(context.Background())
+	if err != nil || len(res.items) != 6 || res.items[0].serial != slow[0] {
+		t.Fatalf("claim: %v, %d", err, len(res.items))
+	}
+	e.m.SetUp(metrics.DepPostgres, true)
+	return e, c, slow, good, res.items
+}
+
+// Shutdown (the drain timeout ran out: workCtx cancelled) while oneByOne
+// probes two rows that timed out alone: the probe fails because the
+// process is stopping, which says nothing about the database. PostgreSQL
+// must stay up and the untried orders be handed back with their true
+// deadlines (as shutdown does everywhere else), not sent to wait out a
+// dependency backoff a stopping process invented.
+func TestAdvWorkerShutdownDuringTheProbeHandsBack(t *testing.T) {
+	const st = 100 * time.Millisecond
+	e, c, slow, good, items := slowFrontBatch(t, st, 3*time.Second)
+	workCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	hooks := &probeHooks{Store: e.store, beforeLookup: stop}
+	c.store = hooks
+	start := time.Now()
+	c.process(workCtx, items)
+	took := time.Since(start)
+	if hooks.lookups.Load() == 0 {
+		t.Fatal("no probe: the test proved nothing")
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 1 {
+		t.Errorf("dependency_up{postgres} = %v after a shutdown during the probe, want 1: a stopping process is not a slow database", v)
+	}
+	ctx := context.Background()
+	for _, s := range good {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil || got.State != client.StateQueued || got.Attempts != 0 {
+			t.Errorf("%s, untried, after a shutdown during the probe: %+v (%v), want handed back (queued, 0 attempts)", s, got, err)
+		}
+	}
+	e.assertSlowRowsKept(t, slow)
+	t.Logf("the round took %v", took.Round(time.Millisecond))
+}
+
+// The reply of the second row that timed out alone comes back with the
+// batch's time all used (a loaded machine: the reply read late): the
+// probe then has no time at all, and fails on the batch's deadline, not
+// its own — no sign the database cannot answer a read within a
+// statement's time. That must not be taken for a slow database
+// (PostgreSQL down, the worker waiting out the dependency backoff): the
+// rest goes back untried, as when the batch's time runs out isolating
+// rows.
+func TestAdvWorkerProbeWithoutTimeIsNoVerdict(t *testing.T) {
+	const st = 100 * time.Millisecond
+	e, c, slow, good, items := slowFrontBatch(t, st, 3*time.Second)
+	batch, _ := c.batchBudget()
+	var start time.Time
+	// Settle 1 is the batch, 2 and 3 the slow rows alone.
+	hooks := &probeHooks{Store: e.store, n: 3, afterSettle: func(err error) {
+		if !orders.TimedOut(err) {
+			t.Errorf("the second slow row alone: %v, want a statement timeout", err)
+		}
+		time.Sleep(time.Until(start.Add(batch + 20*time.Millisecond)))
+	}}
+	c.store = hooks
+	start = time.Now()
+	c.process(context.Background(), items)
+	took := time.Since(start)
+	if hooks.lookups.Load() == 0 {
+		t.Fatal("no probe: the test proved nothing")
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 1 {
+		t.Errorf("dependency_up{postgres} = %v after a probe the batch left no time, want 1", v)
+	}
+	if took >= batch+3*time.Second {
+		t.Errorf("the round took %v: the worker waited out the dependency backoff (3s) for a probe the batch left no time", took.Round(time.Millisecond))
+	}
+	ctx := context.Background()
+	for _, s := range good {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil || got.State != client.StateBackoff || got.Attempts != 0 || got.Until.Sub(e.redisNow()) > time.Second {
+			t.Errorf("%s, untried: %+v (%v), want backoff due within a second, 0 attempts", s, got, err)
+		}
+	}
+	e.assertSlowRowsKept(t, slow)
+}
