@@ -139,3 +139,46 @@ func TestAdvWorkerProbeWithoutTimeIsNoVerdict(t *testing.T) {
 	}
 	e.assertSlowRowsKept(t, slow)
 }
+
+// The probe that finds the database slow is a lookup statement that
+// failed: counted in errors_total{stage="lookup"}, as every failed
+// statement is, so the rate of failed statements an operator graphs does
+// not leave out the one that marked PostgreSQL down. The orders table
+// locked (a migration's ACCESS EXCLUSIVE lock) just after the two rows
+// timed out alone: the probe waits on the lock, and fails.
+func TestAdvWorkerFailedProbeIsCounted(t *testing.T) {
+	const st = 100 * time.Millisecond
+	e, c, slow, good, items := slowFrontBatch(t, st, 3*time.Second)
+	ctx := context.Background()
+	if _, err := e.store.Lookup(ctx, good); err != nil { // prepared before the lock
+		t.Fatal(err)
+	}
+	lock, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Rollback() })
+	hooks := &probeHooks{Store: e.store, n: 3, afterSettle: func(error) {
+		if _, err := lock.Exec(`LOCK TABLE orders IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Error(err)
+		}
+	}}
+	c.store = hooks
+	stopped := make(chan struct{})
+	close(stopped)
+	c.stopping = stopped // the test needs no wait
+	before := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageLookup))
+	c.process(ctx, items)
+	if hooks.lookups.Load() != 1 {
+		t.Fatalf("%d lookups, want the probe alone", hooks.lookups.Load())
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 0 {
+		t.Errorf("dependency_up{postgres} = %v with the orders table locked, want 0", v)
+	}
+	if k := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageLookup)) - before; k != 1 {
+		t.Errorf("errors_total{stage=lookup} grew by %v for the failed probe, want 1", k)
+	}
+	lock.Rollback()
+	e.assertSlowRowsKept(t, slow)
+	e.assertAllInRedisOrClosed(t, append(append([]string{}, slow...), good...))
+}

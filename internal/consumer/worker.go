@@ -496,13 +496,16 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 // was used up before it, as under load) or that shutdown cut says
 // nothing about the database — the rows are then taken for slow rows,
 // and oneByOne sends the rest back untried (or hands it back, stopping).
+// A failed read is counted (errors_total{stage="lookup"}) either way.
 func (c *Consumer) slowDatabase(workCtx, batchCtx context.Context, stmt time.Duration, serials []string) bool {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
 	_, err := c.store.Lookup(ctx, serials)
-	switch {
-	case err == nil:
+	if err == nil {
 		return false
+	}
+	c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
+	switch {
 	case workCtx.Err() != nil:
 		return false
 	case batchCtx.Err() != nil && !ownDeadline(ctx, batchCtx):
