@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -181,4 +182,89 @@ func TestAdvWorkerFailedProbeIsCounted(t *testing.T) {
 	lock.Rollback()
 	e.assertSlowRowsKept(t, slow)
 	e.assertAllInRedisOrClosed(t, append(append([]string{}, slow...), good...))
+}
+
+// failFenceOnSettle is a Store whose nth Settle (from 1) runs with a
+// fence that fails as it would with Redis gone: the close rolls back
+// (orders.FenceError).
+type failFenceOnSettle struct {
+	Store
+	n     int64
+	calls atomic.Int64
+}
+
+func (s *failFenceOnSettle) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
+	if s.calls.Add(1) == s.n {
+		fence = func(context.Context, []string) ([]string, error) {
+			return nil, errors.New("injected: redis gone during the fence")
+		}
+	}
+	return s.Store.Settle(ctx, serials, fence)
+}
+
+// The queue (not the database) goes away while oneByOne tries an order
+// alone: its fence fails and the close rolls back. On the away path
+// (0601633) that order is held and the untried rest sent back before the
+// wait — but the fault is Redis's: PostgreSQL must stay up, no attempt
+// is spent, and every order closes on the next round.
+func TestAdvWorkerFenceErrorAloneIsNotPostgresDown(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	const st = 200 * time.Millisecond
+	e.store.SetTimeouts(st, st/2)
+	past := e.redisNow().Add(-time.Second)
+	bad := e.orders("a-bad", 1, past)[0]
+	good := e.orders("b-good", 6, past)
+	e.enqueue([]string{bad}, past.Add(-time.Second))
+	e.enqueue(good, past)
+	e.failClose(bad, "40001") // the batch goes order by order at once
+	c := e.consumer(Config{BatchSize: 7, StatementTimeout: st, Lease: 10 * st})
+	c.pgBack = fixedDependencyBackoff(300 * time.Millisecond)
+	c.stopping = make(chan struct{})
+	// Settle 1 is the batch, 2 the bad row alone, 3 the first good order.
+	store := &failFenceOnSettle{Store: e.store, n: 3}
+	c.store = store
+	ctx := context.Background()
+	e.m.SetUp(metrics.DepPostgres, true)
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 7 || res.items[0].serial != bad {
+		t.Fatalf("claim: %v, %d", err, len(res.items))
+	}
+	start := time.Now()
+	c.process(ctx, res.items)
+	took := time.Since(start)
+	if store.calls.Load() != 3 {
+		t.Fatalf("%d closes, want 3: the round went on after the queue went away", store.calls.Load())
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 1 {
+		t.Errorf("dependency_up{postgres} = %v after a fence error (Redis's), want 1", v)
+	}
+	if took < 300*time.Millisecond {
+		t.Errorf("the round took %v: the worker did not wait out the dependency backoff for the queue", took)
+	}
+	state := map[string]client.Entry{}
+	for _, s := range append([]string{bad}, good...) {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil || got.State != client.StateBackoff || got.Attempts != 0 {
+			t.Errorf("%s after the round: %+v (%v), want backoff, 0 attempts", s, got, err)
+		}
+		state[s] = got
+	}
+	for _, s := range good[1:] {
+		if !state[s].Until.Before(state[good[0]].Until) {
+			t.Errorf("%s (untried) due at %v, not before %s (its fence failed) at %v", s, state[s].Until, good[0], state[good[0]].Until)
+		}
+	}
+	c.store = e.store
+	e.dueAll()
+	again, err := c.claimBatch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.process(ctx, again.items)
+	for _, s := range good {
+		if st := e.status(s); st != "closed" {
+			t.Errorf("%s is %s after the next round, want closed", s, st)
+		}
+	}
+	e.assertAllInRedisOrClosed(t, append([]string{bad}, good...))
 }
