@@ -268,3 +268,88 @@ func TestAdvWorkerFenceErrorAloneIsNotPostgresDown(t *testing.T) {
 	}
 	e.assertAllInRedisOrClosed(t, append([]string{bad}, good...))
 }
+
+// The same outage as TestOneByOneBeginStallSendsTheRestBackBeforeTheWait,
+// met by a split instead of oneByOne: a batch fails on one row's data
+// (22003, a shop's trigger), is split in halves, and PostgreSQL goes away
+// (connections cut) as the first half is closed. The second half, not
+// tried yet, must not stay leased while the worker waits out the
+// dependency backoff: a wait past its lease has another replica take it
+// over as if this one had died.
+func TestAdvWorkerSplitOutageSendsTheOtherHalfBackBeforeTheWait(t *testing.T) {
+	// at: the Settle the outage comes before (1 the batch, 2 its first
+	// half, 3 that half's first half); untried: the good orders put off
+	// by then (items 4–7, and 2–3 a level deeper).
+	for _, tc := range []struct {
+		name    string
+		at      int64
+		untried []int
+	}{
+		{"first half", 2, []int{3, 4, 5, 6}},
+		{"first quarter", 3, []int{1, 2, 3, 4, 5, 6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testSplitOutage(t, tc.at, tc.untried) })
+	}
+}
+
+func testSplitOutage(t *testing.T, at int64, untried []int) {
+	e, px := newProxiedEnv(t)
+	const st = 400 * time.Millisecond
+	e.store.SetTimeouts(st, st/2)
+	past := e.redisNow().Add(-time.Second)
+	bad := e.orders("a-bad", 1, past)[0]
+	good := e.orders("b-good", 7, past)
+	e.enqueue([]string{bad}, past.Add(-time.Second))
+	e.enqueue(good, past)
+	e.failClose(bad, "22003")
+	c := e.consumer(Config{Owner: "A", BatchSize: 8, StatementTimeout: st, Lease: 6 * st})
+	const wait = 5 * time.Second // well past the lease
+	c.pgBack = fixedDependencyBackoff(wait)
+	stop := make(chan struct{})
+	c.stopping = stop
+	c.store = &stallOnSettle{Store: e.store, n: at, stall: func() { px.Down() }}
+	b := e.consumer(Config{Owner: "B", BatchSize: 8, StatementTimeout: st, Lease: 6 * st})
+	ctx := context.Background()
+	e.m.SetUp(metrics.DepPostgres, true)
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 8 || res.items[0].serial != bad {
+		t.Fatalf("claim: %v, %d", err, len(res.items))
+	}
+	claimed, err := e.cl.Get(ctx, good[6])
+	if err != nil || claimed.State != client.StateLeased {
+		t.Fatalf("after the claim: %+v (%v)", claimed, err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); c.process(ctx, res.items) }()
+	eventually(t, "PostgreSQL marked down by the outage", 10*time.Second, func() bool {
+		return testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)) == 0
+	})
+	select {
+	case <-done:
+		t.Fatal("the round ended without waiting out the dependency backoff: the test proved nothing")
+	default:
+	}
+	for _, i := range untried {
+		s := good[i]
+		got, err := e.cl.Get(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != client.StateBackoff || got.Attempts != 0 {
+			t.Errorf("%s, in the half not tried yet, while A waits out the dependency backoff: %s (%d attempts), want backoff with 0 attempts: sent back before the wait", s, got.State, got.Attempts)
+		}
+	}
+	eventually(t, "the batch's lease is over", 10*time.Second, func() bool { return e.redisNow().After(claimed.Until.Add(50 * time.Millisecond)) })
+	taken, err := b.claimBatch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(taken.items) > 0 || taken.reclaimed > 0 {
+		t.Errorf("B took %d orders (%d of an expired lease) while A waited: A's untried halves were left leased for its wait", len(taken.items), taken.reclaimed)
+	}
+	close(stop)
+	<-done
+	px.Up()
+	b.process(ctx, taken.items)
+	e.assertAllInRedisOrClosed(t, append([]string{bad}, good...))
+}

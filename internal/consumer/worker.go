@@ -20,6 +20,7 @@ import (
 func (c *Consumer) process(workCtx context.Context, items []item) {
 	defer c.m.Inflight.Sub(float64(len(items)))
 	batch, stmt := c.batchBudget()
+	workCtx = context.WithValue(workCtx, untriedKey{}, &untriedParts{})
 	ctx, cancel := context.WithTimeout(workCtx, batch)
 	defer cancel()
 	c.h.process(workCtx, ctx, stmt, items)
@@ -370,12 +371,29 @@ func (c *Consumer) away(workCtx context.Context, items []item, err error, stage 
 // unavailableAfter is unavailable; items come due in the order given
 // (retryInOrder), and the orders in held after them. Every retry is
 // issued before the wait: nothing of the batch stays leased through it.
+//
+// The parts of the batch a split put off (untriedParts), still leased and
+// not tried, are sent back too, before the wait: after items if held is
+// set (items are then oneByOne's untried rest), before them if not (items
+// then met the outage); the splits that put them off then return.
 func (c *Consumer) unavailableAfter(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
 	d := c.pgBackoff()
-	if held == nil {
+	var later []item
+	if u, _ := workCtx.Value(untriedKey{}).(*untriedParts); u != nil && len(u.parts) > 0 {
+		for i := len(u.parts) - 1; i >= 0; i-- { // the innermost split's first: batch order
+			later = append(later, u.parts[i]...)
+		}
+		u.parts, u.sent = nil, true
+	}
+	switch {
+	case held != nil:
+		all := append(append(make([]item, 0, len(items)+len(later)), items...), later...)
+		held.flush(c, c.retryInOrder(all, d, err.Error()))
+	case len(later) > 0:
+		after := c.retryInOrder(later, d, "not tried: the database went away isolating an order")
+		c.retry(items, after+time.Millisecond, false, err.Error())
+	default:
 		c.retry(items, d, false, err.Error())
-	} else {
-		held.flush(c, c.retryInOrder(items, d, err.Error()))
 	}
 	if down {
 		c.m.SetUp(metrics.DepPostgres, false)
@@ -625,9 +643,24 @@ func (c *Consumer) contendedBackoff(it item) time.Duration {
 // untried parts of the batch without the group that holds the failing
 // row, so every round closes something even when a loaded database lets
 // a batch's budget hold only a few statements.
+//
+// While it closes the first half, the second is recorded as put off
+// (untriedParts): if the database goes away meanwhile, it is sent back
+// before the worker waits out the dependency backoff (unavailableAfter),
+// not left leased through the wait, and split returns.
 func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	half := len(items) / 2
+	u, _ := workCtx.Value(untriedKey{}).(*untriedParts)
+	if u != nil {
+		u.parts = append(u.parts, items[half:])
+	}
 	err := c.closeItems(workCtx, batchCtx, stmt, items[:half])
+	if u != nil {
+		if u.sent {
+			return
+		}
+		u.parts = u.parts[:len(u.parts)-1]
+	}
 	if batchCtx.Err() != nil && workCtx.Err() == nil {
 		delay := c.entryBackoff(1)
 		if err != nil && !orders.Transient(err) {
@@ -637,6 +670,18 @@ func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, 
 		return
 	}
 	c.closeItems(workCtx, batchCtx, stmt, items[half:])
+}
+
+// untriedKey keys a batch's untriedParts in its workCtx (process).
+type untriedKey struct{}
+
+// untriedParts are the parts of a batch splits put off, innermost last,
+// while they close the part before them: leased, not tried. sent: an
+// outage sent them back (unavailableAfter), so the splits must not try
+// them. One batch's goroutine uses it.
+type untriedParts struct {
+	parts [][]item
+	sent  bool
 }
 
 // notFound backs off orders that have no row yet (the producer may have
