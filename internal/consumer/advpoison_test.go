@@ -352,7 +352,11 @@ func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
 				}
 				return n
 			}
-			eventually(t, fmt.Sprintf("all %d good orders closed", len(good)), 60*time.Second, func() bool { return closed() == len(good) })
+			// Bounded by progress: on a loaded machine a statement can miss
+			// its deadline before it reaches the server (an outage: the
+			// dependency backoff), so rounds close fewer orders; one that
+			// closes none for half a minute is stuck.
+			progressing(t, "good orders closed", len(good), 30*time.Second, closed)
 			t.Logf("%d statements reached a poison row", e.slowCloses())
 			e.assertSlowRowsKept(t, poison)
 		})
