@@ -183,6 +183,27 @@ func eventually(t *testing.T, what string, within time.Duration, cond func() boo
 	}
 }
 
+// progressing polls done (a count of finished work, never falling) until
+// it reaches total, and fails only if it stops growing for stuck: a bound
+// on a round that makes no progress, not on how fast a loaded machine
+// gets through the work.
+func progressing(t *testing.T, what string, total int, stuck time.Duration, done func() int) {
+	t.Helper()
+	last, since := -1, time.Now()
+	for {
+		n := done()
+		switch {
+		case n >= total:
+			return
+		case n > last:
+			last, since = n, time.Now()
+		case time.Since(since) > stuck:
+			t.Fatalf("%s: stuck at %d of %d for %s", what, n, total, stuck)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func (e *env) card(key string) int64 {
 	e.t.Helper()
 	n, err := e.rdb.ZCard(context.Background(), key).Result()

@@ -1,7 +1,8 @@
 package testenv
 
 import (
-	"io"
+	"bytes"
+	"encoding/binary"
 	"net"
 	"sync"
 	"testing"
@@ -13,8 +14,9 @@ import (
 // connections elsewhere (a Service following a failover), Stall holds
 // the server's replies back for a while (a statement that committed on the
 // server while its client's deadline ran out), and DropReplies loses them
-// (a connection cut after the server did the work). The servers behind it
-// are never touched.
+// (a connection cut after the server did the work). StallOnQuery starts a
+// stall when a client sends a given query (a slow BEGIN, whatever the
+// clock did before it). The servers behind it are never touched.
 type Proxy struct {
 	ln net.Listener
 
@@ -24,6 +26,9 @@ type Proxy struct {
 	stall  time.Time     // server-to-client bytes are held until then
 	wake   chan struct{} // closed (and replaced) when Stall or Down changes a stall in progress
 	drop   int           // server-to-client reads to discard, cutting their connection
+	onQ    []byte        // StallOnQuery's message: a client chunk holding it starts a stall of onQFor
+	onQFor time.Duration
+	onQHit chan struct{} // closed when onQ passed
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 }
@@ -92,6 +97,57 @@ func (p *Proxy) Stall(d time.Duration) {
 	p.stall = time.Now().Add(d)
 	p.wakeLocked()
 	p.mu.Unlock()
+}
+
+// StallOnQuery arms a stall that the client starts: the next time a client
+// sends the simple-protocol query q (PostgreSQL's Query message, as lib/pq
+// sends "BEGIN READ WRITE"), every byte the server sends is held for d from the moment
+// the query passes the proxy — before the server has seen it, so its answer
+// is among them. It fires once; the channel is closed when it has. The
+// message is looked for in each chunk the client writes (lib/pq writes a
+// message whole).
+func (p *Proxy) StallOnQuery(q string, d time.Duration) <-chan struct{} {
+	msg := make([]byte, 5, 6+len(q))
+	msg[0] = 'Q'
+	binary.BigEndian.PutUint32(msg[1:], uint32(4+len(q)+1))
+	msg = append(append(msg, q...), 0)
+	hit := make(chan struct{})
+	p.mu.Lock()
+	p.onQ, p.onQFor, p.onQHit = msg, d, hit
+	p.mu.Unlock()
+	return hit
+}
+
+// queried starts StallOnQuery's stall if chunk, from a client, holds its
+// query.
+func (p *Proxy) queried(chunk []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.onQ == nil || !bytes.Contains(chunk, p.onQ) {
+		return
+	}
+	p.stall = time.Now().Add(p.onQFor)
+	p.wakeLocked()
+	close(p.onQHit)
+	p.onQ, p.onQHit = nil, nil
+}
+
+// watchingCopy copies client bytes to the server like io.Copy, starting
+// StallOnQuery's stall before the chunk holding its query goes on.
+func (p *Proxy) watchingCopy(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.queried(buf[:n])
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // DropReplies discards the next n reads of server bytes, on whichever
@@ -191,7 +247,7 @@ func (p *Proxy) accept() {
 			if fromServer {
 				p.stallingCopy(dst, src)
 			} else {
-				io.Copy(dst, src) //nolint:errcheck // a cut connection ends the copy
+				p.watchingCopy(dst, src)
 			}
 			dst.Close()
 			src.Close()
