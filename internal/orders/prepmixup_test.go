@@ -2,7 +2,6 @@ package orders_test
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
@@ -76,58 +75,7 @@ func TestPreparedStatementMixUpBehindAPoolerIsAnErrorNotAnotherStatement(t *test
 					continue
 				}
 				name := fmt.Sprintf("%s: %.30q bound to %.30q", p.name, victim.statement, impostor.statement)
-				t.Run(name, func(t *testing.T) {
-					db := oneConn(t)
-					s := orders.NewStore(db, p.stmts)
-					batch(t, ctx, db, s, "prepared")
-					var at string
-					for _, h := range preparedInSession(t, db) {
-						if h.statement == victim.statement {
-							at = h.name
-						}
-					}
-					if at == "" {
-						t.Fatalf("%.40q is not prepared in the session", victim.statement)
-					}
-					params := ""
-					if len(impostor.types) > 0 {
-						params = "(" + strings.Join(impostor.types, ", ") + ")"
-					}
-					if _, err := db.ExecContext(ctx, fmt.Sprintf(`DEALLOCATE %s; PREPARE %s%s AS %s`,
-						pq.QuoteIdentifier(at), pq.QuoteIdentifier(at), params, impostor.statement)); err != nil {
-						t.Fatal(err)
-					}
-
-					// The lookup first: it must read, never close.
-					pending := pendingOrders(t, db, "looked", 3)
-					found, err := s.Lookup(ctx, pending)
-					if err != nil || len(found) != 3 {
-						t.Errorf("Lookup of 3 pending orders = %+v, %v", found, err)
-					}
-					for _, f := range found {
-						if !f.Pending {
-							t.Errorf("Lookup says %s is not pending", f.Serial)
-						}
-					}
-					var closed int
-					if err := db.GetContext(ctx, &closed, `SELECT count(*) FROM orders
-						WHERE serial_no = ANY($1) AND status <> 'pending'`, pq.Array(pending)); err != nil {
-						t.Fatal(err)
-					}
-					if closed != 0 {
-						t.Errorf("the lookup closed %d of 3 orders, outside any fenced transaction", closed)
-					}
-					// Then a batch: it closes what it says it closed.
-					batch(t, ctx, db, s, "after")
-					var left int
-					if err := db.GetContext(ctx, &left, `SELECT count(*) FROM orders
-						WHERE serial_no LIKE 'after-%' AND status = 'pending'`); err != nil {
-						t.Fatal(err)
-					}
-					if left != 0 {
-						t.Errorf("the batch said it closed every order, but %d of them are still pending", left)
-					}
-				})
+				t.Run(name, func(t *testing.T) { mixUp(t, ctxT(t), p.stmts, victim, impostor) })
 			}
 		}
 	}
