@@ -153,6 +153,43 @@ func TestAdvPoisonRetryInOrderRedisFailsMidway(t *testing.T) {
 	}
 }
 
+// roundReaching runs rounds of c — a claim of want orders, then run on
+// them in the background — until one has sent its n-th statement to a slow
+// row while it still runs, and returns that round's end and the slow
+// statements the rounds before it sent. On a loaded machine a round's
+// BEGIN can miss its deadline (an outage: the batch goes back, retried
+// after the dependency backoff) before it reaches the slow rows; that
+// round proves nothing either way, so another follows, at most five.
+func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]item)) (done <-chan struct{}, before int) {
+	t.Helper()
+	ctx := context.Background()
+	for round := 1; ; round++ {
+		before = e.slowCloses()
+		res, err := c.claimBatch(ctx)
+		if err != nil || len(res.items) != want {
+			t.Fatalf("round %d: claim: %v, %d items, want %d", round, err, len(res.items), want)
+		}
+		ch := make(chan struct{})
+		go func() { defer close(ch); run(res.items) }()
+		ended := false
+		for !ended && e.slowCloses() < before+n {
+			select {
+			case <-ch:
+				ended = true
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		if !ended {
+			return ch, before
+		}
+		if round == 5 {
+			t.Fatalf("no round of 5 reached its %d-th slow statement while it ran", n)
+		}
+		t.Logf("round %d ended before its %d-th slow statement (%d): another", round, n, e.slowCloses()-before)
+		e.dueAll()
+	}
+}
+
 // A producer moves an order an hour later (raw ZADD, and through the
 // client: Reschedule) while oneByOne is on the batch's last slow row:
 // with two slow rows the round sends the moved order back untried, as a
@@ -177,14 +214,8 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 			close(stop)
 			c.stopping = stop
 			ctx := context.Background()
-			res, err := c.claimBatch(ctx)
-			if err != nil || len(res.items) != 8 {
-				t.Fatalf("claim: %v, %d", err, len(res.items))
-			}
-			done := make(chan struct{})
-			go func() { defer close(done); c.process(ctx, res.items) }()
 			// 1: the batch's statement, 2: the first slow row alone, 3: the second.
-			eventually(t, "oneByOne reaches the last slow row", 10*time.Second, func() bool { return e.slowCloses() >= 1+tc.nPoison })
+			done, before := e.roundReaching(t, c, 8, 1+tc.nPoison, func(items []item) { c.process(ctx, items) })
 			switch how {
 			case "zadd":
 				e.enqueue([]string{moved}, later)
@@ -194,7 +225,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 				}
 			}
 			<-done
-			if n := e.slowCloses(); n != 1+tc.nPoison {
+			if n := e.slowCloses() - before; n != 1+tc.nPoison {
 				t.Fatalf("%d slow statements, want %d: the test proved nothing", n, 1+tc.nPoison)
 			}
 			if s := e.status(moved); s != "pending" {
@@ -240,13 +271,7 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 	close(stop)
 	a.stopping, b.stopping = stop, stop
 	ctx := context.Background()
-	res, err := a.claimBatch(ctx)
-	if err != nil || len(res.items) != 8 {
-		t.Fatalf("claim: %v, %d", err, len(res.items))
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); a.process(ctx, res.items) }()
-	eventually(t, "oneByOne reaches the second slow row", 10*time.Second, func() bool { return e.slowCloses() >= 3 })
+	done, _ := e.roundReaching(t, a, 8, 3, func(items []item) { a.process(ctx, items) })
 	e.expire(good[0])
 	taken, err := b.claimBatch(ctx)
 	if err != nil {
@@ -286,15 +311,11 @@ func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
 	c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
 	c.stopping = make(chan struct{})
 	ctx := context.Background()
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 8 {
-		t.Fatalf("claim: %v, %d", err, len(res.items))
-	}
-	e.m.SetUp(metrics.DepPostgres, true)
 	work, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); c.process(work, res.items) }()
-	eventually(t, "oneByOne reaches the second slow row", 10*time.Second, func() bool { return e.slowCloses() >= 3 })
+	done, _ := e.roundReaching(t, c, 8, 3, func(items []item) {
+		e.m.SetUp(metrics.DepPostgres, true) // a round cut before it reached the rows marked it down
+		c.process(work, items)
+	})
 	cancel()
 	<-done
 	e.assertAllInRedisOrClosed(t, all)
