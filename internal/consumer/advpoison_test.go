@@ -204,7 +204,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 		how := tc.how
 		t.Run(fmt.Sprintf("%s after %d slow rows", tc.how, tc.nPoison), func(t *testing.T) {
 			e := newEnv(t, orderStatements())
-			const st = 200 * time.Millisecond
+			const st = time.Second // the producer acts while a slow row runs: a window wide enough for a loaded machine
 			e.store.SetTimeouts(st, st/2)
 			_, good := e.poisonBatch(tc.nPoison, 8-tc.nPoison)
 			moved := good[2]
@@ -261,7 +261,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	e.closeAudit()
-	const st = 200 * time.Millisecond
+	const st = time.Second // B takes over while a slow row runs: a window wide enough for a loaded machine
 	e.store.SetTimeouts(st, st/2)
 	poison, good := e.poisonBatch(2, 6)
 	all := append(append([]string{}, poison...), good...)
@@ -304,7 +304,7 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 // spent, PostgreSQL not marked down.
 func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	const st = 300 * time.Millisecond
+	const st = time.Second // shutdown comes while a slow row runs: a window wide enough for a loaded machine
 	e.store.SetTimeouts(st, st/2)
 	poison, good := e.poisonBatch(2, 6)
 	all := append(append([]string{}, poison...), good...)
