@@ -20,7 +20,6 @@ import (
 func (c *Consumer) process(workCtx context.Context, items []item) {
 	defer c.m.Inflight.Sub(float64(len(items)))
 	batch, stmt := c.batchBudget()
-	workCtx = context.WithValue(workCtx, untriedKey{}, &untriedParts{})
 	ctx, cancel := context.WithTimeout(workCtx, batch)
 	defer cancel()
 	c.h.process(workCtx, ctx, stmt, items)
@@ -66,8 +65,7 @@ func (c *Consumer) closeItems(workCtx, batchCtx context.Context, stmt time.Durat
 
 // closeItemsHeld is closeItems; held, if not nil, collects the orders whose
 // retry oneByOne issues itself, after the untried rest of its batch
-// (failed), and records a database found away (away): oneByOne then sends
-// the rest back before it waits.
+// (failed).
 func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.Duration, items []item, held *heldRetries) error {
 	ctx, cancel := context.WithTimeout(batchCtx, stmt)
 	defer cancel()
@@ -82,7 +80,7 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 			// after both: the database did not answer for a whole
 			// statement's time — an outage or a stall, never a row cut by
 			// the batch's running out while it isolated one.
-			c.away(workCtx, items, err, "close", true, held)
+			c.unavailableAfter(workCtx, items, err, "close", true, held)
 			return err
 		}
 		c.failed(workCtx, batchCtx, stmt, items, err, "close", held)
@@ -276,8 +274,7 @@ func (c *Consumer) stillPending(items []item) {
 // failed handles a batch whose statement failed. held is oneByOne's (nil
 // elsewhere): an order it tried alone that may close later is recorded
 // there instead of retried at once, so that it comes due after the
-// batch's untried rest; so is one the database (or the queue) was away
-// for (away).
+// batch's untried rest.
 func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, held *heldRetries) {
 	var fenceErr *orders.FenceError
 	// A statement the client cut at its own deadline (not the batch's)
@@ -307,8 +304,8 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// (its session is cut after idle_in_transaction_session_timeout,
 		// see orders.PoolOptions). A statement timeout of one order is
 		// taken for a slow row, not a slow database: the database is
-		// taken to be slow when two orders of a batch time out alone and
-		// it does not answer a read of them in time either (oneByOne).
+		// taken to be slow when two orders of a batch time out alone
+		// (oneByOne).
 		c.log.Warn("this order's row is locked, in conflict or slow to close; retrying it alone",
 			zap.String("serial", items[0].serial), zap.Error(err))
 		if held != nil {
@@ -335,7 +332,7 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		}
 		c.retry(items, c.entryBackoff(1), false, "not finished: the batch's time ran out isolating a row")
 	case errors.As(err, &fenceErr) || orders.Transient(err):
-		c.away(workCtx, items, err, stage, fenceErr == nil, held)
+		c.unavailable(workCtx, items, err, stage, fenceErr == nil)
 	case len(items) > 1:
 		c.log.Warn("statement failed; splitting the batch to isolate the cause", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Error(err))
@@ -355,52 +352,20 @@ func (c *Consumer) unavailable(workCtx context.Context, items []item, err error,
 	c.unavailableAfter(workCtx, items, err, stage, down, nil)
 }
 
-// away is unavailable, except inside oneByOne (held not nil): there items
-// are held and the fault recorded (heldRetries.away), without the wait,
-// so that oneByOne first sends back the orders of its batch it has not
-// tried yet — still leased, which the wait could outlast — and then waits
-// (unavailableAfter).
-func (c *Consumer) away(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
-	if held == nil {
-		c.unavailable(workCtx, items, err, stage, down)
-		return
-	}
-	held.add(c, items, 0, err.Error())
-	held.away = &awayFault{err: err, stage: stage, down: down}
-}
-
 // unavailableAfter is unavailable; items come due in the order given
-// (retryInOrder), and the orders in held after them. Every retry is
-// issued before the wait: nothing of the batch stays leased through it.
-//
-// The parts of the batch a split put off (untriedParts), still leased and
-// not tried, are sent back too, before the wait: after items if held is
-// set (items are then oneByOne's untried rest), before them if not (items
-// then met the outage); the splits that put them off then return.
+// (retryInOrder), and the orders in held after them, before the wait.
 func (c *Consumer) unavailableAfter(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
-	d := c.pgBackoff()
-	var later []item
-	if u, _ := workCtx.Value(untriedKey{}).(*untriedParts); u != nil && len(u.parts) > 0 {
-		for i := len(u.parts) - 1; i >= 0; i-- { // the innermost split's first: batch order
-			later = append(later, u.parts[i]...)
-		}
-		u.parts, u.sent = nil, true
-	}
-	switch {
-	case held != nil:
-		all := append(append(make([]item, 0, len(items)+len(later)), items...), later...)
-		held.flush(c, c.retryInOrder(all, d, err.Error()))
-	case len(later) > 0:
-		after := c.retryInOrder(later, d, "not tried: the database went away isolating an order")
-		c.retry(items, after+time.Millisecond, false, err.Error())
-	default:
-		c.retry(items, d, false, err.Error())
-	}
 	if down {
 		c.m.SetUp(metrics.DepPostgres, false)
 	}
+	d := c.pgBackoff()
 	c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
 		zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
+	if held == nil {
+		c.retry(items, d, false, err.Error())
+	} else {
+		held.flush(c, c.retryInOrder(items, d, err.Error()))
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -421,17 +386,8 @@ const maxCostly = 2
 // slow or locked row for the price of one timeout, where halving the batch
 // would pay one per level. Errors that cost a timeout are bounded: after
 // maxCostly of them, or when the batch's time runs out, the rest goes back
-// untried. If those were all statement timeouts, no order it tried closed
-// and the database does not answer a read of the rows that timed out (the
-// lookup statement) within a statement's time either, the database itself
-// is taken to be slow, as for an outage (PostgreSQL down, the dependency
-// backoff); if it answers, the timeouts were those rows' (a shop's trigger,
-// a hot row) and the rest goes back untried, the database up, no wait:
-// rows that always time out at the front of a backlog's batches cost a
-// few rounds, never a false outage each. No order is remembered for it.
-// When the database or the queue is away while an order is tried alone
-// (away), the untried rest is sent back first, the orders tried after it,
-// and only then does the worker wait out the dependency backoff.
+// untried; and if those were all statement timeouts, the database itself
+// is taken to be slow, as for an outage.
 //
 // Every round makes progress without remembering any order: it tries
 // orders for as long as the batch has time (the batch's own statement
@@ -446,93 +402,47 @@ const maxCostly = 2
 // that stopped it, instead of the same rows first every round.
 func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	costly, timeouts := 0, 0
-	answered := false // an order tried alone closed or was settled
 	var last error
-	var timedOut []string
 	var held heldRetries
 	for i, it := range items {
 		rest := items[i:]
-		// The probe runs once at most: the round ends below whatever it
-		// says. Shutdown during it is handled as before it.
-		slowDB := timeouts >= maxCostly && !answered && workCtx.Err() == nil &&
-			c.slowDatabase(workCtx, batchCtx, stmt, timedOut)
 		switch {
 		case workCtx.Err() != nil:
 			c.handBack(rest)
 			held.flush(c, 0)
 			return
-		case slowDB:
+		case timeouts >= maxCostly:
 			c.unavailableAfter(workCtx, rest, last, "close", true, &held)
 			return
 		case costly >= maxCostly || batchCtx.Err() != nil:
-			if timeouts >= maxCostly {
-				c.log.Warn("orders timed out alone and the database was not found slow: slow rows; the rest of the batch goes back untried",
-					zap.Strings("serials", timedOut), zap.Int("orders", len(rest)))
-			}
 			held.flush(c, c.retryInOrder(rest, c.untriedBackoff(), "not tried: the batch's time ran out isolating a row"))
 			return
 		}
 		err := c.closeItemsHeld(workCtx, batchCtx, stmt, []item{it}, &held)
-		if a := held.away; a != nil {
-			// The database (or the queue) went away: that order is
-			// held; the rest goes back untried, due after the
-			// dependency backoff, rather than fail one by one, and the
-			// worker waits (unavailableAfter) only once all is sent back.
-			held.away = nil
-			if workCtx.Err() != nil {
-				c.handBack(items[i+1:])
-				held.flush(c, 0)
-				return
-			}
-			c.unavailableAfter(workCtx, items[i+1:], a.err, a.stage, a.down, &held)
-			return
-		}
 		switch {
-		case err == nil:
-			answered = true
 		case orders.Costly(err) || c.slowStatement(batchCtx, err):
 			costly++
 			last = err
 			if orders.TimedOut(err) || c.slowStatement(batchCtx, err) {
 				timeouts++
-				timedOut = append(timedOut, it.serial)
 			}
-		case batchCtx.Err() != nil:
+		case err != nil && batchCtx.Err() != nil:
 			// The batch's deadline cut it (failed held it): the rest
 			// goes back untried, above.
+		case err != nil && !orders.Contended(err) && orders.Transient(err):
+			// The database (or the queue) went away: that order was
+			// retried after the dependency backoff; the rest goes back
+			// untried rather than fail one by one.
+			if workCtx.Err() == nil {
+				c.retry(items[i+1:], c.entryBackoff(0), false, "not tried: the database went away isolating a row")
+			} else {
+				c.handBack(items[i+1:])
+			}
+			held.flush(c, 0)
+			return
 		}
 	}
 	held.flush(c, 0)
-}
-
-// slowDatabase reports whether the database failed to answer a read of
-// serials (the lookup statement: no row lock or close trigger stands in
-// its way) within a statement's time: after orders timed out alone, it
-// tells a database that is slow (or an orders table that answers nothing,
-// as under a migration's lock) from rows that are slow to close. A
-// failure is that verdict only if the database had the time: a probe
-// the batch's deadline cut before a statement's time (the batch's time
-// was used up before it, as under load) or that shutdown cut says
-// nothing about the database — the rows are then taken for slow rows,
-// and oneByOne sends the rest back untried (or hands it back, stopping).
-// A failed read is counted (errors_total{stage="lookup"}) either way.
-func (c *Consumer) slowDatabase(workCtx, batchCtx context.Context, stmt time.Duration, serials []string) bool {
-	ctx, cancel := context.WithTimeout(batchCtx, stmt)
-	defer cancel()
-	_, err := c.store.Lookup(ctx, serials)
-	if err == nil {
-		return false
-	}
-	c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
-	switch {
-	case workCtx.Err() != nil:
-		return false
-	case batchCtx.Err() != nil && !ownDeadline(ctx, batchCtx):
-		c.log.Info("no time left to ask the database about the orders that timed out alone; taking them for slow rows",
-			zap.Strings("serials", serials), zap.Error(err))
-		return false
-	}
-	return true
 }
 
 // ownDeadline reports whether ctx, made from batchCtx, ends before the
@@ -586,24 +496,10 @@ func (c *Consumer) retryInOrder(items []item, delay time.Duration, reason string
 
 // heldRetries are the orders oneByOne tried alone and could not close for
 // a reason that may pass (a contended or slow row, a statement its
-// batch's deadline cut, the database away), each with the time its retry
-// would have been due had it been retried at once (failed). They are
-// retried after the batch's untried rest (flush), so they come due after
-// it.
-type heldRetries struct {
-	retries []heldRetry
-	// away, if set, is why the last order was held: the database (or
-	// the queue) was away (Consumer.away).
-	away *awayFault
-}
-
-// awayFault is an outage an order tried alone met: what unavailableAfter
-// is told once oneByOne has the rest of its batch to send back.
-type awayFault struct {
-	err   error
-	stage string
-	down  bool // PostgreSQL's (not the queue's, for a fence error)
-}
+// batch's deadline cut), each with the time its retry would have been due
+// had it been retried at once (failed). They are retried after the
+// batch's untried rest (flush), so they come due after it.
+type heldRetries []heldRetry
 
 type heldRetry struct {
 	items  []item
@@ -612,17 +508,17 @@ type heldRetry struct {
 }
 
 func (h *heldRetries) add(c *Consumer, items []item, delay time.Duration, reason string) {
-	h.retries = append(h.retries, heldRetry{items: items, due: c.now().Add(delay), reason: reason})
+	*h = append(*h, heldRetry{items: items, due: c.now().Add(delay), reason: reason})
 }
 
 // flush retries the held orders, each due when its own delay made it but
 // not before after (the delay of the untried rest retried just before).
 func (h *heldRetries) flush(c *Consumer, after time.Duration) {
 	now := c.now()
-	for _, r := range h.retries {
+	for _, r := range *h {
 		c.retry(r.items, max(r.due.Sub(now), after+time.Millisecond), false, r.reason)
 	}
-	h.retries = nil
+	*h = nil
 }
 
 // contendedBackoff is the delay before an order whose row was locked, in
@@ -644,24 +540,9 @@ func (c *Consumer) contendedBackoff(it item) time.Duration {
 // untried parts of the batch without the group that holds the failing
 // row, so every round closes something even when a loaded database lets
 // a batch's budget hold only a few statements.
-//
-// While it closes the first half, the second is recorded as put off
-// (untriedParts): if the database goes away meanwhile, it is sent back
-// before the worker waits out the dependency backoff (unavailableAfter),
-// not left leased through the wait, and split returns.
 func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, items []item) {
 	half := len(items) / 2
-	u, _ := workCtx.Value(untriedKey{}).(*untriedParts)
-	if u != nil {
-		u.parts = append(u.parts, items[half:])
-	}
 	err := c.closeItems(workCtx, batchCtx, stmt, items[:half])
-	if u != nil {
-		if u.sent {
-			return
-		}
-		u.parts = u.parts[:len(u.parts)-1]
-	}
 	if batchCtx.Err() != nil && workCtx.Err() == nil {
 		delay := c.entryBackoff(1)
 		if err != nil && !orders.Transient(err) {
@@ -671,18 +552,6 @@ func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, 
 		return
 	}
 	c.closeItems(workCtx, batchCtx, stmt, items[half:])
-}
-
-// untriedKey keys a batch's untriedParts in its workCtx (process).
-type untriedKey struct{}
-
-// untriedParts are the parts of a batch splits put off, innermost last,
-// while they close the part before them: leased, not tried. sent: an
-// outage sent them back (unavailableAfter), so the splits must not try
-// them. One batch's goroutine uses it.
-type untriedParts struct {
-	parts [][]item
-	sent  bool
 }
 
 // notFound backs off orders that have no row yet (the producer may have
