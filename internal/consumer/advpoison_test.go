@@ -153,6 +153,16 @@ func TestAdvPoisonRetryInOrderRedisFailsMidway(t *testing.T) {
 	}
 }
 
+// roundLease is the lease of the consumers that roundReaching drives, for
+// a statement timeout of one second: the batch then has 15.5 s
+// (batchBudget), so a loaded machine that answers the batch's statement
+// late still has the time to try its slow rows alone, instead of the
+// batch's deadline sending the whole batch back before it reaches them (a
+// round that proves nothing). Rounds end by the rows' timeouts, never by
+// this budget; the tests move leases by data (expire, dueAll), not by
+// waiting them out.
+const roundLease = 30 * time.Second
+
 // roundReaching runs rounds of c — a claim of want orders, then run on
 // them in the background — until one has sent its n-th statement to a slow
 // row while it still runs, and returns that round's end and the slow
@@ -165,6 +175,7 @@ func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]i
 	ctx := context.Background()
 	for round := 1; ; round++ {
 		before = e.slowCloses()
+		start := time.Now()
 		res, err := c.claimBatch(ctx)
 		if err != nil || len(res.items) != want {
 			t.Fatalf("round %d: claim: %v, %d items, want %d", round, err, len(res.items), want)
@@ -185,7 +196,7 @@ func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]i
 		if round == 5 {
 			t.Fatalf("no round of 5 reached its %d-th slow statement while it ran", n)
 		}
-		t.Logf("round %d ended before its %d-th slow statement (%d): another", round, n, e.slowCloses()-before)
+		t.Logf("round %d ended after %v, before its %d-th slow statement (%d): another", round, time.Since(start).Round(time.Millisecond), n, e.slowCloses()-before)
 		e.dueAll()
 	}
 }
@@ -209,7 +220,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 			_, good := e.poisonBatch(tc.nPoison, 8-tc.nPoison)
 			moved := good[2]
 			later := e.redisNow().Add(time.Hour)
-			c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+			c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 			stop := make(chan struct{})
 			close(stop)
 			c.stopping = stop
@@ -265,8 +276,8 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 	e.store.SetTimeouts(st, st/2)
 	poison, good := e.poisonBatch(2, 6)
 	all := append(append([]string{}, poison...), good...)
-	a := e.consumer(Config{Owner: "A", BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
-	b := e.consumer(Config{Owner: "B", BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+	a := e.consumer(Config{Owner: "A", BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
+	b := e.consumer(Config{Owner: "B", BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 	stop := make(chan struct{})
 	close(stop)
 	a.stopping, b.stopping = stop, stop
@@ -308,7 +319,7 @@ func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
 	e.store.SetTimeouts(st, st/2)
 	poison, good := e.poisonBatch(2, 6)
 	all := append(append([]string{}, poison...), good...)
-	c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
+	c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 	c.stopping = make(chan struct{})
 	ctx := context.Background()
 	work, cancel := context.WithCancel(ctx)
