@@ -419,11 +419,12 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 			return
 		}
 		err := c.closeItemsHeld(workCtx, batchCtx, stmt, []item{it}, &held)
+		slow := c.slowStatement(batchCtx, err)
 		switch {
-		case orders.Costly(err) || c.slowStatement(batchCtx, err):
+		case orders.Costly(err) || slow:
 			costly++
 			last = err
-			if orders.TimedOut(err) || c.slowStatement(batchCtx, err) {
+			if orders.TimedOut(err) || slow {
 				timeouts++
 			}
 		case err != nil && batchCtx.Err() != nil:
