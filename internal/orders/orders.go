@@ -301,25 +301,16 @@ func (s *Store) Settle(ctx context.Context, serials []string, fence Fence) (Outc
 // transaction is run again at once, with the statements prepared again or
 // unprepared, since the batch has nothing to do with it.
 func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outbox string, dryRun, one bool) (Outcome, error) {
-	cured := 0
-	var probe error // a suspect error of a prepared run, being probed unprepared
+	cured := 0 // for the whole call, across the runs without fence-dropped serials
 	for {
-		st := callState{unprepared: probe != nil}
-		out, drop, err := s.closeOnce(ctx, serials, fence, outbox, dryRun, one, &st)
+		var out Outcome
+		var drop []string
+		err := s.runCured(ctx, &cured, func(st *callState) (err error) {
+			out, drop, err = s.closeOnce(ctx, serials, fence, outbox, dryRun, one, st)
+			return err
+		})
 		if err != nil {
-			if cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
-				cured++
-				continue
-			}
-			if probe == nil && st.ranPrepared && ctx.Err() == nil && suspect(err) {
-				probe = err
-				continue
-			}
 			return Outcome{}, err
-		}
-		if probe != nil {
-			s.prep.fallBack(probe) // unprepared, it ran: the prepared one was not ours
-			probe = nil
 		}
 		if len(drop) == 0 {
 			return out, nil
@@ -338,6 +329,39 @@ func (s *Store) closeTx(ctx context.Context, serials []string, fence Fence, outb
 // prepared statement went stale or was lost (prepared.cure): a table
 // altered again meanwhile, then a pooler.
 const maxCures = 2
+
+// runCured runs attempt, a call's statements, and runs it again at once
+// when its error says nothing about the orders but about the prepared
+// statements: one that went stale or that a pooler lost (prepared.cure, at
+// most maxCures times), or a data exception that a pooler's mix-up may
+// have caused (suspect), which is probed once unprepared — if that run
+// succeeds, the prepared statement was not ours and the store falls back
+// to unprepared statements for good. Nothing is run again once ctx ended.
+// cured counts the cures of the whole call (a close runs again without the
+// serials its fence dropped, under the same bound). It returns attempt's
+// last error.
+func (s *Store) runCured(ctx context.Context, cured *int, attempt func(*callState) error) error {
+	var probe error // a suspect error of a prepared run, being probed unprepared
+	for {
+		st := callState{unprepared: probe != nil}
+		err := attempt(&st)
+		switch {
+		case err == nil:
+			if probe != nil {
+				s.prep.fallBack(probe) // unprepared, it ran: the prepared one was not ours
+			}
+			return nil
+		case ctx.Err() != nil:
+			return err
+		case *cured < maxCures && s.prep.cure(err):
+			*cured++
+		case probe == nil && st.ranPrepared && suspect(err):
+			probe = err
+		default:
+			return err
+		}
+	}
+}
 
 // callState is what one run of a call is told (run unprepared) and tells
 // (a statement ran prepared).
@@ -642,23 +666,17 @@ type Found struct {
 // Settle runs its statements), again at once if that went stale or was
 // lost.
 func (s *Store) Lookup(ctx context.Context, serials []string) ([]Found, error) {
-	var probe error // as in closeTx
-	for cured := 0; ; cured++ {
+	var found []Found
+	cured := 0
+	err := s.runCured(ctx, &cured, func(st *callState) (err error) {
 		s.prep.ensure(ctx, s.stmts.Lookup)
-		st := callState{unprepared: probe != nil}
-		found, err := s.lookupOnce(ctx, serials, &st)
-		if err != nil && cured < maxCures && ctx.Err() == nil && s.prep.cure(err) {
-			continue
-		}
-		if err != nil && probe == nil && st.ranPrepared && ctx.Err() == nil && suspect(err) {
-			probe = err
-			continue
-		}
-		if err == nil && probe != nil {
-			s.prep.fallBack(probe)
-		}
-		return found, clientCut(ctx, err)
+		found, err = s.lookupOnce(ctx, serials, st)
+		return err
+	})
+	if err != nil {
+		return nil, clientCut(ctx, err)
 	}
+	return found, nil
 }
 
 func (s *Store) lookupOnce(ctx context.Context, serials []string, st *callState) (_ []Found, err error) {
