@@ -488,7 +488,21 @@ if #unmember > 0 then
   bulk('ZREM', KEYS[3], unmember)
 end
 if n > 0 then
+  -- Redis keeps a hash of up to hash-max-listpack-entries fields (512 by
+  -- default) as a listpack (a ziplist before 7.0), where each field a
+  -- command names is found by a scan of the whole hash: a batch of 500
+  -- would cost this HSET, and the fence's and finish's HMGET and HDEL, 500
+  -- scans each. Past 128 records a compact hash is made a table first, by
+  -- a field whose value no listpack takes (over hash-max-listpack-value,
+  -- 64 by default), removed again at once; Redis never turns a table back
+  -- into a listpack while it runs (a restart may: the next claim turns it
+  -- again). The field "\0" is no serial, and nothing reads the hash in
+  -- between. A table is left alone, so the pair is written (and
+  -- replicated) only when the hash changes form.
+  local wide = redis.call('HLEN', KEYS[4]) + n > 128 and redis.call('OBJECT', 'ENCODING', KEYS[4]) ~= 'hashtable'
+  if wide then redis.call('HSET', KEYS[4], '\0', string.rep('-', 1024)) end
   bulk('HSET', KEYS[4], leaseArgs)
+  if wide then redis.call('HDEL', KEYS[4], '\0') end
   if batch then
     redis.call('ZADD', KEYS[9], expiry, token)
     redis.call('HSET', KEYS[10], token, table.concat(members, '\n'), '#' .. token, #members, '<' .. token, oldest)
