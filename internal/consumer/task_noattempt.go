@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -30,6 +31,7 @@ import (
 type NoAttemptError struct {
 	Err         error
 	Unavailable bool // false: Later
+	Untried     bool // Later, not tried: retried before the batch's others (NotTried)
 }
 
 func (e *NoAttemptError) Error() string { return e.Err.Error() }
@@ -44,6 +46,11 @@ func Unavailable(err error) error { return &NoAttemptError{Err: err, Unavailable
 // tried (see NoAttemptError).
 func Later(err error) error { return &NoAttemptError{Err: err} }
 
+// NotTried is Later for a task its batch never tried (its time ran out
+// isolating another): it comes due, in the batch's order, before the
+// batch's tasks that were tried, so the next claim meets it first.
+func NotTried(err error) error { return &NoAttemptError{Err: err, Untried: true} }
+
 // noAttempt is the NoAttemptError in err, or nil.
 func noAttempt(err error) *NoAttemptError {
 	var na *NoAttemptError
@@ -56,7 +63,11 @@ func noAttempt(err error) *NoAttemptError {
 // retryNoAttempt retries tasks whose action failed with a NoAttemptError,
 // spending no attempt. It holds the worker back for the dependency backoff
 // when some were Unavailable, so it comes last in a batch's bookkeeping.
-func (c *Consumer) retryNoAttempt(workCtx context.Context, later, down []item, laterErr, downErr error) {
+func (c *Consumer) retryNoAttempt(workCtx context.Context, untried, later, down []item, laterErr, downErr error) {
+	// What was tried alone comes due last (heldRetries), after the untried
+	// and the unavailable, each in the batch's order (retryInOrder), as in
+	// the order worker's oneByOne.
+	var held heldRetries
 	if len(later) > 0 {
 		oldest := later[0]
 		for _, it := range later[1:] {
@@ -67,13 +78,21 @@ func (c *Consumer) retryNoAttempt(workCtx context.Context, later, down []item, l
 		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(later)))
 		c.log.Warn("task action failed for a reason that spends no attempt; retrying",
 			zap.Int("tasks", len(later)), zap.Error(laterErr))
-		c.retry(later, c.contendedBackoff(oldest), false, laterErr.Error())
+		held.add(c, later, c.contendedBackoff(oldest), laterErr.Error())
+	}
+	if len(untried) > 0 {
+		after := c.retryInOrder(untried, c.untriedBackoff(), "not tried: the batch's time ran out isolating a task")
+		for i := range held {
+			held[i].due = maxTime(held[i].due, c.now().Add(after+time.Millisecond))
+		}
 	}
 	if len(down) > 0 {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(down)))
 		// down=false: the order path and the daemon's health check own
 		// orderdelay_dependency_up; a task queue would set it but never
 		// clear it (a webhook queue's success says nothing of PostgreSQL).
-		c.unavailable(workCtx, down, downErr, "close", false)
+		c.unavailableAfter(workCtx, down, downErr, "close", false, &held)
+		return
 	}
+	held.flush(c, 0)
 }

@@ -49,7 +49,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		}
 	}
 	now := c.now()
-	var done, later, down []item
+	var done, later, down, untried []item
 	var laterErr, downErr error
 	failed := map[int][]item{} // by attempts after this one
 	lastErr := map[int]string{}
@@ -66,6 +66,8 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		if na := noAttempt(errs[i]); na != nil { // see NoAttemptError
 			if na.Unavailable {
 				down, downErr = append(down, it), na.Err
+			} else if na.Untried {
+				untried = append(untried, it)
 			} else {
 				later, laterErr = append(later, it), na.Err
 			}
@@ -92,7 +94,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 	if len(done) > 0 && len(down) == 0 {
 		c.pgBackReset()
 	}
-	c.retryNoAttempt(workCtx, later, down, laterErr, downErr)
+	c.retryNoAttempt(workCtx, untried, later, down, laterErr, downErr)
 }
 
 // loadTasks reads the payloads of claimed items from st.

@@ -196,7 +196,7 @@ func (r *sqlRun) untried(ctx context.Context, idx []int) bool {
 	case r.timed >= maxCostly:
 		r.set(idx, consumer.Unavailable(fmt.Errorf("statements time out one task at a time: %w", r.lastCost)))
 	case r.costly >= maxCostly || !r.timeForAStatement(ctx):
-		r.set(idx, consumer.Later(errNotTried))
+		r.set(idx, consumer.NotTried(errNotTried))
 	default:
 		return false
 	}
