@@ -63,25 +63,34 @@ func noAttempt(err error) *NoAttemptError {
 // retryNoAttempt retries tasks whose action failed with a NoAttemptError,
 // spending no attempt. It holds the worker back for the dependency backoff
 // when some were Unavailable, so it comes last in a batch's bookkeeping.
-func (c *Consumer) retryNoAttempt(workCtx context.Context, untried, later, down []item, laterErr, downErr error) {
-	// What was tried alone comes due last (heldRetries), after the untried
-	// and the unavailable, each in the batch's order (retryInOrder), as in
-	// the order worker's oneByOne.
+//
+// The groups come due in this order, each in the batch's order
+// (retryInOrder), as in the order worker's oneByOne: the tasks the batch
+// never tried, then the unavailable ones, then those tried alone (held),
+// so that the next claim meets first what this batch never reached, and
+// rows that always fail alone cannot hold their batch-mates back. Untried
+// tasks with nothing to come before are retried as Later ones are (a
+// backoff that grows with how overdue they are), so a batch that keeps
+// running out of time does not come back every few hundred milliseconds.
+// Every group counts in errors_total{stage="close"}.
+func (c *Consumer) retryNoAttempt(workCtx context.Context, untried, later, down []item, untriedErr, laterErr, downErr error) {
 	var held heldRetries
 	if len(later) > 0 {
-		oldest := later[0]
-		for _, it := range later[1:] {
-			if it.deadline < oldest.deadline {
-				oldest = it
-			}
-		}
 		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(later)))
 		c.log.Warn("task action failed for a reason that spends no attempt; retrying",
 			zap.Int("tasks", len(later)), zap.Error(laterErr))
-		held.add(c, later, c.contendedBackoff(oldest), laterErr.Error())
+		held.add(c, later, c.contendedBackoff(oldestOf(later)), laterErr.Error())
 	}
+	var after time.Duration // when the last untried task is due
 	if len(untried) > 0 {
-		after := c.retryInOrder(untried, c.untriedBackoff(), "not tried: the batch's time ran out isolating a task")
+		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(untried)))
+		c.log.Warn("tasks not tried by their batch; retrying them first, spending no attempt",
+			zap.Int("tasks", len(untried)), zap.Error(untriedErr))
+		delay := c.untriedBackoff()
+		if len(later) == 0 && len(down) == 0 {
+			delay = c.contendedBackoff(oldestOf(untried))
+		}
+		after = c.retryInOrder(untried, delay, untriedErr.Error())
 		for i := range held {
 			held[i].due = maxTime(held[i].due, c.now().Add(after+time.Millisecond))
 		}
@@ -91,8 +100,19 @@ func (c *Consumer) retryNoAttempt(workCtx context.Context, untried, later, down 
 		// down=false: the order path and the daemon's health check own
 		// orderdelay_dependency_up; a task queue would set it but never
 		// clear it (a webhook queue's success says nothing of PostgreSQL).
-		c.unavailableAfter(workCtx, down, downErr, "close", false, &held)
+		c.unavailableFrom(workCtx, down, downErr, "close", false, &held, after)
 		return
 	}
 	held.flush(c, 0)
+}
+
+// oldestOf is the item of items with the earliest deadline.
+func oldestOf(items []item) item {
+	oldest := items[0]
+	for _, it := range items[1:] {
+		if it.deadline < oldest.deadline {
+			oldest = it
+		}
+	}
+	return oldest
 }

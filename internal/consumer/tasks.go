@@ -50,7 +50,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 	}
 	now := c.now()
 	var done, later, down, untried []item
-	var laterErr, downErr error
+	var untriedErr, laterErr, downErr error
 	failed := map[int][]item{} // by attempts after this one
 	lastErr := map[int]string{}
 	for i, it := range items {
@@ -67,7 +67,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 			if na.Unavailable {
 				down, downErr = append(down, it), na.Err
 			} else if na.Untried {
-				untried = append(untried, it)
+				untried, untriedErr = append(untried, it), na.Err
 			} else {
 				later, laterErr = append(later, it), na.Err
 			}
@@ -94,7 +94,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 	if len(done) > 0 && len(down) == 0 {
 		c.pgBackReset()
 	}
-	c.retryNoAttempt(workCtx, untried, later, down, laterErr, downErr)
+	c.retryNoAttempt(workCtx, untried, later, down, untriedErr, laterErr, downErr)
 }
 
 // loadTasks reads the payloads of claimed items from st.

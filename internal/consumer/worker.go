@@ -355,16 +355,28 @@ func (c *Consumer) unavailable(workCtx context.Context, items []item, err error,
 // unavailableAfter is unavailable; items come due in the order given
 // (retryInOrder), and the orders in held after them, before the wait.
 func (c *Consumer) unavailableAfter(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
+	c.unavailableFrom(workCtx, items, err, stage, down, held, 0)
+}
+
+// unavailableFrom is unavailableAfter; with notBefore above zero, items
+// come due no earlier than just after notBefore (the tasks a batch never
+// tried, retried just before with that delay: retryNoAttempt). The wait
+// is the dependency backoff either way.
+func (c *Consumer) unavailableFrom(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries, notBefore time.Duration) {
 	if down {
 		c.m.SetUp(metrics.DepPostgres, false)
 	}
 	d := c.pgBackoff()
+	rd := d
+	if notBefore > 0 {
+		rd = max(d, notBefore+time.Millisecond)
+	}
 	c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
-		zap.Int("orders", len(items)), zap.Duration("retry_in", d), zap.Error(err))
+		zap.Int("orders", len(items)), zap.Duration("retry_in", rd), zap.Error(err))
 	if held == nil {
-		c.retry(items, d, false, err.Error())
+		c.retry(items, rd, false, err.Error())
 	} else {
-		held.flush(c, c.retryInOrder(items, d, err.Error()))
+		held.flush(c, c.retryInOrder(items, rd, err.Error()))
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -1,0 +1,203 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
+)
+
+// How a task batch's retries that spend no attempt come due
+// (retryNoAttempt): the tasks the batch never tried first, then the
+// unavailable ones, then those tried alone, so the next claim meets first
+// what the batch never reached. Written from an adversary's tests of the
+// change that brought the order in.
+
+// outcomeByName maps a task id's first letter to what an action said of
+// it: l Later, u Unavailable, n NotTried, f an attempt spent, else done.
+func outcomeByName(_ context.Context, ts []Task) []error {
+	errs := make([]error, len(ts))
+	for i, tk := range ts {
+		switch tk.ID[0] {
+		case 'l':
+			errs[i] = Later(errors.New("row locked"))
+		case 'u':
+			errs[i] = Unavailable(errors.New("database away"))
+		case 'n':
+			errs[i] = NotTried(errors.New("not tried: the batch's time ran out"))
+		case 'f':
+			errs[i] = errors.New("the task's own failure")
+		}
+	}
+	return errs
+}
+
+// retryExpiry is when the task id's retry is due (its {Q}:inflight score).
+func (e *env) retryExpiry(id string) float64 {
+	e.t.Helper()
+	s, err := e.rdb.ZScore(context.Background(), e.keys.Inflight, id).Result()
+	if err != nil {
+		e.t.Fatalf("%s is not backing off: %v", id, err)
+	}
+	return s
+}
+
+// spentNone checks that each of ids is still there, alive, with no
+// attempt spent.
+func (e *env) spentNone(ids ...string) {
+	e.t.Helper()
+	for _, id := range ids {
+		tk, err := e.cl.GetTask(context.Background(), id)
+		if err != nil {
+			e.t.Errorf("%s lost: %v", id, err)
+			continue
+		}
+		if tk.Attempts != 0 || tk.State == client.StateDead {
+			e.t.Errorf("%s: %s with %d attempts, want 0 spent", id, tk.State, tk.Attempts)
+		}
+	}
+}
+
+func TestTaskRetriesComeDueUntriedThenUnavailableThenTriedAlone(t *testing.T) {
+	for _, withDown := range []bool{true, false} {
+		t.Run(fmt.Sprint("unavailable tasks: ", withDown), func(t *testing.T) {
+			e := newRedisEnv(t)
+			ids := []string{"l1", "n1", "f1", "g1", "n2", "l2"}
+			if withDown {
+				ids = append(ids, "u1", "u2")
+			}
+			for _, id := range ids {
+				e.putDue(id, `{}`)
+			}
+			c := e.consumer(Config{MaxAttempts: 3, Process: outcomeByName, Retry: func(int) time.Duration { return time.Hour }})
+			res, err := c.claimBatch(context.Background())
+			if err != nil || len(res.items) != len(ids) {
+				t.Fatalf("claim: %v, %d items, want %d", err, len(res.items), len(ids))
+			}
+			start := time.Now()
+			c.process(context.Background(), res.items)
+			took := time.Since(start)
+			lastUntried := max(e.retryExpiry("n1"), e.retryExpiry("n2"))
+			firstAlone := min(e.retryExpiry("l1"), e.retryExpiry("l2"))
+			if withDown {
+				firstDown, lastDown := min(e.retryExpiry("u1"), e.retryExpiry("u2")), max(e.retryExpiry("u1"), e.retryExpiry("u2"))
+				if !(lastUntried < firstDown && lastDown < firstAlone) {
+					t.Errorf("due: untried up to %v, unavailable %v–%v, tried alone from %v; want them in that order",
+						lastUntried, firstDown, lastDown, firstAlone)
+				}
+				e.spentNone("u1", "u2")
+				// The worker waits out the dependency backoff (from 50 ms).
+				if took < 40*time.Millisecond {
+					t.Errorf("the batch's bookkeeping took %v: no dependency wait with unavailable tasks", took)
+				}
+			} else if !(lastUntried < firstAlone) {
+				t.Errorf("due: untried up to %v, tried alone from %v; want the untried first", lastUntried, firstAlone)
+			}
+			e.spentNone("l1", "l2", "n1", "n2")
+			if tk, err := e.cl.GetTask(context.Background(), "f1"); err != nil || tk.Attempts != 1 {
+				t.Errorf("f1, its own failure: %+v, %v; want one attempt spent", tk, err)
+			}
+			// Every task that was not done counts as a failed close, the
+			// untried included (their batch's statement failed for them).
+			want := float64(len(ids) - 1)
+			if got := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClose)); got != want {
+				t.Errorf("errors_total{stage=close} = %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// A batch whose only failures are tasks it never tried (its time ran out
+// before it could isolate anything) says so, and backs them off as it
+// would a task tried and found locked: a batch that keeps running out of
+// time must not come back every few hundred milliseconds, unseen.
+func TestTaskBatchOfOnlyUntriedTasksBacksOffAndSaysSo(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	hourAgo := time.Now().Add(-time.Hour)
+	for _, id := range []string{"n1", "n2", "g1"} {
+		if _, _, err := e.cl.PutTask(ctx, id, []byte(`{}`), hourAgo, client.Create); err != nil {
+			t.Fatal(err)
+		}
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	c := e.consumer(Config{MaxAttempts: 3, Process: outcomeByName})
+	c.log = zap.New(core)
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 3 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	c.process(ctx, res.items)
+	// An hour overdue: contendedBackoff gives at least a quarter of
+	// BackoffMax (5 min by default), untriedBackoff at most half a second.
+	due := time.UnixMilli(int64(e.retryExpiry("n1"))).Sub(e.redisNow())
+	if due < time.Minute {
+		t.Errorf("untried tasks an hour overdue due again in %v, want the backoff of a contended task (minutes)", due)
+	}
+	e.spentNone("n1", "n2")
+	if got := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClose)); got != 2 {
+		t.Errorf("errors_total{stage=close} = %v, want 2", got)
+	}
+	if logs.FilterMessageSnippet("not tried").Len() != 1 {
+		t.Errorf("logged %v, want one warning about the untried tasks", logs.All())
+	}
+	tk, err := e.cl.GetTask(ctx, "n1")
+	if err != nil || tk.LastError != "not tried: the batch's time ran out" {
+		t.Errorf("n1: %+v, %v; want the action's reason as last_error", tk, err)
+	}
+}
+
+// A producer reschedules an untried and an unavailable task and deletes
+// one tried alone while the batch runs: every group's retry is a
+// compare-and-set on the lease, so the producer's writes stand.
+func TestTaskRetryGroupsLeaveTheProducersWritesAlone(t *testing.T) {
+	e := newRedisEnv(t)
+	ctx := context.Background()
+	for _, id := range []string{"n1", "n2", "l1", "l2", "u1", "u2"} {
+		e.putDue(id, `{"v":1}`)
+	}
+	far := time.Now().Add(time.Hour)
+	c := e.consumer(Config{MaxAttempts: 3, Process: func(ctx context.Context, ts []Task) []error {
+		for _, id := range []string{"n1", "u1"} {
+			if _, _, err := e.cl.PutTask(ctx, id, []byte(`{"v":2}`), far, client.Reschedule); err != nil {
+				t.Error(err)
+			}
+		}
+		if _, err := e.cl.DeleteTasks(ctx, "l1"); err != nil {
+			t.Error(err)
+		}
+		return outcomeByName(ctx, ts)
+	}})
+	stop := make(chan struct{})
+	close(stop)
+	c.stopping = stop // cut the dependency wait
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != 6 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	c.process(ctx, res.items)
+	for _, id := range []string{"n1", "u1"} {
+		tk, err := e.cl.GetTask(ctx, id)
+		if err != nil || tk.State != client.StateQueued || tk.Deadline.Sub(far).Abs() > 2*time.Millisecond {
+			t.Errorf("%s: the producer's reschedule lost: %+v, %v", id, tk, err)
+		}
+		if p := e.payloadOf(id); p != `{"v":2}` {
+			t.Errorf("%s: payload %q, want the producer's", id, p)
+		}
+		if _, err := e.rdb.ZScore(ctx, e.keys.Inflight, id).Result(); err == nil {
+			t.Errorf("%s is backing off as well as queued", id)
+		}
+	}
+	if _, err := e.cl.GetTask(ctx, "l1"); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("l1, deleted by its producer, came back: %v", err)
+	}
+	e.spentNone("n2", "l2", "u2")
+}
