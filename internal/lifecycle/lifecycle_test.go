@@ -246,6 +246,7 @@ func TestAWatchEndsTheRunCleanlyAndStopsLast(t *testing.T) {
 	j := &journal{}
 	signal := make(chan string)
 	draining, release := make(chan struct{}), make(chan struct{})
+	ready := make(chan struct{}) // every actor has started: a stop now stops them all
 	var cause error = errors.New("Stopping not called")
 	g := Group{
 		Stages: []Stage{
@@ -262,13 +263,20 @@ func TestAWatchEndsTheRunCleanlyAndStopsLast(t *testing.T) {
 				}
 			}}}},
 			{Name: "http", Actors: []Actor{loop(j, "serve", nil, nil)}},
-			{Name: "work", Actors: []Actor{loop(j, "consumer", draining, release)}},
+			{Name: "work", Actors: []Actor{
+				loop(j, "consumer", draining, release),
+				{Name: "last", Run: func(ctx context.Context) error { close(ready); <-ctx.Done(); return nil }},
+			}},
 		},
 		Stopping: func(err error) { cause = err },
 		Stopped:  func(stage string) { j.add("stage " + stage + " stopped") },
 	}
 	done := make(chan error, 1)
 	go func() { done <- g.Run(context.Background()) }()
+	// A signal before the last stage started would stop the run before
+	// the consumer ever ran (nothing starts after a stop), and draining
+	// would never come: wait for every actor to start.
+	<-ready
 	signal <- "TERM"
 	<-draining
 	signal <- "INT" // still watched while the others stop: no second stop, no failure
