@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // How a task batch's retries that spend no attempt come due
@@ -200,4 +203,89 @@ func TestTaskRetryGroupsLeaveTheProducersWritesAlone(t *testing.T) {
 		t.Errorf("l1, deleted by its producer, came back: %v", err)
 	}
 	e.spentNone("n2", "l2", "u2")
+}
+
+// Redis fails one of the ten retry scripts of a batch's groups — the nine
+// untried tasks go in eight runs (claimed in descending id order: one run
+// each, the last run taking the rest: maxRetryRuns), then the unavailable
+// (one run), then the one tried alone — before the script ran or after
+// (its reply lost). No task is lost and none spends an attempt: a group
+// whose retry failed stays leased, and comes back when its lease ends.
+func TestTaskRetryGroupsLoseNothingWhenRedisFailsMidway(t *testing.T) {
+	for _, ran := range []bool{false, true} {
+		for _, nth := range []int64{1, 2, 5, 8, 9, 10} {
+			t.Run(fmt.Sprintf("script %d fails, ran %v", nth, ran), func(t *testing.T) {
+				e := newRedisEnv(t)
+				ctx := context.Background()
+				base := time.Now().Add(-time.Minute)
+				var ids []string
+				for i := 9; i >= 1; i-- { // descending ids, ascending deadlines
+					id := fmt.Sprintf("n%d", i)
+					ids = append(ids, id)
+					if _, _, err := e.cl.PutTask(ctx, id, []byte(`{}`), base.Add(time.Duration(9-i)*time.Second), client.Create); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for _, id := range []string{"u1", "u2", "l1", "g1"} {
+					ids = append(ids, id)
+					if _, _, err := e.cl.PutTask(ctx, id, []byte(`{}`), base.Add(20*time.Second), client.Create); err != nil {
+						t.Fatal(err)
+					}
+				}
+				c := e.consumer(Config{MaxAttempts: 2, Process: outcomeByName, Lease: time.Minute})
+				stop := make(chan struct{})
+				close(stop)
+				c.stopping = stop // cut the dependency wait
+				hook := &failNthRetry{fail: map[int64]bool{nth: true}, ran: ran}
+				broken := redis.NewClient(e.rdb.Options())
+				t.Cleanup(func() { broken.Close() })
+				broken.AddHook(hook)
+				c.rdb, c.q = broken, queue.NewStore(broken, c.cfg.Keys)
+				res, err := c.claimBatch(ctx)
+				if err != nil || len(res.items) != len(ids) {
+					t.Fatalf("claim: %v, %d items, want %d", err, len(res.items), len(ids))
+				}
+				c.process(ctx, res.items)
+				if n := hook.n.Load(); n < nth {
+					t.Fatalf("%d retry scripts ran, fewer than the %d-th this test fails: it proved nothing", n, nth)
+				}
+				kept := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == "g1" })
+				e.spentNone(kept...)
+				// Every lease and backoff ends now (task queues lease per
+				// member, in {Q}:inflight): moved by data, not waited out.
+				zs, err := e.rdb.ZRangeWithScores(ctx, e.keys.Inflight, 0, -1).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range zs {
+					zs[i].Score -= float64(time.Hour.Milliseconds())
+				}
+				if len(zs) > 0 {
+					if err := e.rdb.ZAdd(ctx, e.keys.Inflight, zs...).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var again []string
+				ok := e.consumer(Config{MaxAttempts: 2, Process: func(_ context.Context, ts []Task) []error {
+					for _, tk := range ts {
+						again = append(again, tk.ID)
+						if tk.Attempts != 0 {
+							t.Errorf("%s ran again with %d attempts spent, want 0", tk.ID, tk.Attempts)
+						}
+					}
+					return make([]error, len(ts))
+				}})
+				r2, err := ok.claimBatch(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ok.process(ctx, r2.items)
+				slices.Sort(again)
+				slices.Sort(kept)
+				if !slices.Equal(again, kept) {
+					t.Errorf("ran again %v, want every task not done the first time: %v", again, kept)
+				}
+			})
+		}
+	}
 }
