@@ -91,19 +91,18 @@ func (c *Consumer) retryNoAttempt(workCtx context.Context, untried, later, down 
 			delay = c.contendedBackoff(oldestOf(untried))
 		}
 		after = c.retryInOrder(untried, delay, untriedErr.Error())
-		for i := range held {
-			held[i].due = maxTime(held[i].due, c.now().Add(after+time.Millisecond))
-		}
 	}
 	if len(down) > 0 {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Add(float64(len(down)))
 		// down=false: the order path and the daemon's health check own
 		// orderdelay_dependency_up; a task queue would set it but never
 		// clear it (a webhook queue's success says nothing of PostgreSQL).
+		// The unavailable come due after the untried; held, flushed
+		// there, after both.
 		c.unavailableFrom(workCtx, down, downErr, "close", false, &held, after)
 		return
 	}
-	held.flush(c, 0)
+	held.flush(c, after)
 }
 
 // oldestOf is the item of items with the earliest deadline.
