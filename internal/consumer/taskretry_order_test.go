@@ -253,18 +253,7 @@ func TestTaskRetryGroupsLoseNothingWhenRedisFailsMidway(t *testing.T) {
 				e.spentNone(kept...)
 				// Every lease and backoff ends now (task queues lease per
 				// member, in {Q}:inflight): moved by data, not waited out.
-				zs, err := e.rdb.ZRangeWithScores(ctx, e.keys.Inflight, 0, -1).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := range zs {
-					zs[i].Score -= float64(time.Hour.Milliseconds())
-				}
-				if len(zs) > 0 {
-					if err := e.rdb.ZAdd(ctx, e.keys.Inflight, zs...).Err(); err != nil {
-						t.Fatal(err)
-					}
-				}
+				e.dueAll()
 				var again []string
 				ok := e.consumer(Config{MaxAttempts: 2, Process: func(_ context.Context, ts []Task) []error {
 					for _, tk := range ts {
