@@ -307,3 +307,141 @@ func BenchmarkClaimFinish(b *testing.B) {
 	<-done
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "orders/s")
 }
+
+// settleUpdateOnlySQL is the update of orders.DefaultSettleSQL without the
+// read-back of the rows it did not close: what the one statement costs
+// before it answers for the paid orders of a batch.
+const settleUpdateOnlySQL = `WITH closed AS (
+  UPDATE orders
+  SET status = 'closed', closed_at = now(), close_reason = 'timeout',
+      closed_by = current_setting('application_name')
+  WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[])))
+    AND status = 'pending'
+  RETURNING serial_no, txid_current() AS xid)
+SELECT serial_no, xid FROM closed`
+
+// BenchmarkCloseForms splits PostgreSQL's CPU per order of the daemon's
+// close into its parts (issue 13's "PostgreSQL ≤ 1.15× the ceiling's"):
+// the ceiling's autocommit UPDATE; the same inside the daemon's
+// transaction (BEGIN, SET LOCAL timeouts, COMMIT); the one statement's
+// update alone; and orders.Store.Settle as the daemon runs it (the update
+// plus the read-back of the rows it did not close). One connection, one
+// order in ten paid, as in the harness's drain. It reports the backend's
+// CPU time per order from /proc (pg-µs/order): run it with enough orders
+// that 10 ms ticks do not matter, e.g.
+//
+//	go test -run '^$' -bench CloseForms -benchtime 100000x -count 3 .
+func BenchmarkCloseForms(b *testing.B) {
+	inTx := func(q string) func(context.Context, *sql.DB, []string) (int, error) {
+		return func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return 0, err
+			}
+			defer tx.Rollback() //nolint:errcheck // after Commit a no-op
+			if _, err := tx.ExecContext(ctx, "SET LOCAL statement_timeout = 10000; SET LOCAL lock_timeout = 2500"); err != nil {
+				return 0, err
+			}
+			rows, err := tx.QueryContext(ctx, q, pq.Array(s))
+			if err != nil {
+				return 0, err
+			}
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			if err := rows.Err(); err != nil {
+				return 0, err
+			}
+			rows.Close()
+			return n, tx.Commit()
+		}
+	}
+	for _, size := range []int{500, 1000} {
+		forms := []struct {
+			name  string
+			close func(context.Context, *sql.DB, []string) (int, error)
+		}{
+			{"ceiling", func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+				return countRows(ctx, db, ceilingSQL, pq.Array(s))
+			}},
+			{"ceiling-in-tx", inTx(ceilingSQL)},
+			{"settle-update-only", inTx(settleUpdateOnlySQL)},
+			{"orderdelay-settle", nil},
+		}
+		for _, f := range forms {
+			b.Run(f.name+"/"+strconv.Itoa(size), func(b *testing.B) {
+				close := f.close
+				if close == nil {
+					// One store for the run, as the daemon has: its
+					// statements are prepared once per connection.
+					var st *orders.Store
+					close = func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+						if st == nil {
+							st = orders.NewStore(sqlx.NewDb(db, "postgres"), orders.Statements{})
+							st.SetTimeouts(10*time.Second, 2500*time.Millisecond)
+						}
+						out, err := st.Settle(ctx, s, nil)
+						return len(out.Closed), err
+					}
+				}
+				backendCPU(b, size, close)
+			})
+		}
+	}
+}
+
+// backendCPU closes the unpaid orders among b.N (one in ten paid) in
+// batches of size through close, on a pool of one connection, and reports
+// that backend's CPU time per order.
+func backendCPU(b *testing.B, size int, close func(ctx context.Context, db *sql.DB, serials []string) (int, error)) {
+	ctx := context.Background()
+	e, err := newPGEnv(ctx, Defaults("quick").AdminURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(e.Close)
+	name, err := e.newDB(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db, err := openPool(ctx, e.dbURL(name), 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	set := backlog(b.N, time.Now())
+	if err := loadPG(ctx, db, set); err != nil {
+		b.Fatal(err)
+	}
+	pid := func() int {
+		var p int
+		if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&p); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	p := pid()
+	start, _, ok := procTicks(p)
+	if !ok {
+		b.Skipf("backend %d is not readable in /proc (PostgreSQL on another host?)", p)
+	}
+	b.ResetTimer()
+	closed := 0
+	for i := 0; i < b.N; i += size {
+		n, err := close(ctx, db, set.Serials[i:min(i+size, b.N)])
+		if err != nil {
+			b.Fatal(err)
+		}
+		closed += n
+	}
+	b.StopTimer()
+	end, _, _ := procTicks(p)
+	if q := pid(); q != p {
+		b.Fatalf("the pool's connection changed (backend %d, then %d): its CPU time is lost", p, q)
+	}
+	if want := set.Unpaid(); closed != want {
+		b.Fatalf("closed %d of %d unpaid", closed, want)
+	}
+	b.ReportMetric(float64(end-start)*1e6/userHZ/float64(b.N), "pg-µs/order")
+}
