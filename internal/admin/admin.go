@@ -20,18 +20,19 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // Tools operate on one queue and (optionally) its reference orders table.
 // The Redis side of every tool is a method of the queue's store
-// (internal/queue); the tools add the fan-out over a sharded queue's keys
-// and the reference schema's SQL.
+// (internal/queue), the SQL side a function of package orders on the
+// reference schema (ExtendPending, PendingPage, GetRow); the tools add the
+// fan-out over a sharded queue's keys and the steps that join the two.
 type Tools struct {
 	// stores are the queue key's store, then its shards' (client.WithShards).
 	stores []*queue.Store
@@ -142,13 +143,11 @@ func (t *Tools) extend(ctx context.Context, st *queue.Store, until time.Time, by
 			})
 		}
 		if moveRows && len(moved) > 0 {
-			r, err := t.db.ExecContext(ctx, `UPDATE orders SET expires_at = expires_at + $2 * interval '1 millisecond'
-				WHERE serial_no = ANY($1) AND status = 'pending'`, pq.Array(moved), by.Milliseconds())
+			n, err := orders.ExtendPending(ctx, t.db, moved, by)
 			if err != nil {
 				return fmt.Errorf("extend: move expires_at: %w", err)
 			}
-			n, _ := r.RowsAffected()
-			res.RowsMoved += int(n)
+			res.RowsMoved += n
 		}
 		return nil
 	})
@@ -183,12 +182,7 @@ func (t *Tools) Resync(ctx context.Context, page int, perSecond float64) (Resync
 	after := ""
 	now := time.Now()
 	for {
-		var rows []struct {
-			Serial  string    `db:"serial_no"`
-			Expires time.Time `db:"expires_at"`
-		}
-		err := t.db.SelectContext(ctx, &rows, `SELECT serial_no, expires_at FROM orders
-			WHERE status = 'pending' AND serial_no > $1 ORDER BY serial_no LIMIT $2`, after, page)
+		rows, err := orders.PendingPage(ctx, t.db, after, page)
 		if err != nil {
 			return res, fmt.Errorf("resync: %w", err)
 		}
@@ -202,11 +196,11 @@ func (t *Tools) Resync(ctx context.Context, page int, perSecond float64) (Resync
 		}
 		items := make([]client.Item, 0, len(rows))
 		for _, r := range rows {
-			if queue.ValidateSerial(r.Serial) != nil || queue.ValidateDeadline(queue.DeadlineMillis(r.Expires), now) != nil {
+			if queue.ValidateSerial(r.Serial) != nil || queue.ValidateDeadline(queue.DeadlineMillis(r.ExpiresAt), now) != nil {
 				res.Invalid++
 				continue
 			}
-			items = append(items, client.Item{Serial: r.Serial, Deadline: r.Expires})
+			items = append(items, client.Item{Serial: r.Serial, Deadline: r.ExpiresAt})
 		}
 		res.Scanned += len(rows)
 		after = rows[len(rows)-1].Serial
@@ -226,15 +220,7 @@ func (t *Tools) Resync(ctx context.Context, page int, perSecond float64) (Resync
 }
 
 // OrderRow is an order's row in the reference schema.
-type OrderRow struct {
-	Status      string     `json:"status" db:"status"`
-	ExpiresAt   time.Time  `json:"expires_at" db:"expires_at"`
-	CreatedAt   time.Time  `json:"created_at" db:"created_at"`
-	PaidAt      *time.Time `json:"paid_at,omitempty" db:"paid_at"`
-	ClosedAt    *time.Time `json:"closed_at,omitempty" db:"closed_at"`
-	CloseReason *string    `json:"close_reason,omitempty" db:"close_reason"`
-	ClosedBy    *string    `json:"closed_by,omitempty" db:"closed_by"`
-}
+type OrderRow = orders.Row
 
 // OrderReport is one order as both stores see it.
 type OrderReport struct {
@@ -260,9 +246,7 @@ func (t *Tools) Order(ctx context.Context, serial string) (OrderReport, error) {
 		rep.RowError = ErrNoDatabase.Error()
 		return rep, nil
 	}
-	var row OrderRow
-	err = t.db.GetContext(ctx, &row, `SELECT status, expires_at, created_at, paid_at, closed_at, close_reason, closed_by
-		FROM orders WHERE serial_no = $1`, serial)
+	row, err := orders.GetRow(ctx, t.db, serial)
 	switch {
 	case err == nil:
 		rep.Row = &row

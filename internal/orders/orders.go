@@ -2,7 +2,9 @@
 // reference schema (embedded, versioned migrations), the three statements
 // that close, look up and find overdue orders (defaults for the reference
 // schema, replaceable by configuration and verified at start), and the
-// classification of database errors into transient and permanent.
+// classification of database errors into transient and permanent. The
+// operator's tools (internal/admin) run its statements on the reference
+// schema too (tools.go: ExtendPending, PendingPage, GetRow).
 //
 // The SQL decides. Closing is one set-based, conditional statement, so an
 // order paid a microsecond earlier is never closed and a close that runs
