@@ -139,7 +139,7 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	var page int
 	var perSecond float64
 	cfg, pos, err := parse("resync", args, stderr, getenv, func(fs *flag.FlagSet) {
-		fs.IntVar(&page, "page", 1000, "pending orders read per query")
+		fs.IntVar(&page, "page", admin.DefaultResyncPage, "pending orders read per query")
 		fs.Float64Var(&perSecond, "rate", 5000, "most orders loaded per second (0: unlimited)")
 	})
 	if err != nil {

@@ -163,6 +163,10 @@ type ResyncResult struct {
 	Invalid int `json:"invalid"` // orders skipped: serial or deadline a queue refuses
 }
 
+// DefaultResyncPage is Resync's page size when it is given none (0 or
+// less): the admin API's, and the CLI's --page default.
+const DefaultResyncPage = 1000
+
 // Resync loads pending orders of the reference schema into the queue, in
 // pages of page orders (keyset pagination on serial_no), at most perSecond
 // orders a second (0: unlimited). Entries that exist keep their deadline
@@ -173,7 +177,7 @@ func (t *Tools) Resync(ctx context.Context, page int, perSecond float64) (Resync
 		return res, ErrNoDatabase
 	}
 	if page <= 0 {
-		page = 1000
+		page = DefaultResyncPage
 	}
 	var lim *rate.Limiter
 	if perSecond > 0 {
