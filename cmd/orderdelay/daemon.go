@@ -364,7 +364,7 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 		work = append(work, lifecycle.Actor{Name: "reconciler", Run: rec.Run})
 	}
 	if cfg.CloseEvents && !cfg.DryRun {
-		r := consumer.NewRelay(consumer.RelayConfig{Stream: d.keys[0].Events, MaxLen: cfg.CloseEventsMaxLen},
+		r := consumer.NewRelay(consumer.RelayConfig{Keys: d.keys[0], MaxLen: cfg.CloseEventsMaxLen},
 			d.db, d.rdb, d.m.EventsRelayed, d.log)
 		work = append(work, lifecycle.Actor{Name: "close-event relay", Run: r.Run})
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
 // Defaults of RelayConfig.
@@ -24,8 +25,8 @@ const (
 
 // RelayConfig configures a Relay. Zero values take the defaults.
 type RelayConfig struct {
-	Stream      string // the events stream, {<queue key>}:events
-	MaxLen      int64  // approximate cap of the stream (XADD MAXLEN ~)
+	Keys        queue.Keys // the order queue's; events go to Keys.Events, {<queue key>}:events
+	MaxLen      int64      // approximate cap of the stream (XADD MAXLEN ~)
 	Page        int
 	Interval    time.Duration
 	Retry       time.Duration
@@ -34,21 +35,22 @@ type RelayConfig struct {
 
 // Relay publishes close events from the outbox table to the Redis Stream
 // {<queue key>}:events: each event is XADDed (serial, reason, closed_at,
-// event_id) and then deleted from the outbox in the transaction that locked
-// it (orders.RelayOutbox). A crash between the XADD and the commit
-// publishes the event again on the next pass: delivery is at least once,
-// and consumers deduplicate by serial (or event_id). Replicas relay
-// concurrently; SKIP LOCKED gives each its own rows.
+// event_id: queue.Store.AddCloseEvents) and then deleted from the outbox
+// in the transaction that locked it (orders.RelayOutbox). A crash between
+// the XADD and the commit publishes the event again on the next pass:
+// delivery is at least once, and consumers deduplicate by serial (or
+// event_id). Replicas relay concurrently; SKIP LOCKED gives each its own
+// rows.
 type Relay struct {
 	cfg     RelayConfig
 	db      *sqlx.DB
-	rdb     redis.Cmdable
+	store   *queue.Store
 	relayed prometheus.Counter
 	log     *zap.Logger
 }
 
 // NewRelay returns a Relay; relayed counts the events it publishes.
-func NewRelay(cfg RelayConfig, db *sqlx.DB, rdb redis.Cmdable, relayed prometheus.Counter, log *zap.Logger) *Relay {
+func NewRelay(cfg RelayConfig, db *sqlx.DB, rdb redis.UniversalClient, relayed prometheus.Counter, log *zap.Logger) *Relay {
 	if cfg.Page <= 0 {
 		cfg.Page = DefaultRelayPage
 	}
@@ -61,7 +63,7 @@ func NewRelay(cfg RelayConfig, db *sqlx.DB, rdb redis.Cmdable, relayed prometheu
 	if cfg.PassTimeout <= 0 {
 		cfg.PassTimeout = DefaultRelayPassTimeout
 	}
-	return &Relay{cfg: cfg, db: db, rdb: rdb, relayed: relayed, log: log}
+	return &Relay{cfg: cfg, db: db, store: queue.NewStore(rdb, cfg.Keys), relayed: relayed, log: log}
 }
 
 // Run relays until ctx ends, then returns nil: at once while there is a
@@ -90,16 +92,12 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PassTimeout)
 	defer cancel()
 	n, err := orders.RelayOutbox(ctx, r.db, r.cfg.Page, func(ctx context.Context, events []orders.CloseEvent) error {
-		_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, e := range events {
-				p.XAdd(ctx, &redis.XAddArgs{Stream: r.cfg.Stream, MaxLen: r.cfg.MaxLen, Approx: true, Values: []any{
-					"serial", e.Serial, "reason", e.Reason,
-					"closed_at", e.ClosedAt.UTC().Format(time.RFC3339Nano), "event_id", e.ID,
-				}})
-			}
-			return nil
-		})
-		return err
+		out := make([]queue.CloseEvent, len(events))
+		for i, e := range events {
+			out[i] = queue.CloseEvent{ID: e.ID, Serial: e.Serial, Reason: e.Reason, ClosedAt: e.ClosedAt}
+		}
+		// The outbox rows are deleted only once this returned nil.
+		return r.store.AddCloseEvents(ctx, r.cfg.MaxLen, out)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("relay: %w", err)

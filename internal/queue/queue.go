@@ -18,15 +18,15 @@
 // purge), tasks.go (task put, delete, payloads; the reliable list's take
 // and ack; the list item), stream.go (stream groups and the bury of
 // exhausted entries), pause.go (the pause flag),
-// extend.go (moving deadlines later), meta.go (the meta hash, task
+// extend.go (moving deadlines later), events.go (the close events the
+// relay adds to the events stream), meta.go (the meta hash, task
 // queues' default keys), nextdue.go (the long poll's wait), listitem.go
 // (the Lua list-item splitter), shard.go (shard keys and hash slots),
 // unbatch.go (batch leases back to per-member ones, for a rollback).
 //
 // Every Lua script of orderdelay is here. Outside the store, the daemon's
 // consumer (internal/consumer) talks to Redis directly only to subscribe
-// to the wake-up channel and, in the event relay, to add close events to
-// the events stream; the demo command writes as a raw producer would.
+// to the wake-up channel; the demo command writes as a raw producer would.
 //
 // It depends on go-redis and the standard library only, so the public
 // client package shares it without inheriting the daemon's dependencies.
