@@ -184,8 +184,8 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 			tx.Rollback() //nolint:errcheck // nothing to keep
 		}
 	}()
-	var got bool
-	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", r.lock).Scan(&got); err != nil {
+	got, err := orders.TryAdvisoryXactLock(ctx, tx, r.lock)
+	if err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile lock: %w", err)
 	}
 	if !got {
@@ -259,6 +259,14 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	return closed, next, more, nil
 }
 
+// The savepoints of a page's transaction: pageSavepoint before the page's
+// close (closeFenced rolls back to it when the fence finds serials back in
+// Redis), closeSavepoint around each close statement (closeIsolating).
+const (
+	pageSavepoint  = "orderdelay_reconcile_page"
+	closeSavepoint = "orderdelay_reconcile_close"
+)
+
 // pageState is what one page spent isolating rows that fail with errors
 // that cost a timeout (orders.Costly).
 type pageState struct {
@@ -276,7 +284,7 @@ type pageState struct {
 // back to its savepoint and closed again without it, until the fence finds
 // none. Each round drops at least one serial, so this ends.
 func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string, st *pageState) ([]string, error) {
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_page"); err != nil {
+	if err := orders.Savepoint(ctx, tx, pageSavepoint); err != nil {
 		return nil, err
 	}
 	for {
@@ -302,7 +310,7 @@ func (r *Reconciler) closeFenced(ctx context.Context, tx *sqlx.Tx, lost []string
 		}
 		r.log.Info("reconcile: orders came back to the queue before the commit; left to the fast path",
 			zap.Int("orders", len(back)), zap.Strings("serials", back[:min(len(back), 10)]))
-		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_page"); err != nil {
+		if err := orders.RollbackToSavepoint(ctx, tx, pageSavepoint); err != nil {
 			return nil, err
 		}
 		lost = slices.DeleteFunc(lost, func(s string) bool {
@@ -329,22 +337,22 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 	if len(serials) == 0 {
 		return nil, nil, nil
 	}
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_reconcile_close"); err != nil {
+	if err := orders.Savepoint(ctx, tx, closeSavepoint); err != nil {
 		return nil, nil, err
 	}
 	done, err := r.store.CloseOn(ctx, tx, serials)
 	if err == nil {
-		_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close")
+		err = orders.ReleaseSavepoint(ctx, tx, closeSavepoint)
 		return done, nil, err
 	}
 	contended := orders.Contended(err)
 	if orders.Transient(err) && !contended {
 		return nil, nil, err
 	}
-	if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
+	if rerr := orders.RollbackToSavepoint(ctx, tx, closeSavepoint); rerr != nil {
 		return nil, nil, fmt.Errorf("%w (after %w)", rerr, err)
 	}
-	if _, rerr := tx.ExecContext(ctx, "RELEASE SAVEPOINT orderdelay_reconcile_close"); rerr != nil {
+	if rerr := orders.ReleaseSavepoint(ctx, tx, closeSavepoint); rerr != nil {
 		return nil, nil, fmt.Errorf("%w (after %w)", rerr, err)
 	}
 	switch {

@@ -4,7 +4,9 @@
 // schema, replaceable by configuration and verified at start), and the
 // classification of database errors into transient and permanent. The
 // operator's tools (internal/admin) run its statements on the reference
-// schema too (tools.go: ExtendPending, PendingPage, GetRow).
+// schema too (tools.go: ExtendPending, PendingPage, GetRow), and the
+// reconciler steers its page's transaction with its helpers (tx.go: the
+// advisory lock, savepoints).
 //
 // The SQL decides. Closing is one set-based, conditional statement, so an
 // order paid a microsecond earlier is never closed and a close that runs
