@@ -20,8 +20,10 @@ type CloseEvent struct {
 // one XADD each, in one pipeline and in order, with the fields serial,
 // reason, closed_at (RFC 3339, UTC, nanoseconds) and event_id. maxLen caps
 // the stream approximately (XADD MAXLEN ~ maxLen); 0: no cap. It returns
-// the first command's error, as Redis or the connection gave it; events
-// added before it stay (the relay publishes again, at least once).
+// the first failed command's error, as Redis or the connection gave it.
+// Redis runs every command of the pipeline, so events before and after a
+// failed one may have been added: the relay publishes them all again on
+// its next pass (at least once).
 func (s *Store) AddCloseEvents(ctx context.Context, maxLen int64, events []CloseEvent) error {
 	if len(events) == 0 {
 		return nil
