@@ -322,15 +322,18 @@ SELECT serial_no, xid FROM closed`
 
 // BenchmarkCloseForms splits PostgreSQL's CPU per order of the daemon's
 // close into its parts (issue 13's "PostgreSQL ≤ 1.15× the ceiling's"):
-// the ceiling's autocommit UPDATE; the same inside the daemon's
-// transaction (BEGIN, SET LOCAL timeouts, COMMIT); the one statement's
-// update alone; and orders.Store.Settle as the daemon runs it (the update
-// plus the read-back of the rows it did not close). One connection, one
-// order in ten paid, as in the harness's drain. It reports the backend's
-// CPU time per order from /proc (pg-µs/order): run it with enough orders
-// that 10 ms ticks do not matter, e.g.
+// the harness's ceiling (the autocommit UPDATE, 1,000 serials per
+// statement); the same UPDATE at the daemon's 500; that inside the
+// daemon's transaction (BEGIN, SET LOCAL timeouts, COMMIT); the one
+// statement's update alone, in that transaction; and orders.Store.Settle
+// as the daemon runs it (the update plus the read-back of the rows it did
+// not close). One connection, one order in ten paid, as in the harness's
+// drain. The forms take turns, 1,000 orders each per round, so a busy
+// machine slows them alike, and each statement's backend CPU time is read
+// from /proc/<pid>/schedstat (nanoseconds). It reports µs per order of
+// each form and the daemon's close as a multiple of the ceiling's:
 //
-//	go test -run '^$' -bench CloseForms -benchtime 100000x -count 3 .
+//	go test -run '^$' -bench CloseForms -benchtime 100000x .
 func BenchmarkCloseForms(b *testing.B) {
 	inTx := func(q string) func(context.Context, *sql.DB, []string) (int, error) {
 		return func(ctx context.Context, db *sql.DB, s []string) (int, error) {
@@ -357,44 +360,26 @@ func BenchmarkCloseForms(b *testing.B) {
 			return n, tx.Commit()
 		}
 	}
-	for _, size := range []int{500, 1000} {
-		forms := []struct {
-			name  string
-			close func(context.Context, *sql.DB, []string) (int, error)
-		}{
-			{"ceiling", func(ctx context.Context, db *sql.DB, s []string) (int, error) {
-				return countRows(ctx, db, ceilingSQL, pq.Array(s))
-			}},
-			{"ceiling-in-tx", inTx(ceilingSQL)},
-			{"settle-update-only", inTx(settleUpdateOnlySQL)},
-			{"orderdelay-settle", nil},
-		}
-		for _, f := range forms {
-			b.Run(f.name+"/"+strconv.Itoa(size), func(b *testing.B) {
-				close := f.close
-				if close == nil {
-					// One store for the run, as the daemon has: its
-					// statements are prepared once per connection.
-					var st *orders.Store
-					close = func(ctx context.Context, db *sql.DB, s []string) (int, error) {
-						if st == nil {
-							st = orders.NewStore(sqlx.NewDb(db, "postgres"), orders.Statements{})
-							st.SetTimeouts(10*time.Second, 2500*time.Millisecond)
-						}
-						out, err := st.Settle(ctx, s, nil)
-						return len(out.Closed), err
-					}
-				}
-				backendCPU(b, size, close)
-			})
-		}
+	ceiling := func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+		return countRows(ctx, db, ceilingSQL, pq.Array(s))
 	}
-}
-
-// backendCPU closes the unpaid orders among b.N (one in ten paid) in
-// batches of size through close, on a pool of one connection, and reports
-// that backend's CPU time per order.
-func backendCPU(b *testing.B, size int, close func(ctx context.Context, db *sql.DB, serials []string) (int, error)) {
+	var st *orders.Store // one store, as the daemon has: statements prepared once
+	forms := []struct {
+		name  string
+		size  int
+		close func(context.Context, *sql.DB, []string) (int, error)
+	}{
+		{"ceiling-1000", 1000, ceiling},
+		{"ceiling-500", 500, ceiling},
+		{"ceiling-in-tx-500", 500, inTx(ceilingSQL)},
+		{"settle-update-only-500", 500, inTx(settleUpdateOnlySQL)},
+		{"orderdelay-settle-500", 500, func(ctx context.Context, db *sql.DB, s []string) (int, error) {
+			out, err := st.Settle(ctx, s, nil)
+			return len(out.Closed), err
+		}},
+	}
+	const round = 1000 // orders each form closes per round
+	rounds := max(b.N/round, 1)
 	ctx := context.Background()
 	e, err := newPGEnv(ctx, Defaults("quick").AdminURL)
 	if err != nil {
@@ -410,38 +395,65 @@ func backendCPU(b *testing.B, size int, close func(ctx context.Context, db *sql.
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
-	set := backlog(b.N, time.Now())
+	st = orders.NewStore(sqlx.NewDb(db, "postgres"), orders.Statements{})
+	st.SetTimeouts(10*time.Second, 2500*time.Millisecond)
+	set := backlog(rounds*round*len(forms), time.Now())
 	if err := loadPG(ctx, db, set); err != nil {
 		b.Fatal(err)
 	}
-	pid := func() int {
-		var p int
-		if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&p); err != nil {
-			b.Fatal(err)
-		}
-		return p
+	var pid int
+	if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		b.Fatal(err)
 	}
-	p := pid()
-	start, _, ok := procTicks(p)
-	if !ok {
-		b.Skipf("backend %d is not readable in /proc (PostgreSQL on another host?)", p)
+	if _, ok := schedNanos(pid); !ok {
+		b.Skipf("backend %d is not readable in /proc (PostgreSQL on another host?)", pid)
 	}
+	spent := make([]int64, len(forms))
+	closed := make([]int, len(forms))
 	b.ResetTimer()
-	closed := 0
-	for i := 0; i < b.N; i += size {
-		n, err := close(ctx, db, set.Serials[i:min(i+size, b.N)])
-		if err != nil {
-			b.Fatal(err)
+	for r := range rounds {
+		for f, form := range forms {
+			first := (r*len(forms) + f) * round
+			for i := first; i < first+round; i += form.size {
+				t0, _ := schedNanos(pid)
+				n, err := form.close(ctx, db, set.Serials[i:i+form.size])
+				t1, _ := schedNanos(pid)
+				if err != nil {
+					b.Fatalf("%s: %v", form.name, err)
+				}
+				spent[f] += t1 - t0
+				closed[f] += n
+			}
 		}
-		closed += n
 	}
 	b.StopTimer()
-	end, _, _ := procTicks(p)
-	if q := pid(); q != p {
-		b.Fatalf("the pool's connection changed (backend %d, then %d): its CPU time is lost", p, q)
+	var again int
+	if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&again); err != nil || again != pid {
+		b.Fatalf("the pool's connection changed (backend %d, then %d, %v): its CPU time is lost", pid, again, err)
 	}
-	if want := set.Unpaid(); closed != want {
-		b.Fatalf("closed %d of %d unpaid", closed, want)
+	perOrder := make([]float64, len(forms))
+	for f, form := range forms {
+		// Every form is given the same orders: a tenth paid.
+		if want := rounds * round * 9 / 10; closed[f] != want {
+			b.Fatalf("%s closed %d of %d unpaid", form.name, closed[f], want)
+		}
+		perOrder[f] = float64(spent[f]) / 1e3 / float64(rounds*round)
+		b.ReportMetric(perOrder[f], form.name+"-µs/order")
 	}
-	b.ReportMetric(float64(end-start)*1e6/userHZ/float64(b.N), "pg-µs/order")
+	b.ReportMetric(perOrder[len(forms)-1]/perOrder[0], "settle×ceiling")
+}
+
+// schedNanos is the CPU time process pid has run, in nanoseconds (the
+// first field of /proc/<pid>/schedstat).
+func schedNanos(pid int) (int64, bool) {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "schedstat"))
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(f[0], 10, 64)
+	return n, err == nil
 }
