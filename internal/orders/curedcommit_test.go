@@ -47,7 +47,7 @@ func TestLostCommitOfACuredRunIsSettledByTheServer(t *testing.T) {
 				}
 				px := testenv.NewProxy(t, u.Host)
 				u.Host = px.Addr()
-				db, h := hookedPool(t, u.String(), 2)
+				db, h := testenv.CountingPool(t, u.String(), 2)
 				insert(t, direct,
 					order{"warm", "pending", -time.Hour},
 					order{"cc-1", "pending", -time.Hour},
@@ -66,8 +66,7 @@ func TestLostCommitOfACuredRunIsSettledByTheServer(t *testing.T) {
 				closeRuns := func() int {
 					n := 0
 					for _, q := range closeQ {
-						r, _ := h.ran(q)
-						n += r
+						n += h.Ran(q)
 					}
 					return n
 				}

@@ -2,147 +2,18 @@ package orders_test
 
 import (
 	"context"
-	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-// hooked is a pool on a real server through lib/pq, wrapped so that a
-// test can count what ran and act on the session right after a statement
-// was prepared on it — between the store's Parse and its first Bind,
-// where no goroutine of the test could otherwise step in. Nothing is
-// faked: every statement goes to PostgreSQL as lib/pq sends it.
-type hooked struct {
-	mu       sync.Mutex
-	runs     map[string]int // executions by query text: prepared and unprepared
-	prepares map[string]int
-	// afterPrepare, when set, runs after q was prepared on conn and
-	// before the prepare returns to database/sql.
-	afterPrepare func(ctx context.Context, conn driver.Conn, q string)
-}
-
-func (h *hooked) count(m map[string]int, q string) {
-	h.mu.Lock()
-	m[q]++
-	h.mu.Unlock()
-}
-
-// ran returns how often q ran and was prepared so far.
-func (h *hooked) ran(q string) (runs, prepares int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.runs[q], h.prepares[q]
-}
-
-func (h *hooked) set(f func(ctx context.Context, conn driver.Conn, q string)) {
-	h.mu.Lock()
-	h.afterPrepare = f
-	h.mu.Unlock()
-}
-
-// hookedPool opens a pool on dsn through h, of at most conns connections,
-// closed when the test ends.
-func hookedPool(t *testing.T, dsn string, conns int) (*sqlx.DB, *hooked) {
-	t.Helper()
-	c, err := pq.NewConnector(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &hooked{runs: map[string]int{}, prepares: map[string]int{}}
-	db := sqlx.NewDb(sql.OpenDB(hookConnector{c, h}), "postgres")
-	db.SetMaxOpenConns(conns)
-	db.SetMaxIdleConns(conns)
-	t.Cleanup(func() { db.Close() })
-	return db, h
-}
-
-type hookConnector struct {
-	driver.Connector
-	h *hooked
-}
-
-func (c hookConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &hookConn{conn, c.h}, nil
-}
-
-// hookConn forwards to lib/pq's connection, which implements every
-// interface below.
-type hookConn struct {
-	driver.Conn
-	h *hooked
-}
-
-func (c *hookConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.h.count(c.h.runs, q)
-	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
-}
-
-func (c *hookConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	c.h.count(c.h.runs, q)
-	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
-}
-
-func (c *hookConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	st, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	c.h.count(c.h.prepares, q)
-	c.h.mu.Lock()
-	f := c.h.afterPrepare
-	c.h.mu.Unlock()
-	if f != nil {
-		f(ctx, c.Conn, q)
-	}
-	return &hookStmt{st, c.h, q}, nil
-}
-
-func (c *hookConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
-}
-
-func (c *hookConn) Ping(ctx context.Context) error { return c.Conn.(driver.Pinger).Ping(ctx) }
-
-func (c *hookConn) ResetSession(ctx context.Context) error {
-	return c.Conn.(driver.SessionResetter).ResetSession(ctx)
-}
-
-func (c *hookConn) IsValid() bool { return c.Conn.(driver.Validator).IsValid() }
-
-func (c *hookConn) CheckNamedValue(nv *driver.NamedValue) error {
-	return c.Conn.(driver.NamedValueChecker).CheckNamedValue(nv)
-}
-
-type hookStmt struct {
-	driver.Stmt
-	h *hooked
-	q string
-}
-
-func (s *hookStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.h.count(s.h.runs, s.q)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
-}
-
-func (s *hookStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	s.h.count(s.h.runs, s.q)
-	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
-}
 
 // sessionExec runs q (no parameters: the simple protocol, several
 // statements allowed) on conn itself.
@@ -214,7 +85,7 @@ func TestLookupRunsAtMostOncePlusItsCuresAndAProbe(t *testing.T) {
 		t.Run(fmt.Sprint(c.faults), func(t *testing.T) {
 			ctx := ctxT(t)
 			direct, dsn := testenv.Postgres(t)
-			db, h := hookedPool(t, dsn, 1)
+			db, h := testenv.CountingPool(t, dsn, 1)
 			insert(t, direct,
 				order{"lk-pending", "pending", -time.Hour},
 				order{"lk-paid", "paid", -time.Hour},
@@ -237,7 +108,7 @@ func TestLookupRunsAtMostOncePlusItsCuresAndAProbe(t *testing.T) {
 			}
 			var hookErr error
 			next := 0
-			h.set(func(ctx context.Context, conn driver.Conn, q string) {
+			h.AfterPrepare(func(ctx context.Context, conn driver.Conn, q string) {
 				if q != lookup || next >= len(c.faults) {
 					return
 				}
@@ -262,18 +133,18 @@ func TestLookupRunsAtMostOncePlusItsCuresAndAProbe(t *testing.T) {
 					hookErr = fmt.Errorf("fault %d (%s): %w", next, f, err)
 				}
 			})
-			runs0, _ := h.ran(lookup)
-			plain0, _ := h.ran(orders.DefaultLookupSQL)
+			runs0 := h.Ran(lookup)
+			plain0 := h.Ran(orders.DefaultLookupSQL)
 			found, err := s.Lookup(ctx, serials)
-			h.set(nil)
+			h.AfterPrepare(nil)
 			if hookErr != nil {
 				t.Fatal(hookErr)
 			}
 			if next != len(c.faults) {
 				t.Fatalf("%d of the %d faults happened: the lookup was prepared only %d times", next, len(c.faults), next)
 			}
-			runs, _ := h.ran(lookup)
-			plain, _ := h.ran(orders.DefaultLookupSQL)
+			runs := h.Ran(lookup)
+			plain := h.Ran(orders.DefaultLookupSQL)
 			if runs-runs0 != c.prepared || plain-plain0 != c.unprepared {
 				t.Errorf("Lookup ran %d times prepared and %d unprepared, want %d and %d (at most 1 + maxCures + 1 probe = 4 in all)",
 					runs-runs0, plain-plain0, c.prepared, c.unprepared)

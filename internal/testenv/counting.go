@@ -20,6 +20,10 @@ type Statements struct {
 	prepares atomic.Int64
 	mu       sync.Mutex
 	text     []string
+	runs     map[string]int // by text
+	// afterPrepare, when set, runs after a statement was prepared on a
+	// connection and before the prepare returns to database/sql.
+	afterPrepare func(ctx context.Context, conn driver.Conn, q string)
 }
 
 // N is how many statements ran so far.
@@ -36,11 +40,43 @@ func (s *Statements) Since(n int64) []string {
 	return append([]string(nil), s.text[n:]...)
 }
 
+// Ran is how many times the statement of text q ran so far (prepared or
+// not: the text the driver was given).
+func (s *Statements) Ran(q string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs[q]
+}
+
+// AfterPrepare makes f run each time a statement q has been prepared on a
+// connection, on that connection (lib/pq's own, to run statements in its
+// session), before the prepare returns: between the Parse and the first
+// Bind, where no goroutine of a test could otherwise step in. nil stops it.
+func (s *Statements) AfterPrepare(f func(ctx context.Context, conn driver.Conn, q string)) {
+	s.mu.Lock()
+	s.afterPrepare = f
+	s.mu.Unlock()
+}
+
 func (s *Statements) add(q string) {
 	s.mu.Lock()
 	s.text = append(s.text, q)
+	if s.runs == nil {
+		s.runs = map[string]int{}
+	}
+	s.runs[q]++
 	s.mu.Unlock()
 	s.n.Add(1)
+}
+
+func (s *Statements) prepared(ctx context.Context, conn driver.Conn, q string) {
+	s.prepares.Add(1)
+	s.mu.Lock()
+	f := s.afterPrepare
+	s.mu.Unlock()
+	if f != nil {
+		f(ctx, conn, q)
+	}
 }
 
 // CountingPostgres is Postgres through a driver that counts every statement
@@ -49,14 +85,27 @@ func (s *Statements) add(q string) {
 func CountingPostgres(t testing.TB) (*sqlx.DB, string, *Statements) {
 	t.Helper()
 	_, dsn := CreateDatabase(t)
+	db, st := CountingPool(t, dsn, 0)
+	return db, dsn, st
+}
+
+// CountingPool is a pool on dsn (a database of the test's, or a proxy in
+// front of one) of at most conns connections (0: no limit), through the
+// counting driver of CountingPostgres; closed when the test ends.
+func CountingPool(t testing.TB, dsn string, conns int) (*sqlx.DB, *Statements) {
+	t.Helper()
 	c, err := pq.NewConnector(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := &Statements{}
 	db := sqlx.NewDb(sql.OpenDB(countingConnector{c, st}), "postgres")
+	if conns > 0 {
+		db.SetMaxOpenConns(conns)
+		db.SetMaxIdleConns(conns)
+	}
 	t.Cleanup(func() { db.Close() })
-	return db, dsn, st
+	return db, st
 }
 
 type countingConnector struct {
@@ -94,7 +143,7 @@ func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stm
 	if err != nil {
 		return nil, err
 	}
-	c.st.prepares.Add(1)
+	c.st.prepared(ctx, c.Conn, q)
 	return &countingStmt{st, c.st, q}, nil
 }
 
