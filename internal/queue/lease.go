@@ -228,6 +228,19 @@ local token = ARGV[3]
 local maxScore = now + tonumber(ARGV[4])
 local cutoff = now - tonumber(ARGV[5])
 local batch = ARGV[9] == '1'
+-- compact: the lease hash was a listpack (a ziplist before 7.0) when this
+-- claim began, read before its first write, and only when it may lease:
+-- a script's writes stay when a later command fails, so a command the
+-- server may refuse (OBJECT, to an ACL that lists commands, or renamed)
+-- is asked with pcall, here, and its refusal only means no conversion
+-- (see the end). Only deletes touch the hash before the records are
+-- written, and they keep its form.
+local compact = false
+if (infHead and infHead <= now) or (batch and batHead and batHead <= now)
+    or (qHead and qHead <= cutoff) then
+  local enc = redis.pcall('OBJECT', 'ENCODING', KEYS[4])
+  compact = enc == 'listpack' or enc == 'ziplist'
+end
 local sfx = '|' .. token .. '|'
 local claimed, dead, fresh = {}, {}, {}
 local inflightArgs, deadlineArgs, leaseArgs = {}, {}, {}
@@ -498,8 +511,10 @@ if n > 0 then
   -- into a listpack while it runs (a restart may: the next claim turns it
   -- again). The field "\0" is no serial, and nothing reads the hash in
   -- between. A table is left alone, so the pair is written (and
-  -- replicated) only when the hash changes form.
-  local wide = redis.call('HLEN', KEYS[4]) + n > 128 and redis.call('OBJECT', 'ENCODING', KEYS[4]) ~= 'hashtable'
+  -- replicated) only when the hash changes form: when it was compact at
+  -- the start (compact, above) or does not exist (a new hash is compact).
+  local held = redis.call('HLEN', KEYS[4])
+  local wide = held + n > 128 and (held == 0 or compact)
   if wide then redis.call('HSET', KEYS[4], '\0', string.rep('-', 1024)) end
   bulk('HSET', KEYS[4], leaseArgs)
   if wide then redis.call('HDEL', KEYS[4], '\0') end
