@@ -144,7 +144,7 @@ var metricLabels = map[string]map[string][]string{
 	"orderdelay_dependency_up":          {"dependency": {"redis", "postgres"}},
 	"orderdelay_build_info":             {"version": nil, "revision": nil, "goversion": nil},
 	"orderdelay_close_lateness_seconds": {"le": nil},
-	"orderdelay_config_warning":         {"check": {"redis_eviction", "redis_persistence", "redis_version", "schema_version", "pending_index"}},
+	"orderdelay_config_warning":         {"check": {"redis_eviction", "redis_persistence", "redis_version", "schema_version", "pending_index", "redis_permissions"}},
 }
 
 // Every task family carries `queue` (names from the queues file, so any

@@ -73,10 +73,13 @@ const (
 	CheckRedisVersion     = "redis_version"
 	CheckSchemaVersion    = "schema_version"
 	CheckPendingIndex     = "pending_index"
+	// CheckRedisPermissions: the daemon's Redis user may not run a
+	// command the daemon can do without (preflight.Permissions).
+	CheckRedisPermissions = "redis_permissions"
 )
 
 // ConfigChecks lists every config-warning check.
-var ConfigChecks = []string{CheckRedisEviction, CheckRedisPersistence, CheckRedisVersion, CheckSchemaVersion, CheckPendingIndex}
+var ConfigChecks = []string{CheckRedisEviction, CheckRedisPersistence, CheckRedisVersion, CheckSchemaVersion, CheckPendingIndex, CheckRedisPermissions}
 
 // New creates the metrics and registers them, with build information, on
 // reg.

@@ -5,11 +5,26 @@
 // a stale reference schema, no partial index for the reconciler, Redis
 // that evicts, persists nothing or is older than 6.2.
 //
+// Permissions (permissions.go) checks the Redis user before anything runs:
+// commands is the one list of the Redis commands the daemon sends (its Lua
+// scripts' and its go-redis calls'; tests hold it to both), and ACL DRYRUN
+// (Redis ≥ 7.0) is asked, for the user ACL WHOAMI names, about each of
+// them on each key and wake channel of the order queue, its shards and the
+// task queues, on every master of a cluster. A command the daemon needs
+// that is refused, on any of them, or renamed away (rename-command) is
+// fatal (*PermissionError: exit 2) — a script that meets one halfway keeps
+// the writes it made before. One it can do without (OBJECT, which the
+// claim asks with pcall; SUBSCRIBE; INFO and CONFIG GET) is warned about
+// (redis_permissions). A server that cannot say — before 7.0, a user
+// without ACL DRYRUN or ACL WHOAMI, an answer the check does not know — is
+// warned about once and the check skipped.
+//
 // Unreachable dependencies are never fatal here: Database retries with
-// backoff and Redis retries until it gets an answer, so the daemon starts
-// and reports not-ready instead. The SQL these checks run belongs to the
-// packages that own the tables (orders, tasks); this package only decides
-// what to check and what to say.
+// backoff, and Redis and WatchPermissions retry until they get an answer,
+// so the daemon reports not-ready instead. The SQL these checks run
+// belongs to the packages that own the tables (orders, tasks), the Redis
+// keys to package queue; this package only decides what to check and what
+// to say.
 package preflight
 
 import (
@@ -18,7 +33,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -173,19 +187,9 @@ func WatchRedis(ctx context.Context, rdb redis.UniversalClient, m *metrics.Metri
 // queue is one key), no persistence, Redis older than 6.2 — on every master
 // of a cluster, and sets the matching warning gauges.
 func Redis(ctx context.Context, rdb redis.UniversalClient, m *metrics.Metrics, log *zap.Logger) error {
-	nodes := []redis.UniversalClient{rdb}
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		var mu sync.Mutex
-		nodes = nil
-		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
-			mu.Lock()
-			nodes = append(nodes, c)
-			mu.Unlock()
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("redis masters: %w", err)
-		}
+	nodes, err := masters(ctx, rdb)
+	if err != nil {
+		return err
 	}
 	var old, evicts, volatile bool
 	for _, n := range nodes {

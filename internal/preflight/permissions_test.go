@@ -1,0 +1,545 @@
+package preflight
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// daemonSources are the daemon's production Go files: the module's
+// packages the daemon links, without tests, test helpers and the
+// separate programs (bench, the worker library, examples).
+func daemonSources(t *testing.T) map[string]string {
+	t.Helper()
+	root := filepath.Join("..", "..")
+	out := map[string]string{}
+	for _, dir := range []string{"client", "cmd", "internal"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && (d.Name() == "testenv" || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return nil
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(root, path)
+			out[filepath.ToSlash(rel)] = string(b)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func command(name string) *Command {
+	for i := range commands {
+		if commands[i].Name == name {
+			return &commands[i]
+		}
+	}
+	return nil
+}
+
+// containers are the commands whose first argument is a subcommand, which
+// ACL rules can name on their own (-object|encoding).
+var containers = []string{"ACL", "CLIENT", "CLUSTER", "COMMAND", "CONFIG", "DEBUG", "FUNCTION", "LATENCY", "MEMORY",
+	"MODULE", "OBJECT", "PUBSUB", "SCRIPT", "SLOWLOG", "XGROUP", "XINFO"}
+
+// TestCommandsCoverTheScripts: every command a Lua script of the daemon
+// calls is in commands, and one it calls with redis.call (whose refusal
+// fails the script, keeping its earlier writes) is not optional.
+func TestCommandsCoverTheScripts(t *testing.T) {
+	call := regexp.MustCompile(`redis\.(p?call)\(\s*(?:['"]([A-Za-z]+)['"]|([^'"\s,)]+))(?:\s*,\s*['"]([A-Za-z]+)['"])?`)
+	// bulk(cmd, key, args) of package queue's helpers calls redis.call(cmd, ...).
+	bulk := regexp.MustCompile(`\bbulk\(\s*['"]([A-Za-z]+)['"]`)
+	found := map[string]bool{}
+	check := func(file, name, sub, how string) {
+		name = strings.ToUpper(name)
+		if slices.Contains(containers, name) {
+			name += " " + strings.ToUpper(sub)
+		}
+		found[name] = true
+		c := command(name)
+		switch {
+		case c == nil:
+			t.Errorf("%s: a script calls %s, which preflight's commands lack: add it (with what ACL DRYRUN is asked) and to README's Redis permissions", file, name)
+		case how == "call" && c.Optional != "":
+			t.Errorf("%s: a script calls %s with redis.call, so a refusal fails the script: it cannot be optional (ask it with pcall, before any write, or make it required)", file, name)
+		}
+	}
+	for file, src := range daemonSources(t) {
+		for _, m := range call.FindAllStringSubmatch(src, -1) {
+			switch {
+			case m[2] != "":
+				check(file, m[2], m[4], m[1])
+			case m[3] == "cmd" && strings.Contains(src, "local function bulk(cmd"):
+				// bulk's calls are found below.
+			default:
+				t.Errorf("%s: a script calls redis.%s(%s, ...): a command named by a variable; teach this test where its names come from", file, m[1], m[3])
+			}
+		}
+		for _, m := range bulk.FindAllStringSubmatch(src, -1) {
+			check(file, m[1], "", "call")
+		}
+	}
+	// The scan saw the scripts: the claim's commands among them.
+	for _, want := range []string{"ZADD", "HDEL", "ZREMRANGEBYRANK", "OBJECT ENCODING", "PUBLISH", "TIME"} {
+		if !found[want] {
+			t.Errorf("no script calls %s: did the scan miss package queue's scripts?", want)
+		}
+	}
+	if c := command("OBJECT ENCODING"); c == nil || c.Optional == "" {
+		t.Error("OBJECT ENCODING is asked with pcall before the claim's first write: it should be optional")
+	}
+}
+
+// TestCommandsCoverTheDirectCalls: every go-redis command method the
+// daemon calls sends a command in commands.
+func TestCommandsCoverTheDirectCalls(t *testing.T) {
+	// What each go-redis method the daemon calls sends ("": nothing of its
+	// own). A method not here fails the test: add it, and its command to
+	// commands.
+	sends := map[string]string{
+		"ConfigGet": "CONFIG GET", "Del": "DEL", "EvalSha": "EVALSHA", "Eval": "EVAL", "Exists": "EXISTS",
+		"Get": "GET", "HDel": "HDEL", "HGet": "HGET", "HMGet": "HMGET", "HSet": "HSET", "Info": "INFO",
+		"Ping": "PING", "Pipelined": "", "Publish": "PUBLISH", "ScriptLoad": "SCRIPT LOAD",
+		"SetNX":     "SETNX", // with no expiry, as the pause sets it
+		"Subscribe": "SUBSCRIBE", "Time": "TIME",
+		"XAdd": "XADD", "XInfoGroups": "XINFO GROUPS", "XPendingExt": "XPENDING",
+		"ZAdd": "ZADD", "ZCard": "ZCARD", "ZRange": "ZRANGE", "ZRangeArgsWithScores": "ZRANGE",
+		"ZRangeWithScores": "ZRANGE", "ZScore": "ZSCORE",
+	}
+	methods := map[string]bool{"Subscribe": true} // UniversalClient's, not Cmdable's
+	ct := reflect.TypeFor[redis.Cmdable]()
+	for i := range ct.NumMethod() {
+		methods[ct.Method(i).Name] = true
+	}
+	// Methods of other types that share a name with one of go-redis's.
+	for _, other := range []string{
+		"Shutdown", // http.Server's
+	} {
+		delete(methods, other)
+	}
+	// Raw commands: Process and Do, only where this test knows what they send.
+	raw := map[string]string{
+		"internal/queue/once.go":            "EVALSHA", // runOnce
+		"internal/queue/claimreply.go":      "EVALSHA", // runClaim
+		"internal/preflight/permissions.go": "",        // ACL WHOAMI, ACL DRYRUN: the check's own
+	}
+	call := regexp.MustCompile(`\.([A-Z]\w*)\(\s*(?:ctx|context\.\w+\(\)|r\.Context\(\)|\w*[cC]tx)\s*[,)]`)
+	seen := 0
+	for file, src := range daemonSources(t) {
+		for _, m := range call.FindAllStringSubmatch(src, -1) {
+			name := m[1]
+			if name == "Process" || name == "Do" {
+				if _, ok := raw[file]; !ok {
+					t.Errorf("%s: %s sends a raw command: tell this test which (raw) and add it to commands", file, name)
+				}
+				continue
+			}
+			if !methods[name] {
+				continue
+			}
+			seen++
+			cmd, ok := sends[name]
+			switch {
+			case !ok:
+				t.Errorf("%s: calls go-redis %s: tell this test what it sends (sends) and add that to commands", file, name)
+			case cmd != "" && command(cmd) == nil:
+				t.Errorf("%s: go-redis %s sends %s, which commands lack", file, name, cmd)
+			}
+		}
+	}
+	if seen < 20 {
+		t.Errorf("found %d go-redis calls: did the scan miss the sources?", seen)
+	}
+	for _, cmd := range raw {
+		if cmd != "" && command(cmd) == nil {
+			t.Errorf("commands lack %s", cmd)
+		}
+	}
+	for _, name := range []string{"EVALSHA", "EVAL", "SCRIPT LOAD"} { // Script.Run and Load
+		if command(name) == nil {
+			t.Errorf("commands lack %s", name)
+		}
+	}
+}
+
+// TestTargetsCoverTheKeys: every key of queue.Keys is asked about, as one
+// kind; the wake channel as a channel and, since scripts get it in KEYS, a
+// key of EVALSHA and EVAL.
+func TestTargetsCoverTheKeys(t *testing.T) {
+	k := queue.NewKeys("q")
+	ts := targets(k)
+	v := reflect.ValueOf(k)
+	for i := range v.NumField() {
+		key := v.Field(i).String()
+		var kinds []Target
+		for on, keys := range ts {
+			if on != AnyKey && slices.Contains(keys, key) {
+				kinds = append(kinds, on)
+			}
+		}
+		if len(kinds) != 1 {
+			t.Errorf("Keys.%s (%s) is in %d kinds of targets, want 1", v.Type().Field(i).Name, key, len(kinds))
+		}
+		if !slices.Contains(ts[AnyKey], key) {
+			t.Errorf("Keys.%s (%s) is not a key of EVALSHA's dry run", v.Type().Field(i).Name, key)
+		}
+	}
+}
+
+// aclServer is a private redis-server (with extra server arguments) that
+// has user "od" with password "pw" and rules; it returns a client logged
+// in as od and the server's address.
+func aclServer(t *testing.T, serverArgs []string, rules ...string) (*redis.Client, string) {
+	t.Helper()
+	admin, addr := testenv.PrivateRedisWith(t, nil, serverArgs...)
+	ctx := context.Background()
+	if err := admin.Do(ctx, append([]any{"acl", "setuser", "od", "on", ">pw"}, toAny(rules)...)...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER od %v: %v", rules, err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, Username: "od", Password: "pw"})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, addr
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// permissions runs Permissions on the order queue key and two shards,
+// and returns its error, its warnings and the redis_permissions gauge.
+func permissions(t *testing.T, rdb redis.UniversalClient) (error, *observer.ObservedLogs, float64) {
+	t.Helper()
+	m := metrics.New(prometheus.NewRegistry(), "test", "test")
+	core, logs := observer.New(zap.InfoLevel)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	keys := append([]queue.Keys{queue.NewKeys(queue.DefaultKey)}, queue.ShardKeys(queue.DefaultKey, 2)...)
+	err := Permissions(ctx, rdb, keys, m, zap.New(core))
+	return err, logs, warning(m, metrics.CheckRedisPermissions)
+}
+
+func warnings(logs *observer.ObservedLogs) []observer.LoggedEntry {
+	return logs.FilterLevelExact(zap.WarnLevel).All()
+}
+
+// TestPermissionsPassTheFullUser: the default user may run everything;
+// every dry run is answered OK (their arguments fit each command).
+func TestPermissionsPassTheFullUser(t *testing.T) {
+	rdb, _ := testenv.PrivateRedis(t)
+	err, logs, gauge := permissions(t, rdb)
+	if err != nil || len(warnings(logs)) != 0 || gauge != 0 {
+		t.Fatalf("Permissions: %v, warnings %v, gauge %v; want nil, none, 0", err, warnings(logs), gauge)
+	}
+	if logs.FilterMessageSnippet("redis permissions checked").Len() != 1 {
+		t.Errorf("log: %v", logs.All())
+	}
+}
+
+// TestPermissionsWarnWithoutObject: OBJECT is asked with pcall, so a user
+// without it only warns (and raises the gauge); the daemon starts.
+func TestPermissionsWarnWithoutObject(t *testing.T) {
+	rdb, _ := aclServer(t, nil, "~*", "&*", "+@all", "-object")
+	err, logs, gauge := permissions(t, rdb)
+	if err != nil {
+		t.Fatalf("Permissions: %v, want nil (OBJECT is optional)", err)
+	}
+	ws := warnings(logs)
+	if len(ws) != 1 || !strings.Contains(ws[0].Message, "OBJECT ENCODING") || !strings.Contains(ws[0].Message, "listpack") || gauge != 1 {
+		t.Fatalf("warnings %v, gauge %v; want one naming OBJECT ENCODING and what it costs, gauge 1", ws, gauge)
+	}
+}
+
+// TestPermissionsRefuseAMissingCommand: a user without a command a script
+// calls is an error that names the command and the user.
+func TestPermissionsRefuseAMissingCommand(t *testing.T) {
+	for _, cmd := range []string{"hdel", "zremrangebyrank"} {
+		t.Run(cmd, func(t *testing.T) {
+			rdb, _ := aclServer(t, nil, "~*", "&*", "+@all", "-"+cmd)
+			err, _, _ := permissions(t, rdb)
+			var pe *PermissionError
+			if !errors.As(err, &pe) {
+				t.Fatalf("Permissions: %v, want a *PermissionError", err)
+			}
+			msg := err.Error()
+			for _, want := range []string{strings.ToUpper(cmd), `user "od"`, "{" + queue.DefaultKey + "}:"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q does not name %s", msg, want)
+				}
+			}
+			for _, r := range pe.Refusals {
+				if r.Command != strings.ToUpper(cmd) {
+					t.Errorf("refusal %+v: only %s is refused", r, cmd)
+				}
+			}
+		})
+	}
+}
+
+// TestPermissionsRefuseKeysOutsideThePattern: a key pattern that covers
+// the queue key but not its companions ({Q}:*), or not the shards, is an
+// error naming the key.
+func TestPermissionsRefuseKeysOutsideThePattern(t *testing.T) {
+	q := queue.DefaultKey
+	t.Run("companions", func(t *testing.T) {
+		rdb, _ := aclServer(t, nil, "~"+q, "~"+q+"#*", "~{"+q+"#*", "&*", "+@all")
+		err, _, _ := permissions(t, rdb)
+		var pe *PermissionError
+		if !errors.As(err, &pe) || !strings.Contains(err.Error(), "{"+q+"}:inflight") || !strings.Contains(err.Error(), "key patterns") {
+			t.Fatalf("Permissions: %v, want a *PermissionError naming {%s}:inflight, outside the key patterns", err, q)
+		}
+		for _, r := range pe.Refusals {
+			if r.Denied != DeniedKey || !strings.HasPrefix(r.Target, "{"+q+"}:") {
+				t.Errorf("refusal %+v: want only the companions' keys refused", r)
+			}
+		}
+		if len(pe.Refusals) < 19 {
+			t.Errorf("%d refusals, want every companion of the queue key refused", len(pe.Refusals))
+		}
+	})
+	t.Run("shards", func(t *testing.T) {
+		rdb, _ := aclServer(t, nil, "~"+q, "~{"+q+"}:*", "&*", "+@all")
+		err, _, _ := permissions(t, rdb)
+		shard := queue.ShardKey(q, 0)
+		if pe := (*PermissionError)(nil); !errors.As(err, &pe) || !strings.Contains(err.Error(), shard) {
+			t.Fatalf("Permissions: %v, want a *PermissionError naming shard key %s", err, shard)
+		}
+	})
+	t.Run("channel", func(t *testing.T) {
+		// Redis 7's default for a new user: no channels (acl-pubsub-default
+		// resetchannels). The scripts PUBLISH on the wake channel.
+		rdb, _ := aclServer(t, nil, "~*", "resetchannels", "+@all")
+		err, _, _ := permissions(t, rdb)
+		if pe := (*PermissionError)(nil); !errors.As(err, &pe) || !strings.Contains(err.Error(), "PUBLISH") ||
+			!strings.Contains(err.Error(), "channels {"+q+"}:wake") {
+			t.Fatalf("Permissions: %v, want a *PermissionError naming PUBLISH on channel {%s}:wake", err, q)
+		}
+	})
+}
+
+// TestPermissionsRefuseARenamedCommand: ACL DRYRUN does not know a command
+// renamed away (rename-command); one the daemon needs is an error that
+// says so, an optional one a warning.
+func TestPermissionsRefuseARenamedCommand(t *testing.T) {
+	rdb, _ := testenv.PrivateRedisWith(t, nil, "--rename-command", "HDEL", "hdel_renamed", "--rename-command", "OBJECT", "")
+	err, _, _ := permissions(t, rdb)
+	var pe *PermissionError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "HDEL") || !strings.Contains(err.Error(), "rename-command") {
+		t.Fatalf("Permissions: %v, want a *PermissionError naming HDEL and rename-command", err)
+	}
+	for _, r := range pe.Refusals {
+		if r.Command != "HDEL" {
+			t.Errorf("refusal %+v: only HDEL is needed and renamed", r)
+		}
+	}
+
+	rdb, _ = testenv.PrivateRedisWith(t, nil, "--rename-command", "OBJECT", "")
+	err, logs, gauge := permissions(t, rdb)
+	if ws := warnings(logs); err != nil || len(ws) != 1 || !strings.Contains(ws[0].Message, "OBJECT ENCODING") || gauge != 1 {
+		t.Fatalf("OBJECT renamed: %v, warnings %v, gauge %v; want nil, one warning naming OBJECT ENCODING, 1", err, ws, gauge)
+	}
+}
+
+// TestPermissionsSkipWithoutDryRun: a user who may not run ACL DRYRUN (or
+// a Redis before 7.0) cannot be checked: one warning, and the daemon
+// starts.
+func TestPermissionsSkipWithoutDryRun(t *testing.T) {
+	for name, rules := range map[string][]string{
+		"dryrun": {"~*", "&*", "+@all", "-acl|dryrun"},
+		"whoami": {"~*", "&*", "+@all", "-acl|whoami"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rdb, _ := aclServer(t, nil, rules...)
+			err, logs, gauge := permissions(t, rdb)
+			ws := warnings(logs)
+			if err != nil || len(ws) != 1 || !strings.Contains(ws[0].Message, "not checked") || gauge != 0 {
+				t.Fatalf("Permissions: %v, warnings %v, gauge %v; want nil, one saying the check was skipped, 0", err, ws, gauge)
+			}
+			if why := ws[0].ContextMap()["why"]; !strings.Contains(why.(string), "NOPERM") {
+				t.Errorf("why %q: want the server's refusal", why)
+			}
+		})
+	}
+}
+
+// replyHook answers the commands whose name (first two words, lower
+// case) is in replies with the value or error given, without sending them.
+type replyHook map[string]any
+
+func (replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.answer(cmd) {
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h replyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var rest []redis.Cmder
+		for _, c := range cmds {
+			if !h.answer(c) {
+				rest = append(rest, c)
+			}
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		return next(ctx, rest)
+	}
+}
+
+func (h replyHook) answer(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return false
+	}
+	a, _ := args[0].(string)
+	b, _ := args[1].(string)
+	v, ok := h[strings.ToLower(a+" "+b)]
+	if !ok {
+		return false
+	}
+	c, ok := cmd.(*redis.Cmd)
+	if !ok {
+		return false
+	}
+	if err, isErr := v.(error); isErr {
+		c.SetErr(err)
+	} else {
+		c.SetVal(v)
+	}
+	return true
+}
+
+// proto is a reply error as the server sends it.
+type proto string
+
+func (e proto) Error() string { return string(e) }
+func (proto) RedisError()     {}
+
+// TestPermissionsOddReplies: answers the check does not expect — Redis
+// 6.2's "unknown subcommand", a number where OK or a refusal belongs, no
+// user name — skip the check with a warning that quotes them; none
+// panics, none stops the daemon.
+func TestPermissionsOddReplies(t *testing.T) {
+	for name, replies := range map[string]replyHook{
+		"redis 6.2":     {"acl dryrun": proto("ERR Unknown subcommand or wrong number of arguments for 'DRYRUN'. Try ACL HELP.")},
+		"number":        {"acl dryrun": int64(7)},
+		"nil":           {"acl dryrun": nil},
+		"array":         {"acl dryrun": []any{"OK"}},
+		"whoami number": {"acl whoami": int64(1)},
+		"whoami empty":  {"acl whoami": ""},
+		"unknown user":  {"acl dryrun": proto("ERR User 'od' not found")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rdb, _ := testenv.PrivateRedis(t)
+			rdb.AddHook(replies)
+			err, logs, _ := permissions(t, rdb)
+			ws := warnings(logs)
+			if err != nil || len(ws) != 1 || !strings.Contains(ws[0].Message, "not checked") {
+				t.Fatalf("Permissions: %v, warnings %v; want nil and one warning that the check was skipped", err, ws)
+			}
+		})
+	}
+}
+
+// TestWatchPermissionsRetriesUnreachableRedis: a Redis that cannot be
+// asked is no verdict: WatchPermissions warns and asks again until ctx
+// ends, and then returns ctx's error, not a *PermissionError.
+func TestWatchPermissionsRetriesUnreachableRedis(t *testing.T) {
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), MaxRetries: -1})
+	defer rdb.Close()
+	core, logs := observer.New(zap.WarnLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchPermissions(ctx, rdb, []queue.Keys{queue.NewKeys("q")}, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
+	}()
+	testenv.WaitFor(t, "a retry warning", time.Minute, func() bool {
+		return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("WatchPermissions: %v, want context.Canceled", err)
+	}
+}
+
+// TestPermissionsOnEveryClusterMaster: on Redis Cluster every master is
+// asked; one that refuses a command is named by its address.
+func TestPermissionsOnEveryClusterMaster(t *testing.T) {
+	c := testenv.PrivateCluster(t)
+	ctx := context.Background()
+	for i, a := range c.Addrs {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		rules := []any{"acl", "setuser", "od", "on", ">pw", "~*", "&*", "+@all"}
+		if i == 1 {
+			rules = append(rules, "-hdel")
+		}
+		if err := n.Do(ctx, rules...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		n.Close()
+	}
+	o, err := redis.ParseClusterURL(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Username, o.Password = "od", "pw"
+	rdb := redis.NewClusterClient(o)
+	defer rdb.Close()
+	err, _, _ = permissions(t, rdb)
+	var pe *PermissionError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "HDEL") || !strings.Contains(err.Error(), c.Addrs[1]) {
+		t.Fatalf("Permissions: %v, want a *PermissionError naming HDEL at %s", err, c.Addrs[1])
+	}
+	for _, r := range pe.Refusals {
+		if r.Addr != c.Addrs[1] {
+			t.Errorf("refusal %+v at another master", r)
+		}
+	}
+
+	err, logs, _ := permissions(t, c.Client(t))
+	if err != nil || len(warnings(logs)) != 0 {
+		t.Fatalf("default user on the cluster: %v, warnings %v", err, warnings(logs))
+	}
+}
