@@ -208,8 +208,12 @@ func Redis(ctx context.Context, rdb redis.UniversalClient, m *metrics.Metrics, l
 // nodeWarnings checks one Redis node and logs what it finds.
 func nodeWarnings(ctx context.Context, n redis.UniversalClient, log *zap.Logger) (old, evicts, volatile bool, err error) {
 	info, err := n.Info(ctx, "server").Result()
-	if err != nil {
+	if err != nil && transient(err) {
 		return false, false, false, fmt.Errorf("redis INFO: %w", err)
+	}
+	if err != nil {
+		// Refused (an ACL, rename-command): asking again would not help.
+		log.Info("cannot read redis INFO; check that Redis is 6.2 or later yourself", zap.Error(err))
 	}
 	port := infoField(info, "tcp_port")
 	v := infoField(info, "redis_version")

@@ -75,3 +75,18 @@ func TestDatabaseRefusesAWrongStatementWithoutItsPassword(t *testing.T) {
 		t.Errorf("the error shows the password: %v", err)
 	}
 }
+
+// TestRedisWithoutInfo: a user refused INFO (an ACL) is told that the
+// version cannot be checked, once: Redis returns nil, so WatchRedis does
+// not ask again every few seconds for an answer that never comes.
+func TestRedisWithoutInfo(t *testing.T) {
+	rdb, _ := aclServer(t, nil, "~*", "&*", "+@all", "-info")
+	m := metrics.New(prometheus.NewRegistry(), "test", "test")
+	core, logs := observer.New(zap.InfoLevel)
+	if err := Redis(context.Background(), rdb, m, zap.New(core)); err != nil {
+		t.Fatalf("Redis: %v, want nil", err)
+	}
+	if logs.FilterMessageSnippet("cannot read redis INFO").Len() != 1 || warning(m, metrics.CheckRedisVersion) != 0 {
+		t.Errorf("log %v, version warning %v; want one line saying INFO cannot be read, 0", logs.All(), warning(m, metrics.CheckRedisVersion))
+	}
+}
