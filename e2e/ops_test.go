@@ -213,6 +213,40 @@ func TestOpsResyncAndForensics(t *testing.T) {
 	d.stop()
 }
 
+// TestOpsRedisPermissions: the binary on a Redis user refused HDEL (which
+// the scripts call) exits 2 at start, naming the command and the user,
+// and writes nothing; on a user refused only OBJECT (which the claim asks
+// with pcall) it starts, warns and raises redis_permissions.
+func TestOpsRedisPermissions(t *testing.T) {
+	t.Parallel()
+	w, px := privateWorld(t)
+	ctx := context.Background()
+	for user, rule := range map[string]string{"nohdel": "-hdel", "noobject": "-object"} {
+		if err := w.rdb.Do(ctx, "acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all", rule).Err(); err != nil { // private server
+			t.Fatal(err)
+		}
+	}
+	d := w.launch(t, nil, "ORDERDELAY_REDIS_URL=redis://nohdel:pw@"+px.Addr()+"/0")
+	if code := d.exit(60 * time.Second); code != 2 {
+		t.Fatalf("exit status %d with a user refused HDEL, want 2\n%s", code, testenv.LastLines(d.Output(), 20))
+	}
+	if out := d.Output(); !strings.Contains(out, "HDEL") || !strings.Contains(out, "nohdel") {
+		t.Errorf("the output does not name HDEL and the user:\n%s", testenv.LastLines(out, 20))
+	}
+	if n := w.rdb.DBSize(ctx).Val(); n != 0 {
+		t.Errorf("%d keys written by a daemon that did not start, want none", n)
+	}
+
+	d = w.start("ORDERDELAY_REDIS_URL=redis://noobject:pw@" + px.Addr() + "/0")
+	waitFor(t, "the redis_permissions warning", 30*time.Second, func() bool {
+		return d.metrics()[`orderdelay_config_warning{check="redis_permissions"}`] == 1
+	})
+	if out := d.Output(); !strings.Contains(out, "may not run OBJECT ENCODING") {
+		t.Errorf("no warning naming OBJECT ENCODING:\n%s", testenv.LastLines(out, 20))
+	}
+	d.stopCleanly()
+}
+
 func TestOpsStartupChecksAndRetention(t *testing.T) {
 	t.Parallel()
 	w, _ := privateWorld(t)

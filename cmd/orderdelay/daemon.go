@@ -259,9 +259,10 @@ func liveness(cfg config.Config) time.Duration { return 3*cfg.ScanInterval + 30*
 // runDaemon runs until SIGTERM or SIGINT (its signals actor), until ctx
 // ends, or until one of its actors fails. Unreachable
 // Redis or PostgreSQL is not fatal: the daemon reports it (readiness,
-// dependency_up) and retries. A statement that fails verification is
-// (exit 2); so is a port that cannot be bound at start, and an HTTP server
-// that fails mid-run ends the run (both exit 1).
+// dependency_up) and retries. A statement that fails verification, and a
+// Redis user refused a command the daemon needs, are configuration errors
+// (exit 2); a port that cannot be bound at start, and an HTTP server that
+// fails mid-run, end the run (both exit 1).
 func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts daemonOptions) error {
 	// Protected mode refuses before anything starts (openListeners checks
 	// again, for its other callers).
@@ -291,7 +292,8 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 		return err
 	}
 	err = d.actors(d.signals(sigs), serve, opts).Run(ctx)
-	if se := (*orders.StatementError)(nil); errors.As(err, &se) {
+	se, pe := (*orders.StatementError)(nil), (*preflight.PermissionError)(nil)
+	if errors.As(err, &se) || errors.As(err, &pe) {
 		return usageError{err}
 	}
 	if err != nil {
@@ -323,13 +325,16 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, opts dae
 //     cannot hold the exit.
 //
 // Starting goes the other way: the signals are caught first, the
-// listeners are bound before anything runs (runDaemon), the checks start,
-// and the work stage starts with the database's preflight: nothing that
+// listeners are bound before anything runs (runDaemon), the checks start
+// with the Redis user's (checkRedisUser: no consumer, janitor, relay or
+// task queue runs before Redis answered and allowed every command the
+// daemon needs; the API serves meanwhile), and
+// the work stage starts with the database's preflight: nothing that
 // closes orders, relays or purges runs before PostgreSQL answered and the
 // statements verified.
 func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) lifecycle.Group {
 	cfg := d.cfg
-	checks := []lifecycle.Actor{{Name: "redis check", Run: func(ctx context.Context) error {
+	checks := []lifecycle.Actor{{Name: "redis check", Start: d.checkRedisUser, Run: func(ctx context.Context) error {
 		return preflight.WatchRedis(ctx, d.rdb, d.m, d.log)
 	}}}
 	if d.tasks != nil && !cfg.DryRun {

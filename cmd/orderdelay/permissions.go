@@ -1,0 +1,23 @@
+package main
+
+import (
+	"context"
+
+	"github.com/orderdelay/orderdelay/internal/preflight"
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// checkRedisUser is the Redis user's start-up check (see
+// preflight.Permissions) on every key of the order queue, its shards and
+// the task queues: it waits until Redis answers, and a command the daemon
+// needs that is refused ends the start (exit 2) before anything has
+// written to Redis.
+func (d *daemon) checkRedisUser(ctx context.Context) error {
+	keys := append([]queue.Keys(nil), d.keys...)
+	if d.tasks != nil {
+		for _, q := range taskQueueKeys(d.tasks) {
+			keys = append(keys, q.Keys)
+		}
+	}
+	return preflight.WatchPermissions(ctx, d.rdb, keys, d.m, d.log)
+}
