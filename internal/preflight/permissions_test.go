@@ -543,3 +543,58 @@ func TestPermissionsOnEveryClusterMaster(t *testing.T) {
 		t.Fatalf("default user on the cluster: %v, warnings %v", err, warnings(logs))
 	}
 }
+
+// readmePermissions is README's "Redis permissions" section and its least
+// user's ACL file line ("user orderdelay on >PASSWORD ...").
+func readmePermissions(t *testing.T) (section, user string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n### Redis permissions\n")
+	if !ok {
+		t.Fatal("README has no Redis permissions section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, line, ok := strings.Cut(section, "\nuser orderdelay on >PASSWORD ")
+	if !ok {
+		t.Fatal("README's Redis permissions section has no line user orderdelay on >PASSWORD ...")
+	}
+	line, _, _ = strings.Cut(line, "\n")
+	return section, "user orderdelay on >PASSWORD " + line
+}
+
+// TestREADMEListsThePermissions: README's Redis permissions section names
+// every command, and its least user grants each.
+func TestREADMEListsThePermissions(t *testing.T) {
+	section, user := readmePermissions(t)
+	rules := strings.Fields(user)
+	for _, c := range commands {
+		if !strings.Contains(section, "`"+c.Name+"`") {
+			t.Errorf("README's Redis permissions section does not list `%s`", c.Name)
+		}
+		if rule := "+" + strings.ToLower(strings.ReplaceAll(c.Name, " ", "|")); !slices.Contains(rules, rule) {
+			t.Errorf("README's least user lacks %s", rule)
+		}
+	}
+}
+
+// TestPermissionsPassTheLeastUser: a server whose ACL file is README's
+// least user line takes it, and that user passes, with no warning, on the
+// default queue with shards.
+func TestPermissionsPassTheLeastUser(t *testing.T) {
+	_, user := readmePermissions(t)
+	acl := filepath.Join(t.TempDir(), "users.acl")
+	line := strings.Replace(user, ">PASSWORD", ">pw", 1)
+	if err := os.WriteFile(acl, []byte("user default on nopass ~* &* +@all\n"+line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, addr := testenv.PrivateRedisWith(t, nil, "--aclfile", acl)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, Username: "orderdelay", Password: "pw"})
+	defer rdb.Close()
+	err, logs, gauge := permissions(t, rdb)
+	if err != nil || len(warnings(logs)) != 0 || gauge != 0 {
+		t.Fatalf("Permissions: %v, warnings %v, gauge %v; want nil, none, 0", err, warnings(logs), gauge)
+	}
+}
