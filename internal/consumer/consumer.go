@@ -547,9 +547,7 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 }
 
 // jitter spreads d by ±20% so replicas do not poll in lockstep.
-func jitter(d time.Duration) time.Duration {
-	return d - d/5 + rand.N(2*d/5+1)
-}
+func jitter(d time.Duration) time.Duration { return lifecycle.Jitter(d, 5) }
 
 func (c *Consumer) token() string {
 	return c.cfg.Owner + ":" + c.nonce + "." + strconv.FormatUint(c.seq.Add(1), 36)

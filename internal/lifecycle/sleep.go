@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 )
 
@@ -17,4 +18,14 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// Jitter spreads d uniformly over d ± d/n (n 0: d itself), so the loops of
+// several replicas do not run in step.
+func Jitter(d time.Duration, n int64) time.Duration {
+	if n <= 0 || d <= 0 {
+		return d
+	}
+	k := time.Duration(n)
+	return d - d/k + rand.N(2*d/k+1)
 }

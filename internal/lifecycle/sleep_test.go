@@ -25,3 +25,23 @@ func TestSleep(t *testing.T) {
 		t.Error("Sleep(1h) whose context ends midway: true, want false")
 	}
 }
+
+// TestJitter: a spread of d/n stays within d ± d/n and reaches both ends'
+// neighbourhood; n 0 is d itself.
+func TestJitter(t *testing.T) {
+	const d = 100 * time.Millisecond
+	if got := Jitter(d, 0); got != d {
+		t.Errorf("Jitter(d, 0) = %v, want d", got)
+	}
+	lo, hi := d, d
+	for range 10000 {
+		got := Jitter(d, 5)
+		if got < d-d/5 || got > d+d/5 {
+			t.Fatalf("Jitter(%v, 5) = %v, outside ±20%%", d, got)
+		}
+		lo, hi = min(lo, got), max(hi, got)
+	}
+	if lo > d-d/6 || hi < d+d/6 {
+		t.Errorf("10,000 draws spanned %v to %v, want about %v to %v", lo, hi, d-d/5, d+d/5)
+	}
+}
