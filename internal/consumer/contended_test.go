@@ -22,30 +22,6 @@ import (
 // same order may close later — but they are the row's, so a batch that
 // holds it must not be held back with it.
 
-// closeTrigger makes every close of an order row matching when (an SQL
-// condition on NEW) run action (PL/pgSQL) first.
-func (e *env) closeTrigger(name, when, action string) {
-	e.t.Helper()
-	_, err := e.db.Exec(`CREATE FUNCTION ` + name + `() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND (` + when + `) THEN
-    ` + action + `;
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER ` + name + ` BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION ` + name + `();`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-}
-
-// slowCloseOf makes the close of serial sleep for five seconds (a shop's
-// trigger calling out, a hot row): any short statement timeout cuts the
-// statement that closes it, and only that one.
-func (e *env) slowCloseOf(serial string) {
-	e.closeTrigger("slow_close", "NEW.serial_no = '"+serial+"'", "PERFORM pg_sleep(5)")
-}
-
 // Fast path: the batch is split until the row is alone; the other 19 close
 // in this round, the row backs off with no attempt spent.
 func TestContendedRowIsIsolatedFromItsBatch(t *testing.T) {
@@ -124,25 +100,6 @@ func TestReconcilerIsolatesAContendedOrder(t *testing.T) {
 			}
 		})
 	}
-}
-
-// slowEveryClose makes every close sleep five seconds and counts the
-// statements that reached a row (each is cut on its first row).
-func (e *env) slowEveryClose() {
-	e.t.Helper()
-	if _, err := e.db.Exec(`CREATE SEQUENCE slow_closes`); err != nil {
-		e.t.Fatal(err)
-	}
-	e.closeTrigger("slow_close", "true", "PERFORM nextval('slow_closes'); PERFORM pg_sleep(5)")
-}
-
-func (e *env) slowCloses() int {
-	e.t.Helper()
-	var n int
-	if err := e.db.Get(&n, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM slow_closes`); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
 }
 
 // A database slow for every row is not worked through order by order: the

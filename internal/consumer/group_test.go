@@ -15,32 +15,7 @@ import (
 
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
-	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-// shardKeys returns the queue key and shards shard keys of e's queue,
-// deleted when the test ends.
-func (e *env) shardKeys(shards int) []queue.Keys {
-	e.t.Helper()
-	all := append([]queue.Keys{e.keys}, queue.ShardKeys(e.keys.Queue, shards)...)
-	e.t.Cleanup(func() {
-		for _, k := range all[1:] {
-			testenv.DeleteQueue(e.rdb, k)
-		}
-	})
-	return all
-}
-
-func (e *env) zadd(key string, serials []string, deadline time.Time) {
-	e.t.Helper()
-	z := make([]redis.Z, len(serials))
-	for i, s := range serials {
-		z[i] = redis.Z{Score: float64(queue.DeadlineMillis(deadline)), Member: s}
-	}
-	if err := e.rdb.ZAdd(context.Background(), key, z...).Err(); err != nil {
-		e.t.Fatal(err)
-	}
-}
 
 // recordingStore closes through Store and records, per Settle call, the
 // serial prefix of its batch ("k3" for key 3) and the most calls at once.

@@ -2,12 +2,10 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -87,48 +85,69 @@ type unusedStore struct{ Store }
 // redisNow is Redis's clock.
 func (e *env) redisNow() time.Time {
 	e.t.Helper()
-	now, err := e.rdb.Time(context.Background()).Result()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return now
+	return testenv.RedisNow(e.t, e.rdb)
 }
 
-// orders inserts n pending orders named prefix-000i with the given deadline
-// and returns their serials.
+// The fixtures of internal/testenv (orders.go) on e's servers.
+
 func (e *env) orders(prefix string, n int, deadline time.Time) []string {
 	e.t.Helper()
-	serials := make([]string, n)
-	for i := range serials {
-		serials[i] = fmt.Sprintf("%s-%05d", prefix, i)
-	}
-	_, err := e.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT s, $2 FROM unnest($1::text[]) s`,
-		pq.Array(serials), deadline)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return serials
+	return testenv.InsertOrders(e.t, e.db, prefix, n, deadline)
 }
 
-// enqueue ZADDs serials with deadline, as a raw producer would.
 func (e *env) enqueue(serials []string, deadline time.Time) {
 	e.t.Helper()
-	z := make([]redis.Z, len(serials))
-	for i, s := range serials {
-		z[i] = redis.Z{Score: float64(queue.DeadlineMillis(deadline)), Member: s}
-	}
-	if err := e.rdb.ZAdd(context.Background(), e.keys.Queue, z...).Err(); err != nil {
-		e.t.Fatal(err)
-	}
+	testenv.Enqueue(e.t, e.rdb, e.keys.Queue, serials, deadline)
+}
+
+func (e *env) zadd(key string, serials []string, deadline time.Time) {
+	e.t.Helper()
+	testenv.Enqueue(e.t, e.rdb, key, serials, deadline)
+}
+
+func (e *env) shardKeys(shards int) []queue.Keys {
+	e.t.Helper()
+	return testenv.ShardKeys(e.t, e.rdb, e.keys, shards)
 }
 
 func (e *env) status(serial string) string {
 	e.t.Helper()
-	var s string
-	if err := e.db.Get(&s, "SELECT status FROM orders WHERE serial_no = $1", serial); err != nil {
-		e.t.Fatal(err)
-	}
-	return s
+	return testenv.OrderStatus(e.t, e.db, serial)
+}
+
+func (e *env) closeTrigger(name, when, action string) {
+	e.t.Helper()
+	testenv.CloseTrigger(e.t, e.db, name, when, action)
+}
+
+func (e *env) failClose(serial, code string) {
+	e.t.Helper()
+	testenv.FailClose(e.t, e.db, serial, code)
+}
+
+func (e *env) poisonOrder(serial string) {
+	e.t.Helper()
+	testenv.PoisonOrder(e.t, e.db, serial)
+}
+
+func (e *env) closeFailures() int {
+	e.t.Helper()
+	return testenv.CloseFailures(e.t, e.db)
+}
+
+func (e *env) slowCloseOf(serial string) {
+	e.t.Helper()
+	testenv.SlowCloseOf(e.t, e.db, serial)
+}
+
+func (e *env) slowEveryClose() {
+	e.t.Helper()
+	testenv.SlowEveryClose(e.t, e.db)
+}
+
+func (e *env) slowCloses() int {
+	e.t.Helper()
+	return testenv.SlowCloses(e.t, e.db)
 }
 
 func (e *env) statusCounts() map[string]int {

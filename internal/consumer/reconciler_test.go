@@ -122,39 +122,6 @@ func TestReconcilerPagesPastOrdersStillQueued(t *testing.T) {
 	}
 }
 
-// poisonOrder makes the close of serial fail with an error about its data,
-// as a shop's trigger that refuses it would.
-func (e *env) poisonOrder(serial string) { e.failClose(serial, "P0001") }
-
-// failClose makes every close of serial raise SQLSTATE code; the sequence
-// close_failures counts the attempts (nextval survives the rollback).
-func (e *env) failClose(serial, code string) {
-	e.t.Helper()
-	_, err := e.db.Exec(`CREATE SEQUENCE close_failures;
-CREATE FUNCTION refuse_close() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no = '` + serial + `' THEN
-    PERFORM nextval('close_failures');
-    RAISE EXCEPTION 'shop trigger: order % cannot be closed', NEW.serial_no USING ERRCODE = '` + code + `';
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER refuse_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION refuse_close();`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-}
-
-// closeFailures is how many times a close of the failClose serial ran.
-func (e *env) closeFailures() int {
-	e.t.Helper()
-	var n int
-	if err := e.db.Get(&n, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM close_failures`); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
-}
-
 // An error about the database, not the data (here a read-only error raised
 // in the middle of the close, as after a failover), ends the pass: nothing is bisected,
 // skipped or reported as a bad order, and the next pass tries again.
