@@ -25,6 +25,7 @@ import (
 	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/httpapi"
 	"github.com/orderdelay/orderdelay/internal/lifecycle"
+	"github.com/orderdelay/orderdelay/internal/maintain"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/preflight"
@@ -364,12 +365,12 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 		work = append(work, lifecycle.Actor{Name: "janitor", Run: admin.NewJanitor(j, d.tools, d.log).Run})
 	}
 	if reconciles(cfg) {
-		rec := consumer.NewReconciler(consumer.ReconcilerConfig{Keys: d.keys[0], Shards: d.keys[1:], Interval: cfg.ReconcileInterval,
+		rec := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: d.keys[0], Shards: d.keys[1:], Interval: cfg.ReconcileInterval,
 			Grace: cfg.ReconcileGrace, Outbox: cfg.CloseEvents}, d.rdb, d.store, d.m, d.log)
 		work = append(work, lifecycle.Actor{Name: "reconciler", Run: rec.Run})
 	}
 	if cfg.CloseEvents && !cfg.DryRun {
-		r := consumer.NewRelay(consumer.RelayConfig{Keys: d.keys[0], MaxLen: cfg.CloseEventsMaxLen},
+		r := maintain.NewRelay(maintain.RelayConfig{Keys: d.keys[0], MaxLen: cfg.CloseEventsMaxLen},
 			d.db, d.rdb, d.m.EventsRelayed, d.log)
 		work = append(work, lifecycle.Actor{Name: "close-event relay", Run: r.Run})
 	}

@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/maintain"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -129,9 +130,9 @@ var Settings = []Setting{
 		set: intIn(func(c *Config) *int { return &c.MaxAttempts }, 1, 1000)},
 	{Env: "ORDERDELAY_BACKOFF_MAX", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultBackoffMax), Help: "cap of the exponential retry backoff (with jitter); also caps the wait after a failed Redis or PostgreSQL call (at most 10s)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.BackoffMax }, time.Second, 24*time.Hour)},
-	{Env: "ORDERDELAY_RECONCILE_INTERVAL", Group: GroupReconciler, Kind: KindDuration, Default: duration(consumer.DefaultReconcileInterval), Help: "reconciler period (`0` disables it)",
+	{Env: "ORDERDELAY_RECONCILE_INTERVAL", Group: GroupReconciler, Kind: KindDuration, Default: duration(maintain.DefaultReconcileInterval), Help: "reconciler period (`0` disables it)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileInterval }, 0, 24*time.Hour)},
-	{Env: "ORDERDELAY_RECONCILE_GRACE", Group: GroupReconciler, Kind: KindDuration, Default: duration(consumer.DefaultReconcileGrace), Help: "how long past its deadline a pending order missing from the queue must be before the reconciler closes it; must exceed the lease",
+	{Env: "ORDERDELAY_RECONCILE_GRACE", Group: GroupReconciler, Kind: KindDuration, Default: duration(maintain.DefaultReconcileGrace), Help: "how long past its deadline a pending order missing from the queue must be before the reconciler closes it; must exceed the lease",
 		set: durationIn(func(c *Config) *time.Duration { return &c.ReconcileGrace }, time.Second, 30*24*time.Hour)},
 	{Env: "ORDERDELAY_HTTP_ADDR", Group: GroupHTTP, Default: "127.0.0.1:8080", Help: "listener of the producer API `/v1`, `/metrics` and the health checks (empty: off); loopback by default: any other address, such as `:8080` in a container, needs `ORDERDELAY_API_TOKEN` or `ORDERDELAY_API_AUTH=none` (protected mode, see `docs/security.md`)",
 		set: addr(func(c *Config) *string { return &c.HTTPAddr })},

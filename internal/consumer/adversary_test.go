@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/maintain"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -20,76 +20,6 @@ import (
 // Adversarial interleavings against the close path of 1b460ec. Each test
 // drives the pieces step by step (claim, process, the reconciler's page) and
 // injects the other party's action at the exact point where it hurts.
-
-// afterZMScore runs f once, right after the first script call (or ZMSCORE
-// pipeline) the client sends has been answered: for the reconciler that is
-// its "is the serial still in Redis?" check, so f lands between that check
-// and the close. (Connection set-up pipelines go through the hook too.)
-type afterZMScore struct {
-	once sync.Once
-	f    func()
-}
-
-func (h *afterZMScore) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *afterZMScore) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, c redis.Cmder) error {
-		err := next(ctx, c)
-		if n := c.Name(); n == "evalsha" || n == "eval" {
-			h.once.Do(h.f)
-		}
-		return err
-	}
-}
-func (h *afterZMScore) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, c := range cmds {
-			if c.Name() == "zmscore" {
-				h.once.Do(h.f)
-			}
-		}
-		return err
-	}
-}
-
-// Invariant (a), reconciler: an order Redis lost is past its deadline and
-// grace. The checkout extends it with a raw ZADD an hour ahead; Redis
-// acknowledges the ZADD after the reconciler's queue check but before its
-// close statement begins. The reconciler has no fence: it closes the order
-// an hour before the deadline the producer wrote.
-//
-// Fix: fence the reconciler's close like the fast path's: after CloseOn and
-// before COMMIT (the rows are locked), check again, atomically (one script
-// or MULTI per key set: the pipeline of ZMSCORE + HMGET is not atomic, so an
-// API reschedule of a leased entry moving it lease -> queue between the two
-// reads makes it look missing too), that each closed serial is still
-// nowhere in Redis; roll back and redo without those that reappeared.
-func TestAdversaryReconcilerClosesARescheduleAckedBeforeItsClose(t *testing.T) {
-	e := newEnv(t, orderStatements())
-	ctx := context.Background()
-	s := e.orders("rec-resched", 1, time.Now().Add(-time.Hour))[0]
-	later := e.redisNow().Add(time.Hour)
-
-	rdb := redis.NewClient(e.rdb.Options())
-	t.Cleanup(func() { rdb.Close() })
-	rdb.AddHook(&afterZMScore{f: func() {
-		// The producer's write, acknowledged before the close statement.
-		e.enqueue([]string{s}, later)
-	}})
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10},
-		rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-	n, err := r.RunOnce(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sc, err := e.rdb.ZScore(ctx, e.keys.Queue, s).Result(); err != nil || int64(sc) != queue.DeadlineMillis(later) {
-		t.Fatalf("the producer's write did not happen (%v, %v): the hook never fired", sc, err)
-	}
-	if st := e.status(s); st != "pending" {
-		t.Fatalf("reconciler closed %d; %s is %s: closed an hour before the deadline a producer "+
-			"wrote (ZADD acknowledged before the close statement began)", n, s, st)
-	}
-}
 
 // pausingStore pauses one close between its fence and its COMMIT, as a
 // replica SIGSTOPped there would: the rows stay locked by its open
@@ -263,7 +193,7 @@ func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
 	if _, err := e.db.Exec(`INSERT INTO shop_orders (serial_no, expires_at) VALUES ('pad-lost', now() - interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute}, e.rdb, e.store, e.m,
+	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Grace: time.Minute}, e.rdb, e.store, e.m,
 		zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("reconciler closed %d (%v) of 1 lost char(n) order", n, err)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/maintain"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -254,7 +255,7 @@ func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
 	if err != nil || len(res.items) != 3 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
+	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("reconciler closed %d (%v) batch-leased orders, want 0", n, err)
 	}
@@ -292,7 +293,7 @@ func TestAdvLeaseExpiredBatchIsClosedByAClaimNotTheReconciler(t *testing.T) {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
 	e.expire(serials[0])
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
+	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("reconciler closed %d (%v) orders of an expired batch lease, want 0 (they look held)", n, err)
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/orderdelay/orderdelay/internal/maintain"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/testenv"
@@ -148,7 +149,7 @@ func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec := NewReconciler(ReconcilerConfig{Keys: e.keys, Interval: 300 * time.Millisecond, Grace: 2 * lease, PageSize: 50},
+		rec := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Interval: 300 * time.Millisecond, Grace: 2 * lease, PageSize: 50},
 			rdb, store, r.m, log)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
@@ -455,52 +456,5 @@ func TestUnconfirmedCommitIsCountedInDoubt(t *testing.T) {
 	}
 	for _, s := range serials {
 		e.assertNoEntries(t, s)
-	}
-}
-
-// The reconciler's COMMIT that lands while its answer is lost and
-// PostgreSQL then stays away: its orders are counted in doubt, not
-// reconciled, and the pass fails as after an outage.
-func TestReconcilerCommitWithoutAnswerIsCountedInDoubt(t *testing.T) {
-	e := newRedisEnv(t)
-	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
-	e.db = db
-	e.store = orders.NewStore(viaProxy, orders.Statements{})
-	lost := e.orders("lost", 4, time.Now().Add(-time.Hour))
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
-	landed := make(chan struct{})
-	r.afterClose = func(closed []string) {
-		if len(closed) == 0 {
-			return
-		}
-		px.Stall(time.Minute)
-		go func() {
-			defer close(landed)
-			defer px.Down()
-			for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-				var n int
-				if db.Get(&n, "SELECT count(*) FROM orders WHERE serial_no = ANY($1) AND status = 'closed'", pq.Array(lost)) == nil && n == len(lost) {
-					return
-				}
-			}
-		}()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	n, err := r.RunOnce(ctx)
-	<-landed
-	for _, s := range lost {
-		if st := e.status(s); st != "closed" {
-			t.Fatalf("%s is %s: the commit did not land, the test proved nothing", s, st)
-		}
-	}
-	if err == nil || n != 0 {
-		t.Fatalf("RunOnce = %d, %v; want an error: the commit got no answer", n, err)
-	}
-	if v := testutil.ToFloat64(e.m.Reconciled); v != 0 {
-		t.Errorf("reconciled_total %v, want 0", v)
-	}
-	if v := testutil.ToFloat64(e.m.InDoubt); v != float64(len(lost)) {
-		t.Errorf("in_doubt_total %v, want %d", v, len(lost))
 	}
 }

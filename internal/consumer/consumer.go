@@ -14,6 +14,9 @@
 // what it claims — close orders, run a task action, forward to a stream or
 // list, or read without changing anything in a dry run — is its handler
 // (handler.go), chosen once in New.
+//
+// The services that run beside the scan loop — the reconciler, the
+// close-event relay — are package maintain's.
 package consumer
 
 import (

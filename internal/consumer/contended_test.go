@@ -2,14 +2,10 @@ package consumer
 
 import (
 	"context"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/metrics"
@@ -61,106 +57,6 @@ func TestContendedRowIsIsolatedFromItsBatch(t *testing.T) {
 			}
 			if n := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues("close_failed")); n != 0 {
 				t.Errorf("%v orders dead-lettered: a transient error is not the order's fault", n)
-			}
-		})
-	}
-}
-
-// Reconciler: the page is bisected under its savepoint, the row is skipped
-// for this pass and reported, and every other lost order is closed.
-func TestReconcilerIsolatesAContendedOrder(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		setup func(e *env, serial string)
-	}{
-		{"serialization failure", func(e *env, s string) { e.failClose(s, "40001") }},
-		{"statement timeout", func(e *env, s string) { e.slowCloseOf(s) }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, orderStatements())
-			e.store.SetTimeouts(300*time.Millisecond, 50*time.Millisecond)
-			ctx := context.Background()
-			bad := e.orders("contended", 1, time.Now().Add(-time.Hour))[0]
-			lost := e.orders("lost", 20, time.Now().Add(-10*time.Minute))
-			tc.setup(e, bad)
-			core, logs := observer.New(zap.WarnLevel)
-			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 8}, e.rdb, e.store, e.m, zap.New(core))
-			n, err := r.RunOnce(ctx)
-			if err != nil {
-				t.Fatalf("pass: %v (one order's transient failure must not end the pass)", err)
-			}
-			if n != len(lost) {
-				t.Errorf("the pass closed %d orders, want %d", n, len(lost))
-			}
-			if st := e.status(bad); st != "pending" {
-				t.Errorf("the contended order is %s, want pending", st)
-			}
-			if k := logs.FilterField(zap.String("serial", bad)).Len(); k != 1 {
-				t.Errorf("the contended order was reported %d times, want 1; logs: %v", k, logs.All())
-			}
-		})
-	}
-}
-
-// A database slow for every row is not worked through order by order: the
-// pass ends after maxCostly single-order timeouts, as it did before
-// contended errors were isolated.
-func TestReconcilerEndsThePassWhenEveryRowTimesOut(t *testing.T) {
-	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
-	ctx := context.Background()
-	lost := e.orders("slow", 64, time.Now().Add(-10*time.Minute))
-	e.slowEveryClose()
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
-	n, err := r.RunOnce(ctx)
-	if err == nil || n != 0 {
-		t.Fatalf("pass = %d, %v; want the pass to end with the timeout", n, err)
-	}
-	// The page's statement, then maxCostly orders alone.
-	if k := e.slowCloses(); k != 1+maxCostly {
-		t.Errorf("%d statements timed out in one pass, want %d", k, 1+maxCostly)
-	}
-	for _, s := range lost {
-		if st := e.status(s); st != "pending" {
-			t.Fatalf("%s is %s, want pending", s, st)
-		}
-	}
-}
-
-// Several rows on the first page whose close fails transiently must not
-// keep every pass from the lost orders on that page and behind it: cheap
-// failures (a trigger's 40001) are isolated in one pass; rows that cost a
-// timeout are skipped by the next pass, which then gets past them.
-func TestReconcilerGetsPastSeveralContendedRows(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		action string
-		passes int
-	}{
-		{"serialization failures", `RAISE EXCEPTION 'shop trigger: try later' USING ERRCODE = '40001'`, 1},
-		{"slow rows", `PERFORM pg_sleep(5)`, 2},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, orderStatements())
-			e.store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
-			ctx := context.Background()
-			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
-			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
-			bad := []string{lost[0], lost[16], lost[32]}
-			e.closeTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
-			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
-			for pass := range tc.passes {
-				n, err := r.RunOnce(ctx)
-				t.Logf("pass %d: closed %d, err %v", pass, n, err)
-			}
-			for _, s := range append(append([]string{}, lost...), behind...) {
-				want := "closed"
-				if slices.Contains(bad, s) {
-					want = "pending"
-				}
-				if st := e.status(s); st != want {
-					t.Errorf("after %d passes %s is %s, want %s", tc.passes, s, st, want)
-				}
 			}
 		})
 	}
@@ -240,65 +136,6 @@ END $$`); err != nil {
 	}
 	if d := until(old); d < 4*time.Minute || d > 11*time.Minute {
 		t.Errorf("an order an hour overdue waits %v, want 5 to 10 minutes (half of BackoffMax to BackoffMax)", d)
-	}
-}
-
-// Orders whose close always costs a timeout, at the head of the first page
-// (the oldest overdue), more of them than a page's timeout budget: each is
-// left out for a while once it failed, and tried last, so within a few
-// passes every other lost order is closed. (An adversarial review found
-// passes alternating between pairs of four such rows forever.)
-func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		action string
-	}{
-		{"statement timeouts", `PERFORM pg_sleep(5)`},
-		{"lock timeouts", `UPDATE hot SET n = n + 1 WHERE id = 1`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, orderStatements())
-			e.store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
-			ctx := context.Background()
-			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
-			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
-			bad := lost[:4]
-			if _, err := e.db.Exec(`CREATE TABLE hot (id int PRIMARY KEY, n int); INSERT INTO hot VALUES (1, 0)`); err != nil {
-				t.Fatal(err)
-			}
-			e.closeTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
-			holder, err := e.db.BeginTxx(ctx, nil) // holds the hot row (lock variant)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer holder.Rollback() //nolint:errcheck // test cleanup
-			if _, err := holder.Exec(`SELECT * FROM hot WHERE id = 1 FOR UPDATE`); err != nil {
-				t.Fatal(err)
-			}
-			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
-			for pass := range 4 {
-				n, err := r.RunOnce(ctx)
-				t.Logf("pass %d: closed %d, err %v", pass, n, err)
-			}
-			for _, s := range append(append([]string{}, lost...), behind...) {
-				want := "closed"
-				if slices.Contains(bad, s) {
-					want = "pending"
-				}
-				if st := e.status(s); st != want {
-					t.Errorf("after 4 passes %s is %s, want %s", s, st, want)
-				}
-			}
-			// Once their time is up they are tried again (and still fail).
-			r.now = func() time.Time { return time.Now().Add(time.Hour) }
-			before := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile))
-			if _, err := r.RunOnce(ctx); err != nil && !strings.Contains(err.Error(), "slow") {
-				t.Fatalf("pass after the skip: %v", err)
-			}
-			if after := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile)); after <= before {
-				t.Errorf("the skipped orders were not tried again once their time was up")
-			}
-		})
 	}
 }
 

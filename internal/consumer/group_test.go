@@ -185,37 +185,3 @@ func TestReadStatsAllSumsTheKeys(t *testing.T) {
 		t.Errorf("next deadline in %s, want about 1m (the earliest over all keys)", d)
 	}
 }
-
-func TestReconcilerLooksInEveryShard(t *testing.T) {
-	e := newEnv(t, orderStatements())
-	all := e.shardKeys(4)
-	longAgo := time.Now().Add(-time.Hour)
-	lost := e.orders("lost", 30, longAgo)
-	inShard := e.orders("shard", 4, longAgo)
-	inBase := e.orders("base", 2, longAgo)
-	for i, s := range inShard {
-		e.zadd(all[1+i].Queue, []string{s}, longAgo)
-	}
-	e.zadd(all[0].Queue, inBase, longAgo)
-	// One shard entry is leased: it lives in its lease hash only.
-	if err := e.rdb.ZRem(context.Background(), all[4].Queue, inShard[3]).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.rdb.HSet(context.Background(), all[4].Lease, inShard[3], "1|0|r:1|").Err(); err != nil {
-		t.Fatal(err)
-	}
-	r := NewReconciler(ReconcilerConfig{Keys: all[0], Shards: all[1:], Grace: 5 * time.Minute},
-		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	n, err := r.RunOnce(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != len(lost) {
-		t.Errorf("reconciled %d, want the %d in no key", n, len(lost))
-	}
-	for _, s := range append(inShard, inBase...) {
-		if st := e.status(s); st != "pending" {
-			t.Errorf("%s is %s; it is in the queue and must be left to the fast path", s, st)
-		}
-	}
-}

@@ -1,65 +1,26 @@
-package consumer
+package maintain
 
 import (
 	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-func TestReconcilerClosesOnlyOrdersTheQueueLost(t *testing.T) {
-	e := newEnv(t, orderStatements())
-	ctx := context.Background()
-	longAgo := time.Now().Add(-time.Hour)
-	lost := e.orders("lost", 1200, longAgo)                       // Redis lost them
-	queued := e.orders("queued", 5, longAgo)                      // a backlog: still in the queue
-	leased := e.orders("leased", 5, longAgo)                      // a replica holds them
-	recent := e.orders("recent", 5, time.Now().Add(-time.Minute)) // within the grace
-	e.enqueue(queued, longAgo)
-	e.enqueue(leased, longAgo)
-	// Lease the "leased" group: a replica is working on them.
-	if err := e.rdb.ZRem(ctx, e.keys.Queue, anys(queued)...).Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := e.consumer(Config{BatchSize: 5})
-	if res, err := c.claimBatch(ctx); err != nil || len(res.items) != len(leased) {
-		t.Fatalf("claim: %v", err)
-	}
-	e.enqueue(queued, longAgo)
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 100},
-		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	n, err := r.RunOnce(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != len(lost) {
-		t.Fatalf("reconciled %d orders, want %d", n, len(lost))
-	}
-	for _, group := range [][]string{queued, leased, recent} {
-		for _, s := range group {
-			if st := e.status(s); st != "pending" {
-				t.Fatalf("%s is %s: the reconciler touched an order the queue still holds or that is within grace", s, st)
-			}
-		}
-	}
-	if v := testutil.ToFloat64(e.m.Reconciled); v != float64(len(lost)) {
-		t.Errorf("orders_reconciled_total %v, want %d", v, len(lost))
-	}
-	// A second pass finds nothing.
-	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
-		t.Fatalf("second pass closed %d (%v), want 0", n, err)
-	}
-}
 
 func TestReconcilerYieldsToAnotherReplicaHoldingTheLock(t *testing.T) {
 	e := newEnv(t, orderStatements())
@@ -273,5 +234,159 @@ func TestReconcilerFencesSerialsReaddedBeforeCommit(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(e.m.Reconciled); v != float64(want) {
 		t.Errorf("orders_reconciled_total %v, want %d", v, want)
+	}
+}
+
+func TestReconcilerLooksInEveryShard(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	all := e.shardKeys(4)
+	longAgo := time.Now().Add(-time.Hour)
+	lost := e.orders("lost", 30, longAgo)
+	inShard := e.orders("shard", 4, longAgo)
+	inBase := e.orders("base", 2, longAgo)
+	for i, s := range inShard {
+		e.zadd(all[1+i].Queue, []string{s}, longAgo)
+	}
+	e.zadd(all[0].Queue, inBase, longAgo)
+	// One shard entry is leased: it lives in its lease hash only.
+	if err := e.rdb.ZRem(context.Background(), all[4].Queue, inShard[3]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.HSet(context.Background(), all[4].Lease, inShard[3], "1|0|r:1|").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReconciler(ReconcilerConfig{Keys: all[0], Shards: all[1:], Grace: 5 * time.Minute},
+		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	n, err := r.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(lost) {
+		t.Errorf("reconciled %d, want the %d in no key", n, len(lost))
+	}
+	for _, s := range append(inShard, inBase...) {
+		if st := e.status(s); st != "pending" {
+			t.Errorf("%s is %s; it is in the queue and must be left to the fast path", s, st)
+		}
+	}
+}
+
+// The reconciler's COMMIT that lands while its answer is lost and
+// PostgreSQL then stays away: its orders are counted in doubt, not
+// reconciled, and the pass fails as after an outage.
+func TestReconcilerCommitWithoutAnswerIsCountedInDoubt(t *testing.T) {
+	e := newRedisEnv(t)
+	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
+	e.db = db
+	e.store = orders.NewStore(viaProxy, orders.Statements{})
+	lost := e.orders("lost", 4, time.Now().Add(-time.Hour))
+	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
+	landed := make(chan struct{})
+	r.afterClose = func(closed []string) {
+		if len(closed) == 0 {
+			return
+		}
+		px.Stall(time.Minute)
+		go func() {
+			defer close(landed)
+			defer px.Down()
+			for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+				var n int
+				if db.Get(&n, "SELECT count(*) FROM orders WHERE serial_no = ANY($1) AND status = 'closed'", pq.Array(lost)) == nil && n == len(lost) {
+					return
+				}
+			}
+		}()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := r.RunOnce(ctx)
+	<-landed
+	for _, s := range lost {
+		if st := e.status(s); st != "closed" {
+			t.Fatalf("%s is %s: the commit did not land, the test proved nothing", s, st)
+		}
+	}
+	if err == nil || n != 0 {
+		t.Fatalf("RunOnce = %d, %v; want an error: the commit got no answer", n, err)
+	}
+	if v := testutil.ToFloat64(e.m.Reconciled); v != 0 {
+		t.Errorf("reconciled_total %v, want 0", v)
+	}
+	if v := testutil.ToFloat64(e.m.InDoubt); v != float64(len(lost)) {
+		t.Errorf("in_doubt_total %v, want %d", v, len(lost))
+	}
+}
+
+// Adversarial: the reconciler's page against a producer's write between its
+// check and its close.
+
+// afterZMScore runs f once, right after the first script call (or ZMSCORE
+// pipeline) the client sends has been answered: for the reconciler that is
+// its "is the serial still in Redis?" check, so f lands between that check
+// and the close. (Connection set-up pipelines go through the hook too.)
+type afterZMScore struct {
+	once sync.Once
+	f    func()
+}
+
+func (h *afterZMScore) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *afterZMScore) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		err := next(ctx, c)
+		if n := c.Name(); n == "evalsha" || n == "eval" {
+			h.once.Do(h.f)
+		}
+		return err
+	}
+}
+func (h *afterZMScore) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "zmscore" {
+				h.once.Do(h.f)
+			}
+		}
+		return err
+	}
+}
+
+// Invariant (a), reconciler: an order Redis lost is past its deadline and
+// grace. The checkout extends it with a raw ZADD an hour ahead; Redis
+// acknowledges the ZADD after the reconciler's queue check but before its
+// close statement begins. The reconciler has no fence: it closes the order
+// an hour before the deadline the producer wrote.
+//
+// Fix: fence the reconciler's close like the fast path's: after CloseOn and
+// before COMMIT (the rows are locked), check again, atomically (one script
+// or MULTI per key set: the pipeline of ZMSCORE + HMGET is not atomic, so an
+// API reschedule of a leased entry moving it lease -> queue between the two
+// reads makes it look missing too), that each closed serial is still
+// nowhere in Redis; roll back and redo without those that reappeared.
+func TestAdversaryReconcilerClosesARescheduleAckedBeforeItsClose(t *testing.T) {
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	s := e.orders("rec-resched", 1, time.Now().Add(-time.Hour))[0]
+	later := e.redisNow().Add(time.Hour)
+
+	rdb := redis.NewClient(e.rdb.Options())
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(&afterZMScore{f: func() {
+		// The producer's write, acknowledged before the close statement.
+		e.enqueue([]string{s}, later)
+	}})
+	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10},
+		rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+	n, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc, err := e.rdb.ZScore(ctx, e.keys.Queue, s).Result(); err != nil || int64(sc) != queue.DeadlineMillis(later) {
+		t.Fatalf("the producer's write did not happen (%v, %v): the hook never fired", sc, err)
+	}
+	if st := e.status(s); st != "pending" {
+		t.Fatalf("reconciler closed %d; %s is %s: closed an hour before the deadline a producer "+
+			"wrote (ZADD acknowledged before the close statement began)", n, s, st)
 	}
 }

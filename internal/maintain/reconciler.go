@@ -1,4 +1,4 @@
-package consumer
+package maintain
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -28,6 +27,10 @@ const (
 	// maxPagesPerRun bounds one pass, so a huge backlog is worked off over
 	// several passes instead of one long transaction chain.
 	maxPagesPerRun = 20
+	// maxCostly is how many errors that cost a timeout (orders.Costly) one
+	// page spends isolating rows before it leaves the rest for the next
+	// pass: the fast path's batch spends as many (consumer, tasks).
+	maxCostly = 2
 )
 
 // ReconcilerConfig configures a Reconciler. Zero values take the defaults.
@@ -61,6 +64,7 @@ type ReconcilerConfig struct {
 // and skipped (closeIsolating), so one poisoned row never stops the rest.
 type Reconciler struct {
 	cfg   ReconcilerConfig
+	loop  Loop
 	rdb   redis.UniversalClient
 	store *orders.Store
 	m     *metrics.Metrics
@@ -111,25 +115,27 @@ func NewReconciler(cfg ReconcilerConfig, rdb redis.UniversalClient, store *order
 	}
 	h := fnv.New64a()
 	h.Write([]byte("orderdelay reconcile " + cfg.Keys.Queue))
-	return &Reconciler{cfg: cfg, rdb: rdb, store: store, m: m, log: log, lock: int64(h.Sum64()), now: time.Now}
-}
-
-// Run reconciles every Interval until ctx ends.
-func (r *Reconciler) Run(ctx context.Context) error {
-	for {
-		wait := jitter(r.cfg.Interval)
-		if !lifecycle.Sleep(ctx, wait) {
-			return nil
-		}
-		n, err := r.RunOnce(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
+	r := &Reconciler{cfg: cfg, rdb: rdb, store: store, m: m, log: log, lock: int64(h.Sum64()), now: time.Now}
+	r.loop = Loop{Interval: cfg.Interval, Spread: 5, PassTimeout: cfg.PassTimeout, WaitFirst: true,
+		Failed: func(err error) {
 			r.m.Errors.WithLabelValues(metrics.StageReconcile).Inc()
 			r.log.Warn("reconcile pass failed", zap.Error(err))
-		case n > 0:
+		}}
+	return r
+}
+
+// Run reconciles every Interval (±20%), the first time an Interval after
+// it starts, until ctx ends; then it returns nil.
+func (r *Reconciler) Run(ctx context.Context) error {
+	return r.loop.Run(ctx, func(ctx context.Context) (bool, error) {
+		n, err := r.RunOnce(ctx)
+		// What a pass that failed closed is not reported, unless the run
+		// ended (the loop reports the failure, and only while it runs).
+		if n > 0 && (err == nil || ctx.Err() != nil) {
 			r.log.Warn("reconciler closed orders the queue had lost", zap.Int("orders", n))
 		}
-	}
+		return false, err
+	})
 }
 
 // RunOnce does one pass and returns how many orders it closed. A pass walks
@@ -140,7 +146,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // maxPagesPerRun pages, within PassTimeout; the next pass starts from the
 // beginning again.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.PassTimeout)
+	ctx, cancel := r.loop.Bound(ctx)
 	defer cancel()
 	// A pause means nobody is closed (the payment provider is down, say):
 	// the safety net waits too.

@@ -1,4 +1,4 @@
-package consumer
+package maintain
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/orderdelay/orderdelay/internal/lifecycle"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -43,6 +42,7 @@ type RelayConfig struct {
 // rows.
 type Relay struct {
 	cfg     RelayConfig
+	loop    Loop
 	db      *sqlx.DB
 	store   *queue.Store
 	relayed prometheus.Counter
@@ -63,33 +63,26 @@ func NewRelay(cfg RelayConfig, db *sqlx.DB, rdb redis.UniversalClient, relayed p
 	if cfg.PassTimeout <= 0 {
 		cfg.PassTimeout = DefaultRelayPassTimeout
 	}
-	return &Relay{cfg: cfg, db: db, store: queue.NewStore(rdb, cfg.Keys), relayed: relayed, log: log}
+	r := &Relay{cfg: cfg, db: db, store: queue.NewStore(rdb, cfg.Keys), relayed: relayed, log: log}
+	r.loop = Loop{Interval: cfg.Interval, Retry: cfg.Retry, PassTimeout: cfg.PassTimeout,
+		Failed: func(err error) { r.log.Warn("close-event relay failed; retrying", zap.Error(err)) }}
+	return r
 }
 
-// Run relays until ctx ends, then returns nil: at once while there is a
-// backlog, every Interval otherwise, Retry after a failure.
+// Run relays until ctx ends, then returns nil: at once when it starts and
+// while there is a backlog (a full page), every Interval otherwise, Retry
+// after a failure.
 func (r *Relay) Run(ctx context.Context) error {
-	for {
+	return r.loop.Run(ctx, func(ctx context.Context) (bool, error) {
 		n, err := r.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("close-event relay failed; retrying", zap.Error(err))
-		}
-		wait := r.cfg.Interval
-		if n == r.cfg.Page {
-			wait = 0
-		} else if err != nil {
-			wait = r.cfg.Retry
-		}
-		if !lifecycle.Sleep(ctx, wait) {
-			return nil
-		}
-	}
+		return n == r.cfg.Page, err
+	})
 }
 
 // RunOnce relays up to one page, under its own deadline, and returns how
 // many events it published.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.PassTimeout)
+	ctx, cancel := r.loop.Bound(ctx)
 	defer cancel()
 	n, err := orders.RelayOutbox(ctx, r.db, r.cfg.Page, func(ctx context.Context, events []orders.CloseEvent) error {
 		out := make([]queue.CloseEvent, len(events))
