@@ -358,11 +358,11 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 	// A dry run changes nothing in Redis: no purge of dead letters, no
 	// reconciler, no event relay, no task queue served.
 	if !cfg.DryRun {
-		j := admin.JanitorConfig{Retention: cfg.DeadRetention, Max: cfg.DeadMax}
+		j := maintain.JanitorConfig{Retention: cfg.DeadRetention, Max: cfg.DeadMax}
 		if d.tasks != nil && d.tasks.PurgesDead(cfg.DeadRetention, cfg.DeadMax) {
 			j.Tasks = d.tasks
 		}
-		work = append(work, lifecycle.Actor{Name: "janitor", Run: admin.NewJanitor(j, d.tools, d.log).Run})
+		work = append(work, lifecycle.Actor{Name: "janitor", Run: maintain.NewJanitor(j, d.tools, d.log).Run})
 	}
 	if reconciles(cfg) {
 		rec := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: d.keys[0], Shards: d.keys[1:], Interval: cfg.ReconcileInterval,

@@ -4,11 +4,9 @@
 // order in both stores, and purge old dead letters. Each tool works in
 // bounded steps, so none blocks Redis or holds long transactions.
 //
-// The Janitor is the daemon's background use of them: it applies the
-// dead-letter retention to the order queue and the task queues once a
-// minute, shaped like the consumer's Reconciler and Relay (a config with
-// defaults, RunOnce under its own deadline, Run looping until its context
-// ends).
+// The daemon's background use of them is the Janitor of package maintain,
+// which applies the dead-letter retention to the order queue and the task
+// queues once a minute.
 package admin
 
 import (

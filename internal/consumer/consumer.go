@@ -16,7 +16,7 @@
 // (handler.go), chosen once in New.
 //
 // The services that run beside the scan loop — the reconciler, the
-// close-event relay — are package maintain's.
+// close-event relay, the dead-letter janitor — are package maintain's.
 package consumer
 
 import (

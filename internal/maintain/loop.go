@@ -1,7 +1,7 @@
 // Package maintain holds the daemon's maintenance services, which run
 // beside the scan loop of package consumer: the Reconciler closes pending
-// orders the queue lost, and the Relay publishes the outbox's close events
-// to a Redis Stream.
+// orders the queue lost, the Relay publishes the outbox's close events to
+// a Redis Stream, and the Janitor purges old dead letters.
 //
 // Each has the same shape: a config whose zero values take the package's
 // defaults (Default*), RunOnce — one pass under its own deadline

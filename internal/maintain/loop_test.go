@@ -127,7 +127,8 @@ func TestLoopBound(t *testing.T) {
 
 // TestServiceLoops pins each service's timing: the reconciler waits a
 // spread Interval (±20%) before every pass, the first included; the relay
-// passes at once, again at once after a full page, Retry after a failure.
+// passes at once, again at once after a full page, Retry after a failure;
+// the janitor purges at once, then every Interval ±10%.
 func TestServiceLoops(t *testing.T) {
 	log := zap.NewNop()
 	for _, tc := range []struct {
@@ -139,6 +140,8 @@ func TestServiceLoops(t *testing.T) {
 			Loop{Interval: DefaultReconcileInterval, Spread: 5, PassTimeout: DefaultReconcilePassTimeout, WaitFirst: true}},
 		{"relay", NewRelay(RelayConfig{}, nil, nil, nil, log).loop,
 			Loop{Interval: DefaultRelayInterval, Retry: DefaultRelayRetry, PassTimeout: DefaultRelayPassTimeout}},
+		{"janitor", NewJanitor(JanitorConfig{}, nil, log).loop,
+			Loop{Interval: DefaultJanitorInterval, Spread: 10, PassTimeout: DefaultJanitorPassTimeout}},
 	} {
 		if tc.got.Failed == nil {
 			t.Errorf("%s: no Failed hook: a failed pass would go unreported", tc.name)

@@ -1,4 +1,4 @@
-package admin
+package maintain
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/orderdelay/orderdelay/internal/admin"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -39,7 +40,7 @@ func TestJanitorPassPurgesBothSidesUnderItsDeadline(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tools, err := New(rdb, keys.Queue, nil)
+	tools, err := admin.New(rdb, keys.Queue, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,12 @@
-package admin
+package maintain
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/orderdelay/orderdelay/internal/admin"
 )
 
 // Defaults of JanitorConfig.
@@ -45,22 +46,26 @@ type JanitorResult struct {
 
 // Janitor purges old dead letters — the order queue's and the task
 // queues' — so Redis memory cannot grow without bound. It works with the
-// Tools it was given; nothing is built per pass.
+// operator's tools (admin.Tools) it was given; nothing is built per pass.
 type Janitor struct {
 	cfg   JanitorConfig
-	tools *Tools
+	loop  Loop
+	tools *admin.Tools
 	log   *zap.Logger
 }
 
 // NewJanitor returns a Janitor over the queue of tools.
-func NewJanitor(cfg JanitorConfig, tools *Tools, log *zap.Logger) *Janitor {
+func NewJanitor(cfg JanitorConfig, tools *admin.Tools, log *zap.Logger) *Janitor {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultJanitorInterval
 	}
 	if cfg.PassTimeout <= 0 {
 		cfg.PassTimeout = DefaultJanitorPassTimeout
 	}
-	return &Janitor{cfg: cfg, tools: tools, log: log}
+	j := &Janitor{cfg: cfg, tools: tools, log: log}
+	j.loop = Loop{Interval: cfg.Interval, Spread: 10, PassTimeout: cfg.PassTimeout,
+		Failed: func(err error) { j.log.Debug("dead-letter purge failed; retrying later", zap.Error(err)) }}
+	return j
 }
 
 // orders reports whether the order queue has a retention to apply.
@@ -69,7 +74,7 @@ func (j *Janitor) orders() bool { return j.cfg.Retention > 0 || j.cfg.Max > 0 }
 // RunOnce does one pass, under its own deadline. Both sides are tried
 // even when the first fails; the first error is returned.
 func (j *Janitor) RunOnce(ctx context.Context) (JanitorResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, j.cfg.PassTimeout)
+	ctx, cancel := j.loop.Bound(ctx)
 	defer cancel()
 	var res JanitorResult
 	var first error
@@ -87,31 +92,21 @@ func (j *Janitor) RunOnce(ctx context.Context) (JanitorResult, error) {
 	return res, first
 }
 
-// Run purges at once and then every Interval until ctx ends; it returns
-// nil then, or at once when there is nothing to purge. A failed pass is
-// logged and tried again at the next.
+// Run purges at once and then every Interval (±10%) until ctx ends; it
+// returns nil then, or at once when there is nothing to purge. A failed
+// pass is logged and tried again at the next.
 func (j *Janitor) Run(ctx context.Context) error {
 	if !j.orders() && j.cfg.Tasks == nil {
 		return nil
 	}
-	for {
+	return j.loop.Run(ctx, func(ctx context.Context) (bool, error) {
 		res, err := j.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			j.log.Debug("dead-letter purge failed; retrying later", zap.Error(err))
-		}
 		if res.Orders > 0 {
 			j.log.Info("purged old dead letters", zap.Int("count", res.Orders))
 		}
 		for q, n := range res.Tasks {
 			j.log.Info("purged old task dead letters and their payloads", zap.String("queue", q), zap.Int("count", n))
 		}
-		wait := j.cfg.Interval - j.cfg.Interval/10 + rand.N(j.cfg.Interval/5+1)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
+		return false, err
+	})
 }
