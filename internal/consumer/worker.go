@@ -388,8 +388,9 @@ func (c *Consumer) unavailableFrom(workCtx context.Context, items []item, err er
 }
 
 // maxCostly is how many errors that cost a timeout (orders.Costly) one
-// batch spends isolating rows before it gives the rest back.
-const maxCostly = 2
+// batch spends isolating rows before it gives the rest back
+// (orders.MaxCostly).
+const maxCostly = orders.MaxCostly
 
 // oneByOne closes items one order per transaction, after their batch
 // failed with an error one row can cause (orders.Contended): every order

@@ -29,8 +29,8 @@ const (
 	maxPagesPerRun = 20
 	// maxCostly is how many errors that cost a timeout (orders.Costly) one
 	// page spends isolating rows before it leaves the rest for the next
-	// pass: the fast path's batch spends as many (consumer, tasks).
-	maxCostly = 2
+	// pass: as many as the fast path's batch spends (orders.MaxCostly).
+	maxCostly = orders.MaxCostly
 )
 
 // ReconcilerConfig configures a Reconciler. Zero values take the defaults.

@@ -172,6 +172,13 @@ func Contended(err error) bool {
 	return TimedOut(err)
 }
 
+// MaxCostly is how many Costly errors one batch spends isolating rows
+// before it gives the rest back untried: the order path's oneByOne, the
+// reconciler's page and a task SQL action's batch all stop there, and when
+// all of them were statement timeouts they take the database itself to be
+// slow. Two: one slow row is that row's; a second says more.
+const MaxCostly = 2
+
 // Costly reports a Contended error that took a timeout to arrive (a
 // statement timeout, a lock timeout, a deadlock found after
 // deadlock_timeout): isolating rows that cause it costs a timeout per try,

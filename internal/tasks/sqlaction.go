@@ -20,8 +20,8 @@ const sqlStatementShare = 4
 
 // maxCostly is how many errors that cost a timeout (orders.Costly) one
 // batch spends isolating tasks before it gives the rest back untried, as
-// the order worker does.
-const maxCostly = 2
+// the order worker does (orders.MaxCostly).
+const maxCostly = orders.MaxCostly
 
 // sqlAction runs a queue's statement on a batch: `$1 text[]` ids -> the ids
 // it handled. Ids it does not return failed (an attempt each).
