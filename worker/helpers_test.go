@@ -8,11 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
-	"github.com/orderdelay/orderdelay/internal/consumer"
-	odmetrics "github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 
@@ -65,14 +62,13 @@ func (e *env) get(id string) (client.Task, error) {
 }
 
 // poll claims due tasks the way POST /v1/queues/{q}/poll does.
-func (e *env) poll(limit int, lease time.Duration, maxAttempts int) ([]consumer.Task, string) {
+func (e *env) poll(limit int, lease time.Duration, maxAttempts int) ([]queue.Task, string) {
 	e.t.Helper()
-	m := odmetrics.New(prometheus.NewRegistry(), "", "")
-	ts, tok, err := consumer.ClaimTasks(context.Background(), e.rdb, e.keys, limit, 0, lease, maxAttempts, m, zap.NewNop())
+	p, err := queue.NewStore(e.rdb, e.keys).PollTasks(context.Background(), queue.PollArgs{Limit: limit, Lease: lease, MaxAttempts: maxAttempts})
 	if err != nil {
 		e.t.Fatalf("poll: %v", err)
 	}
-	return ts, tok
+	return p.Tasks, p.Token
 }
 
 // start runs w until the returned stop is called; stop returns Run's

@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
@@ -119,7 +118,7 @@ func TestInteropWithPoll(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	var pts []consumer.Task
+	var pts []queue.Task
 	eventually(t, "a poll to take w1 after its backoff", func() bool {
 		pts, tok = e.poll(10, time.Second, 10)
 		return len(pts) == 1
@@ -356,7 +355,7 @@ func TestRedisOutageCancelsHandlerAfterLease(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the handler ran on through a Redis outage longer than its lease")
 	}
-	var ts []consumer.Task
+	var ts []queue.Task
 	eventually(t, "a poll to take the task", func() bool {
 		ts, _ = e.poll(10, time.Minute, 10)
 		return len(ts) == 1

@@ -73,11 +73,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/lifecycle"
-	odmetrics "github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -132,8 +129,7 @@ type Worker struct {
 	cfg     Config
 	log     *slog.Logger
 	m       *metrics
-	claimM  *odmetrics.Metrics // ClaimTasks's bookkeeping; never exported
-	global  chan struct{}      // MaxConcurrency slots, or nil
+	global  chan struct{} // MaxConcurrency slots, or nil
 	mu      sync.Mutex
 	runners []*runner
 	started atomic.Bool
@@ -165,8 +161,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Worker, error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
-	w := &Worker{rdb: rdb, cfg: cfg, log: cfg.Logger, m: newMetrics(),
-		claimM: odmetrics.New(prometheus.NewRegistry(), "", "")}
+	w := &Worker{rdb: rdb, cfg: cfg, log: cfg.Logger, m: newMetrics()}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
@@ -367,8 +362,9 @@ func (r *runner) claimLoop(ctx, hctx context.Context, handlers *sync.WaitGroup) 
 		// The claim runs to completion even if ctx ends meanwhile: a claim
 		// cut off after Redis ran it would leave tasks leased until expiry.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bookkeepingTimeout)
-		ts, tok, err := consumer.ClaimTasks(cctx, r.w.rdb, r.keys, n, 0, r.q.Lease, r.q.MaxAttempts, r.w.claimM, zap.NewNop())
+		p, err := r.st.PollTasks(cctx, queue.PollArgs{Limit: n, Lease: r.q.Lease, MaxAttempts: r.q.MaxAttempts})
 		cancel()
+		ts, tok := p.Tasks, p.Token
 		if err != nil {
 			r.release(n)
 			r.w.log.Warn("worker: claim failed", "queue", r.q.Name, "error", err)
@@ -407,7 +403,7 @@ func (r *runner) claimLoop(ctx, hctx context.Context, handlers *sync.WaitGroup) 
 }
 
 // handBack returns claimed tasks that never started.
-func (r *runner) handBack(tok string, ts []consumer.Task) {
+func (r *runner) handBack(tok string, ts []queue.Task) {
 	if len(ts) == 0 {
 		return
 	}
@@ -427,7 +423,7 @@ func (r *runner) handBack(tok string, ts []consumer.Task) {
 }
 
 // run runs the handler on t and settles the outcome.
-func (r *runner) run(ctx context.Context, h *held, ct consumer.Task) {
+func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 	defer func() {
 		h.cancel(nil)
 		r.mu.Lock()
@@ -451,7 +447,7 @@ func (r *runner) run(ctx context.Context, h *held, ct consumer.Task) {
 	}
 	if err != nil && errors.Is(context.Cause(ctx), ErrShutdown) {
 		// Cut short by the shutdown, not failed: no attempt spent.
-		r.handBack(h.token, []consumer.Task{ct})
+		r.handBack(h.token, []queue.Task{ct})
 		return
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), bookkeepingTimeout)
@@ -465,7 +461,7 @@ func (r *runner) run(ctx context.Context, h *held, ct consumer.Task) {
 		ok = len(missed) == 0
 	case errors.Is(err, ErrSkipRetry) || attempts >= r.q.MaxAttempts:
 		var n int
-		n, serr = r.st.BuryTasks(sctx, h.token, consumer.ReasonFailed, lastError(err), []string{ct.ID})
+		n, serr = r.st.BuryTasks(sctx, h.token, queue.ReasonFailed, lastError(err), []string{ct.ID})
 		if ok = n == 1; ok {
 			r.w.m.dead.WithLabelValues(name).Inc()
 		}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/durabletier"
@@ -204,7 +203,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			}
 		case 4: // poll claim
 			what = "claim"
-			ts, tok, err := ClaimTasks(ctx, e.rdb, k, 1+rng.IntN(3), 0, time.Minute, 3, e.m, zap.NewNop())
+			ts, tok, err := pollTasks(ctx, e.rdb, k, 1+rng.IntN(3), 0, time.Minute, 3)
 			if err != nil {
 				t.Fatal(err)
 			}

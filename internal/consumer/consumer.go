@@ -563,14 +563,12 @@ func (c *Consumer) claim(ctx context.Context, limit int) (claimResult, error) {
 }
 
 // claimAs claims once (queue.Store.Claim) under the lease token tok.
-// maxBytes > 0 bounds the claimed tasks' share of a poll's answer (see
-// TaskOverheadBytes); 0 leaves the claim bounded by limit alone. batch
-// leases the claim as one batch (the order queue); task queues lease per
-// member, as their workers and polls extend, ack and check single tasks.
-func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes int, batch bool) (claimResult, error) {
+// batch leases the claim as one batch (the order queue); task queues lease
+// per member, as their workers and polls extend, ack and check single
+// tasks.
+func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, batch bool) (claimResult, error) {
 	raw, err := c.q.Claim(ctx, queue.ClaimArgs{Limit: limit, Lease: c.cfg.Lease, Token: tok,
-		CloseDelay: c.cfg.CloseDelay, CountRedeliveries: c.cfg.CountRedeliveries, MaxBytes: maxBytes,
-		Overhead: TaskOverheadBytes, Batch: batch && maxBytes <= 0})
+		CloseDelay: c.cfg.CloseDelay, CountRedeliveries: c.cfg.CountRedeliveries, Batch: batch})
 	if err != nil {
 		return claimResult{}, err
 	}
@@ -580,8 +578,8 @@ func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, maxBytes 
 	return res, nil
 }
 
-// countClaim accounts for what a claim did: the scan loop's, or a poll's
-// (ClaimTasks).
+// countClaim accounts for what a claim of the scan loop did (a poll's is
+// counted by tasks.PollStore).
 func countClaim(m *metrics.Metrics, log *zap.Logger, res claimResult) {
 	m.Claimed.Add(float64(len(res.items)))
 	m.Reclaimed.Add(float64(res.reclaimed))

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
@@ -30,7 +28,7 @@ func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
 		}},
 		{"poll acknowledged", func(e *env) {
 			ctx := context.Background()
-			ts, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 3, e.m, zaptest.NewLogger(e.t))
+			ts, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 3)
 			if err != nil || len(ts) != 1 {
 				e.t.Fatalf("poll: %v, %v", ts, err)
 			}

@@ -40,7 +40,7 @@ type handler interface {
 	// The lease bookkeeping after a batch.
 	finish(items []item)
 	retry(items []item, delay time.Duration, spend bool, reason string)
-	bury(items []item, reason, lastErr string, countRun bool)
+	bury(items []item, reason, lastErr string)
 	handBack(items []item)
 }
 
@@ -64,7 +64,7 @@ func newHandler(c *Consumer) handler {
 type orderHandler struct{ c *Consumer }
 
 func (h orderHandler) claim(ctx context.Context, limit int) (claimResult, error) {
-	return h.c.claimAs(ctx, limit, h.c.token(), 0, true)
+	return h.c.claimAs(ctx, limit, h.c.token(), true)
 }
 
 func (h orderHandler) head(ctx context.Context) (int64, bool, error) { return h.c.q.Head(ctx, -1) }
@@ -84,7 +84,7 @@ func (h orderHandler) closed(done []item, _ []string, committed time.Time) {
 type taskHandler struct{ orderHandler }
 
 func (h taskHandler) claim(ctx context.Context, limit int) (claimResult, error) {
-	return h.c.claimAs(ctx, limit, h.c.token(), 0, false)
+	return h.c.claimAs(ctx, limit, h.c.token(), false)
 }
 
 func (h taskHandler) process(workCtx, batchCtx context.Context, _ time.Duration, items []item) {
@@ -122,5 +122,5 @@ func (h dryRunHandler) closed(done []item, serials []string, _ time.Time) {
 // The queue is left as it is.
 func (dryRunHandler) finish([]item)                             {}
 func (dryRunHandler) retry([]item, time.Duration, bool, string) {}
-func (dryRunHandler) bury([]item, string, string, bool)         {}
+func (dryRunHandler) bury([]item, string, string)               {}
 func (dryRunHandler) handBack([]item)                           {}

@@ -5,15 +5,13 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 // New picks the handler from the configuration, a dry run first; only the
-// order handler leases a claim as one batch. A task queue's claim — the
-// daemon's (Config.Process) and a poll's (ClaimTasks, with or without a
-// byte budget) — leases per member, as workers and polls extend, ack and
-// check single tasks.
+// order handler leases a claim as one batch. A task queue's claim by the
+// daemon (Config.Process) leases per member, as workers and polls extend,
+// ack and check single tasks (a poll's claim: queue's
+// TestPollTasksLeasePerMember).
 func TestOnlyTheOrderHandlerLeasesBatches(t *testing.T) {
 	noop := func(context.Context, []Task) []error { return nil }
 	fwd := &Forward{Kind: "list", Queue: "q"}
@@ -56,15 +54,6 @@ func TestOnlyTheOrderHandlerLeasesBatches(t *testing.T) {
 		}
 		return len(res.items)
 	})
-	for _, maxBytes := range []int{0, 1 << 20} {
-		perMember("a poll", func() int {
-			ts, _, err := ClaimTasks(ctx, e.rdb, e.keys, 10, maxBytes, time.Minute, 10, e.m, zap.NewNop())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return len(ts)
-		})
-	}
 	e.enqueue([]string{"o-1", "o-2"}, past)
 	if res, err := e.consumer(Config{}).claimBatch(ctx); err != nil || len(res.items) != 2 {
 		t.Fatalf("order claim: %d, %v", len(res.items), err)

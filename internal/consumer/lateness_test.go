@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/metrics"
@@ -92,8 +90,7 @@ func TestTaskLatenessObservedForEveryAction(t *testing.T) {
 		e := newRedisEnv(t)
 		e.taskMetrics()
 		e.putLate("t-1", 3*time.Second)
-		got, tok, err := ClaimTasks(context.Background(), e.rdb, e.keys, 10, 0, time.Minute, 3, e.m,
-			zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+		got, tok, err := pollTasks(context.Background(), e.rdb, e.keys, 10, 0, time.Minute, 3)
 		if err != nil || len(got) != 1 {
 			t.Fatalf("poll: %v, %d tasks", err, len(got))
 		}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -391,7 +390,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 				case 2:
 					if kind == "poll" {
 						what = "poll"
-						_, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 1+rnd.IntN(3), 0, time.Minute, 2, e.m, zaptest.NewLogger(t))
+						_, tok, err := pollTasks(ctx, e.rdb, e.keys, 1+rnd.IntN(3), 0, time.Minute, 2)
 						if err != nil {
 							t.Fatal(err)
 						}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -26,7 +25,7 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 		}
 	}
 	claim := func() ([]Task, string) {
-		ts, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10, e.m, zap.NewNop())
+		ts, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,37 +102,6 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	}
 }
 
-// A polled task whose lease expires max_attempts times is dead-lettered
-// with max_attempts attempts: each expired lease is one failed run, counted
-// once.
-func TestPollExpiredLeasesDeadLetterWithTheirCount(t *testing.T) {
-	e := newRedisEnv(t)
-	ctx := context.Background()
-	if _, _, err := e.cl.PutTask(ctx, "z", json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
-		t.Fatal(err)
-	}
-	const maxAttempts = 2
-	runs := 0
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ts, _, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, 50*time.Millisecond, maxAttempts, e.m, zap.NewNop())
-		if err != nil {
-			t.Fatal(err)
-		}
-		runs += len(ts)
-		if tk, err := e.cl.GetTask(ctx, "z"); err == nil && tk.State == client.StateDead {
-			if tk.Attempts != runs || runs != maxAttempts {
-				t.Fatalf("dead letter after %d runs records %d attempts; want %d and %d", runs, tk.Attempts, maxAttempts, maxAttempts)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not dead-lettered after %d runs", runs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // A lease that ran out but that no claim has taken since is still the
 // token's: extending it succeeds, and the task is no longer claimable.
 func TestExtendAnExpiredLeaseNoOneTook(t *testing.T) {
@@ -142,7 +110,7 @@ func TestExtendAnExpiredLeaseNoOneTook(t *testing.T) {
 	if _, _, err := e.cl.PutTask(ctx, "e", json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
 		t.Fatal(err)
 	}
-	ts, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10, e.m, zap.NewNop())
+	ts, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10)
 	if err != nil || len(ts) != 1 {
 		t.Fatalf("claim: %d, %v", len(ts), err)
 	}
@@ -150,7 +118,7 @@ func TestExtendAnExpiredLeaseNoOneTook(t *testing.T) {
 	if lost, err := queue.NewStore(e.rdb, e.keys).ExtendTasks(ctx, tok, time.Minute, []string{"e"}); err != nil || len(lost) != 0 {
 		t.Fatalf("extend: lost %v, %v; want none", lost, err)
 	}
-	if ts, _, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10, e.m, zap.NewNop()); err != nil || len(ts) != 0 {
+	if ts, _, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10); err != nil || len(ts) != 0 {
 		t.Fatalf("claim after extending: %d tasks, %v; want none", len(ts), err)
 	}
 }

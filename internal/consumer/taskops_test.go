@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -23,7 +21,7 @@ func (e *env) buryTask(id, payload string) {
 	}
 	c := e.consumer(Config{BatchSize: 10, Lease: time.Minute, MaxAttempts: 1,
 		Process: func(context.Context, []Task) []error { return nil }})
-	res, err := c.claimAs(ctx, 10, "poll.test", 0, false)
+	res, err := c.claimAs(ctx, 10, "poll.test", false)
 	if err != nil || len(res.items) != 1 {
 		e.t.Fatalf("claim %s: %v, %d items", id, err, len(res.items))
 	}
@@ -51,7 +49,7 @@ func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
 	if _, _, err := e.cl.PutTask(ctx, "T-leased", json.RawMessage(`{"v":"live"}`), e.redisNow().Add(-time.Second), client.Create); err != nil {
 		t.Fatal(err)
 	}
-	claimed, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 5, e.m, zap.NewNop())
+	claimed, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 5)
 	if err != nil || len(claimed) != 1 || claimed[0].ID != "T-leased" {
 		t.Fatalf("poll: %v %+v", err, claimed)
 	}
@@ -119,30 +117,5 @@ func TestPurgeTasksKeepsALiveTasksPayload(t *testing.T) {
 		if n, _ := e.rdb.Exists(ctx, k).Result(); n != 0 {
 			t.Errorf("%s still exists after purging every dead letter", k)
 		}
-	}
-}
-
-// A paused poll queue hands out nothing and changes nothing; resumed, the
-// same poll gets the task.
-func TestClaimTasksHonoursPause(t *testing.T) {
-	e := newRedisEnv(t)
-	ctx := context.Background()
-	if _, _, err := e.cl.PutTask(ctx, "J-1", json.RawMessage(`{}`), e.redisNow().Add(-time.Second), client.Create); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.rdb.Set(ctx, e.keys.Paused, "1|test", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	got, tok, err := ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 5, e.m, zap.NewNop())
-	if err != nil || len(got) != 0 || tok != "" {
-		t.Fatalf("paused poll: %v, %d tasks, token %q; want nothing", err, len(got), tok)
-	}
-	if n, _ := e.rdb.ZCard(ctx, e.keys.Inflight).Result(); n != 0 {
-		t.Errorf("paused poll leased %d tasks", n)
-	}
-	e.rdb.Del(ctx, e.keys.Paused)
-	got, _, err = ClaimTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 5, e.m, zap.NewNop())
-	if err != nil || len(got) != 1 {
-		t.Fatalf("resumed poll: %v, %d tasks, want 1", err, len(got))
 	}
 }

@@ -2,24 +2,17 @@ package consumer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
-// Task is a claimed task of a named queue.
-type Task struct {
-	ID       string          `json:"id"`
-	Deadline time.Time       `json:"deadline"`
-	Attempts int             `json:"attempts"` // failed attempts so far
-	Payload  json.RawMessage `json:"payload"`
-}
+// Task is a claimed task of a named queue, as a ProcessFunc runs it.
+type Task = queue.Task
 
 // ProcessFunc runs a queue's action on claimed tasks and returns one error
 // per task: nil, done; an error, an attempt spent (retried by the queue's
@@ -29,7 +22,7 @@ type Task struct {
 type ProcessFunc func(ctx context.Context, tasks []Task) []error
 
 // ReasonFailed dead-letters a task whose action kept failing.
-const ReasonFailed = "failed"
+const ReasonFailed = queue.ReasonFailed
 
 // processTasks is process for task queues: the action runs, done tasks are
 // removed with their payloads, failed ones are retried by the queue's
@@ -101,18 +94,11 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 func loadTasks(st *queue.Store, items []item) ([]Task, error) {
 	ctx, cancel := bookkeeping()
 	defer cancel()
-	payloads, has, err := st.Payloads(ctx, serialsOf(items))
-	if err != nil {
-		return nil, err
-	}
-	tasks := make([]Task, len(items))
+	leased := make([]queue.Leased, len(items))
 	for i, it := range items {
-		tasks[i] = Task{ID: it.serial, Deadline: time.UnixMilli(it.deadline), Attempts: it.attempts, Payload: json.RawMessage("null")}
-		if has[i] {
-			tasks[i].Payload = json.RawMessage(payloads[i])
-		}
+		leased[i] = queue.Leased{Serial: it.serial, Deadline: it.deadline, Attempts: it.attempts}
 	}
-	return tasks, nil
+	return st.ReadTasks(ctx, leased)
 }
 
 // Forward configures a stream or list action.
@@ -173,64 +159,4 @@ func (c *Consumer) forward(ctx context.Context, limit int) (claimResult, error) 
 		c.sweepStream(ctx, res.now)
 	}
 	return res, nil
-}
-
-// TaskOverheadBytes bounds the JSON encoding of a Task (with HTML
-// escaping off) beyond its payload and twice its id: the field names, a
-// deadline of at most 37 bytes quoted, an attempt count of at most 20, and
-// the comma and newline between tasks of a poll's answer; 103 bytes in all,
-// rounded up.
-const TaskOverheadBytes = 128
-
-// maxPollClaims bounds the claims of one poll that take only tasks over
-// their attempts (each such claim dead-letters what it took).
-const maxPollClaims = 8
-
-// ClaimTasks leases up to limit due tasks of a polled queue for lease,
-// under a token of this call's own, counting a redelivery after an expired
-// lease as an attempt. maxBytes > 0 bounds the tasks' encoded size (each
-// costs its payload, twice its id and TaskOverheadBytes); tasks past it are
-// left due and untouched, but the first is taken whatever its size. Tasks
-// over maxAttempts are dead-lettered as failed instead of returned. It
-// returns the tasks and the lease token that acknowledges them ("" with no
-// tasks).
-func ClaimTasks(ctx context.Context, rdb redis.UniversalClient, k queue.Keys, limit, maxBytes int, lease time.Duration,
-	maxAttempts int, m *metrics.Metrics, log *zap.Logger) ([]Task, string, error) {
-	st := queue.NewStore(rdb, k)
-	if lease <= 0 {
-		lease = DefaultLease
-	}
-	tok := queue.NewPollToken()
-	for range maxPollClaims {
-		raw, err := st.Claim(ctx, queue.ClaimArgs{Limit: limit, Lease: lease, Token: tok, CountRedeliveries: true,
-			MaxBytes: maxBytes, Overhead: TaskOverheadBytes})
-		if err != nil {
-			return nil, "", err
-		}
-		// Polled tasks are held by the consumer that polled, not this
-		// replica: they are not counted in flight.
-		res := fromStore(raw, tok)
-		countClaim(m, log, res)
-		if len(res.items) == 0 {
-			return nil, "", nil
-		}
-		var give, over []item
-		for _, it := range res.items {
-			if it.attempts >= maxAttempts {
-				over = append(over, it)
-			} else {
-				give = append(give, it)
-			}
-		}
-		if len(over) > 0 {
-			buryLeases(st, m, log, over, ReasonFailed, "not acknowledged within its lease, max attempts reached", false)
-		}
-		if len(give) > 0 {
-			tasks, err := loadTasks(st, give)
-			return tasks, tok, err
-		}
-		// All it took was over its attempts: claim again, so a poll does
-		// not come back empty while tasks are due.
-	}
-	return nil, "", nil
 }

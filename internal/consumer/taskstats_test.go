@@ -11,8 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -70,7 +68,6 @@ func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
 	ctx := context.Background()
 	cl, k := taskQueue(t, e.rdb, "jobs")
 	_, empty := taskQueue(t, e.rdb, "idle")
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 
 	// Two raw producers' mistakes: seconds instead of milliseconds. The
 	// poll's claim dead-letters them.
@@ -78,7 +75,7 @@ func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
 	if err := e.rdb.ZAdd(ctx, k.Queue, redis.Z{Score: secs, Member: "secs-1"}, redis.Z{Score: secs, Member: "secs-2"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := ClaimTasks(ctx, e.rdb, k, 10, 0, time.Minute, 3, e.m, log); err != nil || len(got) != 0 {
+	if got, _, err := pollTasks(ctx, e.rdb, k, 10, 0, time.Minute, 3); err != nil || len(got) != 0 {
 		t.Fatalf("claim of the bad scores: %v, %d tasks, want none", err, len(got))
 	}
 	// Whole milliseconds: a deadline is rounded up to the next one, and
@@ -89,7 +86,7 @@ func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
 	e.putTask(cl, "wait-2", now.Add(-time.Second))
 	e.putTask(cl, "future-1", now.Add(time.Hour))
 	e.putTask(cl, "future-2", now.Add(time.Hour))
-	got, tok, err := ClaimTasks(ctx, e.rdb, k, 1, 0, time.Minute, 3, e.m, log)
+	got, tok, err := pollTasks(ctx, e.rdb, k, 1, 0, time.Minute, 3)
 	if err != nil || len(got) != 1 || got[0].ID != "leased-1" || tok == "" {
 		t.Fatalf("poll: %v, %+v, want leased-1 under a token", err, got)
 	}

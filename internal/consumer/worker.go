@@ -670,7 +670,7 @@ func (c *Consumer) retry(items []item, delay time.Duration, spend bool, reason s
 	c.h.retry(items, delay, spend, reason)
 }
 
-func (c *Consumer) bury(items []item, reason, lastErr string) { c.h.bury(items, reason, lastErr, true) }
+func (c *Consumer) bury(items []item, reason, lastErr string) { c.h.bury(items, reason, lastErr) }
 
 func (c *Consumer) handBack(items []item) { c.h.handBack(items) }
 
@@ -726,27 +726,20 @@ func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reaso
 	}
 }
 
-// bury dead-letters items; countRun adds the run that failed to their
-// attempts (false: they count it already, as a poll's claim that re-took
-// an expired lease does: ClaimTasks).
-func (h orderHandler) bury(items []item, reason, lastErr string, countRun bool) {
-	buryLeases(h.c.q, h.c.m, h.c.log, items, reason, lastErr, countRun)
-}
-
-// buryLeases is bury on store st: the scan loop's, or a poll's
-// (ClaimTasks).
-func buryLeases(st *queue.Store, m *metrics.Metrics, log *zap.Logger, items []item, reason, lastErr string, countRun bool) {
+// bury dead-letters items, adding the run that failed to their attempts.
+func (h orderHandler) bury(items []item, reason, lastErr string) {
+	c := h.c
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
-		n, err := st.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: countRun})
+		n, err := c.q.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: true})
 		if err != nil {
-			m.Errors.WithLabelValues(metrics.StageRemove).Inc()
-			log.Warn("dead-lettering failed; the entries return when their lease expires",
+			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
 			continue
 		}
-		m.DeadLettered.WithLabelValues(reason).Add(float64(n))
+		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
 	}
 }
 

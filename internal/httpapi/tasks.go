@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/orderdelay/orderdelay/client"
-	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/producer"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
@@ -267,9 +266,9 @@ func (s *Server) poll(w http.ResponseWriter, r *http.Request, q *tasks.Runtime) 
 // writePoll streams a poll's answer one task at a time, so it is never
 // built whole, and lets each payload go once it is written. HTML escaping
 // is off: the encoding is then no longer than the stored payload, which is
-// what ClaimTasks charged. If the client goes away mid-answer the tasks
+// what the poll's claim charged. If the client goes away mid-answer the tasks
 // stay leased and come back after the lease, like any task not acked.
-func writePoll(w http.ResponseWriter, token string, lease time.Duration, ts []consumer.Task) {
+func writePoll(w http.ResponseWriter, token string, lease time.Duration, ts []queue.Task) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)

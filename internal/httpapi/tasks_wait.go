@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/orderdelay/orderdelay/internal/consumer"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/tasks"
 )
 
@@ -57,10 +57,9 @@ func pollWait(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
 // earlier deadline on the queue's wake channel, when the queue's next due
 // time (or lease expiry) comes, and at least every pollRecheck. A client
 // that goes away ends the wait; nothing is leased after that.
-func (s *Server) claimPolled(ctx context.Context, q *tasks.Runtime, limit int, lease, wait time.Duration) ([]consumer.Task, string, error) {
-	claim := func() ([]consumer.Task, string, error) {
-		return consumer.ClaimTasks(ctx, q.Redis, q.Keys, limit, MaxPollBytes-pollEnvelopeBytes, lease,
-			q.Config.Retry.MaxAttempts, q.Metrics, s.log)
+func (s *Server) claimPolled(ctx context.Context, q *tasks.Runtime, limit int, lease, wait time.Duration) ([]queue.Task, string, error) {
+	claim := func() ([]queue.Task, string, error) {
+		return q.Poll(ctx, limit, MaxPollBytes-pollEnvelopeBytes, lease, s.log)
 	}
 	if wait <= 0 {
 		return claim()

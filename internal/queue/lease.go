@@ -860,7 +860,7 @@ func (s *Store) Later(ctx context.Context, closeDelay time.Duration, serials []s
 //	KEYS[6] -> {queue}:leases   KEYS[7] -> {queue}:leasebatch
 //	ARGV[1] -> lease token; ARGV[2] -> reason; ARGV[3] -> last error;
 //	ARGV[4] -> "1" to count the run that failed, "0" when the record counts
-//	it already (a claim that re-took an expired lease, ClaimTasks);
+//	it already (a claim that re-took an expired lease, PollTasks);
 //	ARGV[5..] -> serials
 //
 // Compare-and-set as finishScript. The dead-letter record keeps reason,

@@ -9,8 +9,9 @@
 // Where things are: store.go (Store), lease.go (the lease protocol: the
 // shared Lua helpers and serial rule, claim, finish, retry, fence, later,
 // bury, hand-back, in-queue, stats), leaserecord.go (the lease record's
-// codec, LeaseRecord, and LeaseRecords), tasklease.go (the poll token and
-// a poll's ack, extend, retry, bury and release), forward.go (stream and
+// codec, LeaseRecord, and LeaseRecords), poll.go (a poll's claim:
+// PollTasks and Task), tasklease.go (the poll token and a poll's ack,
+// extend, retry, bury and release), forward.go (stream and
 // list actions' forward), peek.go (the dry run's read and the scan loop's
 // head check), orders.go (order enqueue, get, cancel and the sharded
 // client's lookup), dead.go (dead letters: list, requeue, purge; the
@@ -189,7 +190,12 @@ const (
 	ReasonCloseFailed     = "close_failed"
 )
 
-// DeadReasons lists every dead-letter reason, for pre-creating metric labels.
+// ReasonFailed dead-letters a task whose action kept failing, or whose
+// poll's lease expired MaxAttempts times. Task queues only.
+const ReasonFailed = "failed"
+
+// DeadReasons lists every dead-letter reason of the order queue, for
+// pre-creating metric labels.
 var DeadReasons = []string{ReasonMalformed, ReasonScoreOutOfRange, ReasonNotFound, ReasonCloseFailed}
 
 // ErrInvalidSerial is wrapped by every error ValidateSerial returns.

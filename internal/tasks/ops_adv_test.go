@@ -43,7 +43,7 @@ func TestDurableRequeueOfALeasedTaskLeavesTheRow(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry(), "test", "test")
 	failLeased := func() {
 		t.Helper()
-		leased, _, err := consumer.ClaimTasks(ctx, rdb, keys, 10, 0, time.Minute, 5, m, zap.NewNop())
+		leased, _, err := PollStore(ctx, r.Store, queue.PollArgs{Limit: 10, Lease: time.Minute, MaxAttempts: 5}, m, zap.NewNop())
 		if err != nil || len(leased) != 1 {
 			t.Fatalf("lease: %v %+v", err, leased)
 		}
