@@ -5,8 +5,8 @@
 // classification of database errors into transient and permanent. The
 // operator's tools (internal/admin) run its statements on the reference
 // schema too (tools.go: ExtendPending, PendingPage, GetRow), and the
-// reconciler steers its page's transaction with its helpers (tx.go: the
-// advisory lock, savepoints).
+// reconciler and the durable task loader (internal/tasks) steer their
+// transactions with its helpers (tx.go: the advisory lock, savepoints).
 //
 // The SQL decides. Closing is one set-based, conditional statement, so an
 // order paid a microsecond earlier is never closed and a close that runs
@@ -883,8 +883,13 @@ func (e *StatementError) Error() string {
 
 func (e *StatementError) Unwrap() error { return e.Err }
 
+// verifySavepoint is set by verifyOne before it runs a statement and
+// rolled back to after, so the next statement's check in the same
+// transaction starts where this one did.
+const verifySavepoint = "orderdelay_verify"
+
 func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, args []any, want []column) error {
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT orderdelay_verify"); err != nil {
+	if err := Savepoint(ctx, tx, verifySavepoint); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, "PREPARE orderdelay_verify AS "+query); err != nil {
@@ -923,8 +928,7 @@ func verifyOne(ctx context.Context, tx *sqlx.Tx, query string, params []string, 
 			return fmt.Errorf("returns %s (column %d) of type %s, want %s", w.what, i+1, t, strings.ToLower(w.types[0]))
 		}
 	}
-	_, err = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT orderdelay_verify")
-	return err
+	return RollbackToSavepoint(ctx, tx, verifySavepoint)
 }
 
 // DryRun is a Store whose Close runs the close statement in a transaction

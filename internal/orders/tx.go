@@ -7,8 +7,9 @@ import (
 )
 
 // Statements that steer a transaction of a caller's own (the reconciler's
-// page) rather than touch a table: its advisory lock and its savepoints.
-// Errors are returned as the driver gave them.
+// page, the durable task loader's pass, a statement's verification) rather
+// than touch a table: its advisory lock and its savepoints. Errors are
+// returned as the driver gave them.
 
 // TryAdvisoryXactLock takes the transaction-level advisory lock key in tx
 // if no other session holds it, without waiting

@@ -194,8 +194,7 @@ func (d *Durable) Load(ctx context.Context) (int, error) {
 	defer tx.Rollback() //nolint:errcheck // read-only apart from the lock
 	h := fnv.New64a()
 	h.Write([]byte("orderdelay loader " + d.Queue))
-	var got bool
-	if err := tx.GetContext(ctx, &got, "SELECT pg_try_advisory_xact_lock($1)", int64(h.Sum64())); err != nil || !got {
+	if got, err := orders.TryAdvisoryXactLock(ctx, tx, int64(h.Sum64())); err != nil || !got {
 		return 0, err
 	}
 	if d.lockedHook != nil {
