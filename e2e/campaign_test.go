@@ -463,7 +463,7 @@ func (c *campaign) pickDaemon() *daemon {
 
 func (c *campaign) createAfterCommit(o *corder, deadline time.Time, path string) {
 	op := cop{kind: "create", path: path, start: time.Now(), deadline: deadline}
-	if _, err := c.db.Exec("INSERT INTO orders (serial_no, expires_at) VALUES ($1, $2)", o.serial, deadline); err != nil {
+	if err := insertOrders(c.db, []string{o.serial}, deadline); err != nil {
 		op.end, op.outcome, op.note = time.Now(), notApplied, err.Error()
 		c.record(o, op)
 		return
@@ -482,7 +482,7 @@ func (c *campaign) createBeforeCommit(o *corder, deadline time.Time, path string
 	op := cop{kind: "create-before-commit", path: path, start: time.Now(), deadline: deadline}
 	tx, err := c.db.Begin()
 	if err == nil {
-		_, err = tx.Exec("INSERT INTO orders (serial_no, expires_at) VALUES ($1, $2)", o.serial, deadline)
+		err = insertOrders(tx, []string{o.serial}, deadline)
 	}
 	if err != nil {
 		if tx != nil {
@@ -508,7 +508,7 @@ func (c *campaign) createBeforeCommit(o *corder, deadline time.Time, path string
 
 func (c *campaign) createDied(o *corder, deadline time.Time) {
 	op := cop{kind: "create-died", start: time.Now(), deadline: deadline, outcome: acked}
-	if _, err := c.db.Exec("INSERT INTO orders (serial_no, expires_at) VALUES ($1, $2)", o.serial, deadline); err != nil {
+	if err := insertOrders(c.db, []string{o.serial}, deadline); err != nil {
 		op.outcome, op.note = notApplied, err.Error()
 	}
 	op.end = time.Now()

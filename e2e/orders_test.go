@@ -28,15 +28,17 @@ func (w *world) createOrders(prefix string, n int, deadline time.Time) []string 
 	for i := range serials {
 		serials[i] = fmt.Sprintf("%s-%05d", prefix, i)
 	}
-	if err := w.insertOrders(serials, deadline); err != nil {
+	if err := insertOrders(w.db, serials, deadline); err != nil {
 		w.t.Fatal(err)
 	}
 	return serials
 }
 
-// insertOrders commits pending orders with one deadline.
-func (w *world) insertOrders(serials []string, deadline time.Time) error {
-	_, err := w.db.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT s, $2 FROM unnest($1::text[]) s`,
+// insertOrders inserts pending orders with one deadline through q: the
+// world's database, a checkout's own connections, or a transaction that
+// commits later.
+func insertOrders(q sqlx.Execer, serials []string, deadline time.Time) error {
+	_, err := q.Exec(`INSERT INTO orders (serial_no, expires_at) SELECT s, $2 FROM unnest($1::text[]) s`,
 		pq.Array(serials), deadline)
 	return err
 }
@@ -321,7 +323,7 @@ func (w *world) startCheckout(prefix string, tick time.Duration, batch int, enqu
 			for j := range serials {
 				serials[j] = fmt.Sprintf("%s-%05d-%d", prefix, i, j)
 			}
-			if err := w.insertOrders(serials, due); err != nil {
+			if err := insertOrders(w.db, serials, due); err != nil {
 				w.t.Error(err)
 				return
 			}
