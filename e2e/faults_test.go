@@ -218,6 +218,12 @@ func TestFaultRedisGoesAway(t *testing.T) {
 	t.Parallel()
 	w, px := privateWorld(t)
 	d := w.start()
+	// The consumers start once the start-up checks have Redis's answers
+	// (TestFaultRedisAwayAtStart is the outage that comes first); then
+	// their claims meet this one.
+	waitFor(t, "dependency_up{redis} 1", 30*time.Second, func() bool {
+		return d.metrics()[`orderdelay_dependency_up{dependency="redis"}`] == 1
+	})
 	px.Down()
 	waitFor(t, "readiness 503 while Redis is away", 30*time.Second, func() bool {
 		return d.call(http.MethodGet, "/readyz", "", "", nil) == http.StatusServiceUnavailable
@@ -243,6 +249,42 @@ func TestFaultRedisGoesAway(t *testing.T) {
 	})
 	if v := d.metrics()[`orderdelay_errors_total{stage="claim"}`]; v == 0 {
 		t.Errorf("errors_total{claim} is 0: the outage went unnoticed")
+	}
+	d.stopCleanly()
+}
+
+// TestFaultRedisAwayAtStart: a daemon that starts while Redis is away
+// serves its API (readiness 503) and holds its consumers until the Redis
+// user's permission check has its answers. Nothing claims meanwhile, so it
+// is the check that says Redis is down; once Redis is back, the consumers
+// start and close what comes due.
+func TestFaultRedisAwayAtStart(t *testing.T) {
+	t.Parallel()
+	w, px := privateWorld(t)
+	px.Down()
+	d := w.launch(t, nil)
+	waitFor(t, "the permission check waiting for Redis", 60*time.Second, func() bool {
+		return strings.Contains(d.Output(), "redis permissions not checked yet; retrying")
+	})
+	if code := d.call(http.MethodGet, "/readyz", "", "", nil); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz %d while Redis is away, want 503", code)
+	}
+	if v := d.metrics()[`orderdelay_dependency_up{dependency="redis"}`]; v != 0 {
+		t.Errorf("dependency_up{redis} %v while Redis is away, want 0", v)
+	}
+	px.Up()
+	d.waitReady()
+	serials := w.createOrders("late-start", 50, time.Now().Add(200*time.Millisecond))
+	for _, s := range serials {
+		if code := d.call(http.MethodPut, "/v1/timeouts/"+s, "", `{"after":"200ms"}`, nil); code != http.StatusCreated {
+			t.Fatalf("enqueue after Redis came back: %d", code)
+		}
+	}
+	waitFor(t, "closing after Redis came back", 60*time.Second, func() bool {
+		return w.closed() == 50
+	})
+	if v := d.metrics()[`orderdelay_dependency_up{dependency="redis"}`]; v != 1 {
+		t.Errorf("dependency_up{redis} %v once closing runs, want 1", v)
 	}
 	d.stopCleanly()
 }

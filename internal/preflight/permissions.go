@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -307,20 +308,29 @@ func few(items []string, what string) string {
 	return fmt.Sprintf("%s and %d more %s", strings.Join(items[:3], ", "), len(items)-3, what)
 }
 
-// WatchPermissions runs Permissions until it gets its answers (retrying
-// every DefaultRedisRetry while Redis cannot be asked), and returns its
-// *PermissionError, or nil; ctx.Err() when ctx ends first.
+// WatchPermissions runs Permissions until it gets its answers, and returns
+// its *PermissionError, or nil; ctx.Err() when ctx ends first. While Redis
+// cannot be asked it says Redis is down (dependency_up): the daemon's
+// consumers wait for this check, so no claim fails to say it. It asks
+// again with an exponential backoff capped at DefaultRedisRetry, as the
+// database's check does, so a blip at start-up holds the consumers for
+// well under a second after Redis is back.
 func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
+	b := backoff.NewExponentialBackOff()
+	b.MaxInterval = DefaultRedisRetry
 	for {
 		err := Permissions(ctx, rdb, queues, m, log)
 		if pe := (*PermissionError)(nil); err == nil || errors.As(err, &pe) {
+			m.SetUp(metrics.DepRedis, true)
 			return err
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		log.Warn("redis permissions not checked yet; retrying", zap.Error(err), zap.Duration("retry_in", DefaultRedisRetry))
-		if !lifecycle.Sleep(ctx, DefaultRedisRetry) {
+		m.SetUp(metrics.DepRedis, false)
+		wait := b.NextBackOff()
+		log.Warn("redis permissions not checked yet; retrying", zap.Error(err), zap.Duration("retry_in", wait))
+		if !lifecycle.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -596,5 +597,57 @@ func TestPermissionsPassTheLeastUser(t *testing.T) {
 	err, logs, gauge := permissions(t, rdb)
 	if err != nil || len(warnings(logs)) != 0 || gauge != 0 {
 		t.Fatalf("Permissions: %v, warnings %v, gauge %v; want nil, none, 0", err, warnings(logs), gauge)
+	}
+}
+
+// TestWatchPermissionsSaysRedisIsDownAndGoesOnWhenItAnswers: while Redis
+// cannot be asked, the consumers wait for this check, so it is the check
+// that must say Redis is down (dependency_up); its retries back off from
+// well under DefaultRedisRetry up to it, like the database's, so a short
+// outage at start-up does not hold the consumers for a whole
+// DefaultRedisRetry after Redis is back; and once Redis answers it
+// returns nil with Redis up.
+func TestWatchPermissionsSaysRedisIsDownAndGoesOnWhenItAnswers(t *testing.T) {
+	_, addr := testenv.PrivateRedis(t)
+	px := testenv.NewProxy(t, addr)
+	px.Down()
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	m := metrics.New(prometheus.NewRegistry(), "t", "t")
+	m.SetUp(metrics.DepRedis, true)
+	up := func() float64 { return testutil.ToFloat64(m.DependencyUp.WithLabelValues(metrics.DepRedis)) }
+	core, logs := observer.New(zap.WarnLevel)
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchPermissions(context.Background(), rdb, []queue.Keys{queue.NewKeys("q")}, m, zap.New(core))
+	}()
+	retries := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("not checked yet; retrying").All() }
+	testenv.WaitFor(t, "two retry warnings", time.Minute, func() bool { return len(retries()) >= 2 })
+	if v := up(); v != 0 {
+		t.Errorf("dependency_up{redis} = %v while Redis cannot be asked, want 0", v)
+	}
+	for i, e := range retries() {
+		wait, ok := e.ContextMap()["retry_in"].(time.Duration)
+		if !ok {
+			t.Fatalf("retry warning %d has no retry_in: %v", i, e.ContextMap())
+		}
+		if wait > DefaultRedisRetry {
+			t.Errorf("retry %d waits %v, more than DefaultRedisRetry (%v)", i, wait, DefaultRedisRetry)
+		}
+		if i == 0 && wait >= DefaultRedisRetry/2 {
+			t.Errorf("the first retry waits %v, want a backoff that starts well under DefaultRedisRetry (%v)", wait, DefaultRedisRetry)
+		}
+	}
+	px.Up()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("WatchPermissions after Redis came back: %v, want nil", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("WatchPermissions did not return within a minute of Redis coming back")
+	}
+	if v := up(); v != 1 {
+		t.Errorf("dependency_up{redis} = %v after the check got its answers, want 1", v)
 	}
 }
