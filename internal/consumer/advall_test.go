@@ -25,24 +25,24 @@ import (
 // closed and the poisonous one never isolated (invariant 6).
 func TestAdvSplitCutByTheBatchBudgetStillIsolatesThePoison(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	now := e.redisNow()
-	poison := e.orders("poison", 1, now.Add(-time.Minute))
-	good := e.orders("good", 5, now.Add(-30*time.Second))
-	e.poisonOrder(poison[0])
-	if _, err := e.db.Exec(`CREATE FUNCTION slow_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+	now := e.RedisNow()
+	poison := e.Orders("poison", 1, now.Add(-time.Minute))
+	good := e.Orders("good", 5, now.Add(-30*time.Second))
+	e.PoisonOrder(poison[0])
+	if _, err := e.DB.Exec(`CREATE FUNCTION slow_statement() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN PERFORM pg_sleep(0.6); RETURN NULL; END $$;
 CREATE TRIGGER slow_statement BEFORE UPDATE ON orders FOR EACH STATEMENT EXECUTE FUNCTION slow_statement();`); err != nil {
 		t.Fatal(err)
 	}
-	e.enqueue(poison, now.Add(-time.Minute))
+	e.Enqueue(poison, now.Add(-time.Minute))
 	for i, s := range good {
-		e.enqueue([]string{s}, now.Add(-30*time.Second+time.Duration(i)*time.Millisecond))
+		e.Enqueue([]string{s}, now.Add(-30*time.Second+time.Duration(i)*time.Millisecond))
 	}
 
 	core, logs := observer.New(zap.WarnLevel)
-	cfg := Config{Keys: e.keys, Workers: 1, BatchSize: 6, Lease: 2 * time.Second, StatementTimeout: time.Second,
+	cfg := Config{Keys: e.Keys, Workers: 1, BatchSize: 6, Lease: 2 * time.Second, StatementTimeout: time.Second,
 		BackoffMax: 2 * time.Second, MaxAttempts: 20, ScanInterval: 100 * time.Millisecond, HeadCheck: 20 * time.Millisecond}
-	c, err := New(cfg, e.rdb, e.store, e.m, zap.New(core))
+	c, err := New(cfg, e.RDB, e.Store, e.m, zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,17 +55,17 @@ CREATE TRIGGER slow_statement BEFORE UPDATE ON orders FOR EACH STATEMENT EXECUTE
 	for {
 		closed := 0
 		for _, s := range good {
-			if e.status(s) == "closed" {
+			if e.Status(s) == "closed" {
 				closed++
 			}
 		}
-		dead, err := e.rdb.ZScore(context.Background(), e.keys.Dead, poison[0]).Result()
+		dead, err := e.RDB.ZScore(context.Background(), e.Keys.Dead, poison[0]).Result()
 		if closed == len(good) && err == nil && dead > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d good orders closed, poisonous order dead-lettered: %v, after %d close attempts on it; %d 'unavailable' warnings: %s",
-				closed, len(good), err == nil, e.closeFailures(),
+				closed, len(good), err == nil, e.CloseFailures(),
 				logs.FilterMessageSnippet("unavailable").Len(), lastMessages(logs, 4))
 		}
 		time.Sleep(50 * time.Millisecond)

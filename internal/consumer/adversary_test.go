@@ -57,15 +57,15 @@ func (p *pausingStore) Settle(ctx context.Context, serials []string, fence order
 // order is otherwise closable (back off with the cap instead).
 func TestAdversaryStalledReplicaBeforeCommitNeverDeadLettersTheOrder(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(5*time.Second, 50*time.Millisecond)
+	e.Store.SetTimeouts(5*time.Second, 50*time.Millisecond)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("stalled", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("stalled", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 
 	// Replica A: claims, closes, passes its fence, stops before COMMIT.
 	a := e.consumer(Config{Owner: "A"})
-	ps := &pausingStore{Store: e.store, paused: make(chan struct{}), release: make(chan struct{})}
+	ps := &pausingStore{Store: e.Store, paused: make(chan struct{}), release: make(chan struct{})}
 	a.store = ps
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 1 {
@@ -97,7 +97,7 @@ func TestAdversaryStalledReplicaBeforeCommitNeverDeadLettersTheOrder(t *testing.
 	close(ps.release) // A resumes and commits
 	<-doneA
 
-	if st := e.status(s); st != "closed" {
+	if st := e.Status(s); st != "closed" {
 		t.Fatalf("status %s, want closed (A's commit)", st)
 	}
 	got, err := e.cl.Get(ctx, s)
@@ -114,13 +114,13 @@ func TestAdversaryStalledReplicaBeforeCommitNeverDeadLettersTheOrder(t *testing.
 func TestAdversaryReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("readonly", 4, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("readonly", 4, past)
+	e.Enqueue(serials, past)
 	// The server answers 25006 as a standby does after a failover (BEGIN
 	// READ WRITE fails there; lib/pq always asks READ WRITE, so
 	// default_transaction_read_only cannot stand in for it: a trigger does).
-	if _, err := e.db.Exec(`CREATE FUNCTION standby() RETURNS trigger LANGUAGE plpgsql AS $$
+	if _, err := e.DB.Exec(`CREATE FUNCTION standby() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction' USING ERRCODE = 'read_only_sql_transaction'; END $$;
 CREATE TRIGGER standby BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION standby()`); err != nil {
 		t.Fatal(err)
@@ -135,7 +135,7 @@ CREATE TRIGGER standby BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION sta
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
 	c.process(ctx, res.items)
-	if n := e.card(e.keys.Dead); n != 0 {
+	if n := e.card(e.Keys.Dead); n != 0 {
 		t.Fatalf("%d of %d orders dead-lettered because the database was read-only", n, len(serials))
 	}
 }
@@ -154,7 +154,7 @@ CREATE TRIGGER standby BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION sta
 func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	if _, err := e.db.Exec(`CREATE TABLE shop_orders (serial_no char(24) PRIMARY KEY,
+	if _, err := e.DB.Exec(`CREATE TABLE shop_orders (serial_no char(24) PRIMARY KEY,
 		status text NOT NULL DEFAULT 'pending', expires_at timestamptz NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -164,18 +164,18 @@ func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
 		Overdue: `SELECT serial_no FROM shop_orders WHERE status = 'pending'
 			AND expires_at < now() - $1::bigint * interval '1 millisecond' ORDER BY expires_at LIMIT $2::bigint`,
 	}
-	e.store = orders.NewStore(e.db, stmts)
-	if err := e.store.Verify(ctx); err != nil {
+	e.Store = orders.NewStore(e.DB, stmts)
+	if err := e.Store.Verify(ctx); err != nil {
 		t.Skipf("Verify refuses the char(n) statements (%v): the hole is closed at start", err)
 	}
-	past := e.redisNow().Add(-time.Second)
+	past := e.RedisNow().Add(-time.Second)
 	serials := []string{"pad-1", "pad-2"}
 	for _, s := range serials {
-		if _, err := e.db.Exec(`INSERT INTO shop_orders (serial_no, expires_at) VALUES ($1, $2)`, s, past); err != nil {
+		if _, err := e.DB.Exec(`INSERT INTO shop_orders (serial_no, expires_at) VALUES ($1, $2)`, s, past); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 2 {
@@ -183,17 +183,17 @@ func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
 	}
 	c.process(ctx, res.items)
 	var closed int
-	if err := e.db.Get(&closed, `SELECT count(*) FROM shop_orders WHERE status = 'closed'`); err != nil {
+	if err := e.DB.Get(&closed, `SELECT count(*) FROM shop_orders WHERE status = 'closed'`); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.card(e.keys.Dead); n != 0 || closed != 2 {
+	if n := e.card(e.Keys.Dead); n != 0 || closed != 2 {
 		t.Fatalf("%d closed, %d dead-lettered; want 2 closed, none dead-lettered", closed, n)
 	}
 	// The reconciler reads padded serials too: a lost order must close.
-	if _, err := e.db.Exec(`INSERT INTO shop_orders (serial_no, expires_at) VALUES ('pad-lost', now() - interval '1 hour')`); err != nil {
+	if _, err := e.DB.Exec(`INSERT INTO shop_orders (serial_no, expires_at) VALUES ('pad-lost', now() - interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}
-	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Grace: time.Minute}, e.rdb, e.store, e.m,
+	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.Keys, Grace: time.Minute}, e.RDB, e.Store, e.m,
 		zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("reconciler closed %d (%v) of 1 lost char(n) order", n, err)
@@ -210,17 +210,17 @@ func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
 func TestAdversaryOutOfRangeRewriteDuringLeaseIsClosedAnyway(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("seconds", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("seconds", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 	a := e.consumer(Config{Owner: "A"})
 	res, err := a.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v", err)
 	}
 	// The producer writes an hour ahead, in seconds.
-	secs := e.redisNow().Add(time.Hour).Unix()
-	if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(secs), Member: s}).Err(); err != nil {
+	secs := e.RedisNow().Add(time.Hour).Unix()
+	if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(secs), Member: s}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	b := e.consumer(Config{Owner: "B"})
@@ -229,27 +229,27 @@ func TestAdversaryOutOfRangeRewriteDuringLeaseIsClosedAnyway(t *testing.T) {
 	}
 	a.process(ctx, res.items)
 	got, _ := e.cl.Get(ctx, s)
-	if st := e.status(s); st == "closed" && got.State == client.StateDead {
+	if st := e.Status(s); st == "closed" && got.State == client.StateDead {
 		t.Fatalf("%s closed by the fast path and dead-lettered (%s) at once", s, got.Reason)
 	}
 
 	// The same while backing off: the backoff must not come back with the
 	// old deadline once the producer's entry is dead-lettered.
-	s2 := e.orders("seconds-b", 1, past)[0]
-	e.enqueue([]string{s2}, past)
+	s2 := e.Orders("seconds-b", 1, past)[0]
+	e.Enqueue([]string{s2}, past)
 	res, err = a.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v", err)
 	}
 	a.retry(res.items, time.Hour, false, "transient")
-	if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(secs), Member: s2}).Err(); err != nil {
+	if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(secs), Member: s2}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.claimBatch(ctx); err != nil { // dead-letters the seconds entry
 		t.Fatal(err)
 	}
 	// Expire the backoff if there still is one (XX: never create one).
-	if err := e.rdb.ZAddXX(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: s2}).Err(); err != nil {
+	if err := e.RDB.ZAddXX(ctx, e.Keys.Inflight, redis.Z{Score: 1, Member: s2}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	res, err = b.claimBatch(ctx)
@@ -257,7 +257,7 @@ func TestAdversaryOutOfRangeRewriteDuringLeaseIsClosedAnyway(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.process(ctx, res.items)
-	if st := e.status(s2); st == "closed" {
+	if st := e.Status(s2); st == "closed" {
 		t.Fatalf("%s closed at its old deadline after its producer's entry was dead-lettered", s2)
 	}
 }
@@ -297,7 +297,7 @@ func (g *gate) Settle(ctx context.Context, serials []string, fence orders.Fence)
 func (e *env) waitLockWaiter(t *testing.T) {
 	eventually(t, "a close waiting for the row lock", 30*time.Second, func() bool {
 		var n int
-		err := e.db.Get(&n, `SELECT count(*) FROM pg_stat_activity
+		err := e.DB.Get(&n, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`)
 		return err == nil && n > 0
 	})
@@ -306,12 +306,12 @@ func (e *env) waitLockWaiter(t *testing.T) {
 func (e *env) assertNoEntries(t *testing.T, s string) {
 	t.Helper()
 	ctx := context.Background()
-	for _, k := range []string{e.keys.Queue, e.keys.Inflight, e.keys.Deadlines, e.keys.Dead} {
-		if _, err := e.rdb.ZScore(ctx, k, s).Result(); err != redis.Nil {
+	for _, k := range []string{e.Keys.Queue, e.Keys.Inflight, e.Keys.Deadlines, e.Keys.Dead} {
+		if _, err := e.RDB.ZScore(ctx, k, s).Result(); err != redis.Nil {
 			t.Errorf("%s still in %s (%v)", s, k, err)
 		}
 	}
-	if n, _ := e.rdb.HExists(ctx, e.keys.Lease, s).Result(); n {
+	if n, _ := e.RDB.HExists(ctx, e.Keys.Lease, s).Result(); n {
 		t.Errorf("%s still has a lease record", s)
 	}
 }
@@ -332,13 +332,13 @@ func TestAdversaryHoldsStallAfterFence(t *testing.T) {
 
 func testStall(t *testing.T, afterFence bool) {
 	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(20*time.Second, 15*time.Second)
+	e.Store.SetTimeouts(20*time.Second, 15*time.Second)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("stall", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("stall", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 	a := e.consumer(Config{Owner: "A", StatementTimeout: 20 * time.Second, Lease: 60 * time.Second})
-	g := newGate(e.store, afterFence)
+	g := newGate(e.Store, afterFence)
 	a.store = g
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 1 {
@@ -361,7 +361,7 @@ func testStall(t *testing.T, afterFence bool) {
 	close(g.release)
 	<-doneA
 	<-doneB
-	if st := e.status(s); st != "closed" {
+	if st := e.Status(s); st != "closed" {
 		t.Fatalf("status %s, want closed", st)
 	}
 	if v := testutil.ToFloat64(e.m.Closed); v != 1 {
@@ -375,26 +375,26 @@ func testStall(t *testing.T, afterFence bool) {
 func TestAdversaryHoldsTakeoverClosesOnce(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("takeover-once", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("takeover-once", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 	a := e.consumer(Config{Owner: "A"})
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 1 {
 		t.Fatalf("A claim: %v", err)
 	}
-	e.enqueue([]string{s}, past)
+	e.Enqueue([]string{s}, past)
 	b := e.consumer(Config{Owner: "B"})
 	resB, err := b.claimBatch(ctx)
 	if err != nil || len(resB.items) != 1 {
 		t.Fatalf("B claim: %v, %d", err, len(resB.items))
 	}
 	a.process(ctx, resA.items)
-	if st := e.status(s); st != "pending" {
+	if st := e.Status(s); st != "pending" {
 		t.Fatalf("A closed %s after B took it over", s)
 	}
 	b.process(ctx, resB.items)
-	if st := e.status(s); st != "closed" {
+	if st := e.Status(s); st != "closed" {
 		t.Fatalf("status %s, want closed", st)
 	}
 	if v := testutil.ToFloat64(e.m.Closed); v != 1 {
@@ -408,16 +408,16 @@ func TestAdversaryHoldsTakeoverClosesOnce(t *testing.T) {
 func TestAdversaryHoldsHandBackKeepsRawReschedule(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("handback", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("handback", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 	a := e.consumer(Config{})
 	res, err := a.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v", err)
 	}
-	later := e.redisNow().Add(time.Hour)
-	e.enqueue([]string{s}, later)
+	later := e.RedisNow().Add(time.Hour)
+	e.Enqueue([]string{s}, later)
 	a.handBack(res.items)
 	got, err := e.cl.Get(ctx, s)
 	if err != nil || got.State != client.StateQueued || got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
@@ -433,9 +433,9 @@ func TestAdversaryHoldsHandBackKeepsRawReschedule(t *testing.T) {
 func TestAdversaryHoldsCancelDuringLease(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("cancel", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("cancel", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 	a := e.consumer(Config{})
 	res, err := a.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
@@ -445,7 +445,7 @@ func TestAdversaryHoldsCancelDuringLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.process(ctx, res.items)
-	if st := e.status(s); st != "pending" {
+	if st := e.Status(s); st != "pending" {
 		t.Fatalf("status %s: closed after its timeout was cancelled", st)
 	}
 	e.assertNoEntries(t, s)
@@ -480,11 +480,11 @@ func (h failScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func TestAdversaryHoldsFinishFailsAfterCommit(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("finish-fails", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("finish-fails", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 	a := e.consumer(Config{Owner: "A"})
-	broken := redis.NewClient(e.rdb.Options())
+	broken := redis.NewClient(e.RDB.Options())
 	t.Cleanup(func() { broken.Close() })
 	broken.AddHook(failScript{sha: queue.FinishScriptHash()})
 	a.rdb = broken
@@ -494,7 +494,7 @@ func TestAdversaryHoldsFinishFailsAfterCommit(t *testing.T) {
 		t.Fatalf("claim: %v", err)
 	}
 	a.process(ctx, res.items)
-	if st := e.status(s); st != "closed" {
+	if st := e.Status(s); st != "closed" {
 		t.Fatalf("status %s, want closed", st)
 	}
 	if n := e.held(); n != 1 {
@@ -524,17 +524,17 @@ func TestAdversaryHoldsFinishFailsAfterCommit(t *testing.T) {
 func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	all := e.shardKeys(2)
-	cl, err := client.New(e.rdb, e.keys.Queue, client.WithShards(2))
+	all := e.ShardKeys(2)
+	cl, err := client.New(e.RDB, e.Keys.Queue, client.WithShards(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("sharded", 1, past)[0]
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("sharded", 1, past)[0]
 	if _, _, err := cl.Enqueue(ctx, s, past, client.Create); err != nil {
 		t.Fatal(err)
 	}
-	g, err := NewGroup(Config{}, all, e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	g, err := NewGroup(Config{}, all, e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,9 +543,9 @@ func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("shard claim: %v, %d items", err, len(res.items))
 	}
-	e.zadd(e.keys.Queue, []string{s}, e.redisNow().Add(time.Hour)) // raw producer, queue key
+	e.ZAdd(e.Keys.Queue, []string{s}, e.RedisNow().Add(time.Hour)) // raw producer, queue key
 	c.process(ctx, res.items)
-	if st := e.status(s); st != "pending" {
+	if st := e.Status(s); st != "pending" {
 		t.Fatalf("%s is %s: closed an hour before the deadline a raw producer wrote to the queue key", s, st)
 	}
 	// The shard's companions are gone; the producer's entry decides.
@@ -556,16 +556,16 @@ func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
 	// The mirror: S2 was created in the queue key (before the switch to
 	// shards); a raw producer now writes its shard an hour later while the
 	// queue key's consumer holds it.
-	s2 := e.orders("sharded-b", 1, past)[0]
-	e.zadd(e.keys.Queue, []string{s2}, past)
+	s2 := e.Orders("sharded-b", 1, past)[0]
+	e.ZAdd(e.Keys.Queue, []string{s2}, past)
 	base := g.Consumers()[0]
 	res, err = base.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("queue key claim: %v, %d items", err, len(res.items))
 	}
-	e.zadd(all[1+queue.ShardOf(s2, 2)].Queue, []string{s2}, e.redisNow().Add(time.Hour))
+	e.ZAdd(all[1+queue.ShardOf(s2, 2)].Queue, []string{s2}, e.RedisNow().Add(time.Hour))
 	base.process(ctx, res.items)
-	if st := e.status(s2); st != "pending" {
+	if st := e.Status(s2); st != "pending" {
 		t.Fatalf("%s is %s: closed an hour before the deadline a raw producer wrote to its shard", s2, st)
 	}
 }
@@ -579,9 +579,9 @@ func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
 func TestAdversarySameOwnerTwoReplicasShareTokens(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	s := e.orders("same-owner", 1, past)[0]
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	s := e.Orders("same-owner", 1, past)[0]
+	e.Enqueue([]string{s}, past)
 	const owner = "orderdelay/node-1/1"
 	a := e.consumer(Config{Owner: owner})
 	resA, err := a.claimBatch(ctx)
@@ -598,7 +598,7 @@ func TestAdversarySameOwnerTwoReplicasShareTokens(t *testing.T) {
 		t.Fatalf("two replicas hold %s under one token %q", s, resA.items[0].token)
 	}
 	a.process(ctx, resA.items) // A resumes
-	if st := e.status(s); st != "pending" {
+	if st := e.Status(s); st != "pending" {
 		t.Fatalf("A closed %s while B's lease holds", s)
 	}
 }

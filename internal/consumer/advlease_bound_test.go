@@ -33,7 +33,7 @@ func privateEnv(t *testing.T) (*env, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, rdb: rdb, keys: keys, m: metrics.New(prometheus.NewRegistry(), "test", "test"), cl: cl}, addr
+	return &env{Env: testenv.Env{T: t, RDB: rdb, Keys: keys}, m: metrics.New(prometheus.NewRegistry(), "test", "test"), cl: cl}, addr
 }
 
 // recordsRead runs fn and returns how many fields of key scripts read with
@@ -79,19 +79,19 @@ func recordsRead(t *testing.T, addr, key string, fn func()) int {
 // leaseBatches claims batches batches of size due members each, and
 // finishes all but left members of each.
 func (e *env) leaseBatches(batches, size, left int) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
+	past := e.RedisNow().Add(-time.Second)
 	for b := range batches {
 		ss := make([]string, size)
 		for i := range ss {
 			ss[i] = fmt.Sprintf("bound-%03d-%04d", b, i)
 		}
-		e.enqueue(ss, past)
+		e.Enqueue(ss, past)
 		c := e.consumer(Config{BatchSize: size})
 		res, err := c.claimBatch(ctx)
 		if err != nil || len(res.items) != size {
-			e.t.Fatalf("claim: %v, %d items", err, len(res.items))
+			e.T.Fatalf("claim: %v, %d items", err, len(res.items))
 		}
 		c.finish(res.items[:size-left])
 	}
@@ -105,9 +105,9 @@ func TestAdvLeaseStatsReadBoundedRecordsOfPartlySettledBatches(t *testing.T) {
 	e, addr := privateEnv(t)
 	e.leaseBatches(12, 500, 150)
 	var st queue.Stats
-	n := recordsRead(t, addr, e.keys.Lease, func() {
+	n := recordsRead(t, addr, e.Keys.Lease, func() {
 		var err error
-		if st, err = queue.ReadStats(context.Background(), e.rdb, e.keys); err != nil {
+		if st, err = queue.ReadStats(context.Background(), e.RDB, e.Keys); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -127,22 +127,22 @@ func TestAdvLeaseClaimReadsBoundedRecordsOfExpiredBatches(t *testing.T) {
 	e, addr := privateEnv(t)
 	ctx := context.Background()
 	e.leaseBatches(20, 500, 1)
-	later := float64(queue.DeadlineMillis(e.redisNow().Add(time.Hour)))
+	later := float64(queue.DeadlineMillis(e.RedisNow().Add(time.Hour)))
 	for b := range 20 {
 		s := fmt.Sprintf("bound-%03d-%04d", b, 499)
-		e.rdb.HDel(ctx, e.keys.Lease, s)
-		e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: later, Member: s})
+		e.RDB.HDel(ctx, e.Keys.Lease, s)
+		e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: later, Member: s})
 	}
-	toks, err := e.rdb.ZRange(ctx, e.keys.Leases, 0, -1).Result()
+	toks, err := e.RDB.ZRange(ctx, e.Keys.Leases, 0, -1).Result()
 	if err != nil || len(toks) != 20 {
 		t.Fatalf("%d batch leases (%v), want 20", len(toks), err)
 	}
 	for _, tok := range toks {
-		e.rdb.ZAdd(ctx, e.keys.Leases, redis.Z{Score: 1, Member: tok})
+		e.RDB.ZAdd(ctx, e.Keys.Leases, redis.Z{Score: 1, Member: tok})
 	}
 	c := e.consumer(Config{BatchSize: 500})
 	var res claimResult
-	n := recordsRead(t, addr, e.keys.Lease, func() {
+	n := recordsRead(t, addr, e.Keys.Lease, func() {
 		if res, err = c.claimBatch(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -154,17 +154,17 @@ func TestAdvLeaseClaimReadsBoundedRecordsOfExpiredBatches(t *testing.T) {
 		t.Errorf("one claim read %d lease records, want at most 1000 (twice its limit)", n)
 	}
 	for range 20 {
-		if e.card(e.keys.Leases) == 0 {
+		if e.card(e.Keys.Leases) == 0 {
 			break
 		}
 		if _, err := c.claimBatch(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if k := e.card(e.keys.Leases); k != 0 {
+	if k := e.card(e.Keys.Leases); k != 0 {
 		t.Errorf("%d expired batch leases left after 20 claims, want 0", k)
 	}
-	if k, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); k != 0 {
+	if k, _ := e.RDB.HLen(ctx, e.Keys.LeaseBatch).Result(); k != 0 {
 		t.Errorf("%d batch fields left, want 0", k)
 	}
 }

@@ -52,7 +52,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 13))
-	k := e.keys
+	k := e.Keys
 	serials := make([]string, 10)
 	for i := range serials {
 		serials[i] = fmt.Sprintf("m%02d", i)
@@ -72,21 +72,21 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 		t.Fatalf("seed %d step %d: %s\nhistory:\n  %s", seed, step, fmt.Sprintf(format, args...), strings.Join(log, "\n  "))
 	}
 	state := func(s string) string {
-		q, qerr := e.rdb.ZScore(ctx, k.Queue, s).Result()
-		rec, _ := e.rdb.HGet(ctx, k.Lease, s).Result()
-		inf, ierr := e.rdb.ZScore(ctx, k.Inflight, s).Result()
+		q, qerr := e.RDB.ZScore(ctx, k.Queue, s).Result()
+		rec, _ := e.RDB.HGet(ctx, k.Lease, s).Result()
+		inf, ierr := e.RDB.ZScore(ctx, k.Inflight, s).Result()
 		return fmt.Sprintf("q=%v/%v rec=%q inf=%v/%v", q, qerr == nil, rec, inf, ierr == nil)
 	}
-	due := func() int64 { return queue.DeadlineMillis(e.redisNow().Add(-time.Second)) }
-	later := func() int64 { return queue.DeadlineMillis(e.redisNow().Add(time.Hour)) }
+	due := func() int64 { return queue.DeadlineMillis(e.RedisNow().Add(-time.Second)) }
+	later := func() int64 { return queue.DeadlineMillis(e.RedisNow().Add(time.Hour)) }
 
 	check := func(step int) {
 		t.Helper()
-		queued, _ := e.rdb.ZRange(ctx, k.Queue, 0, -1).Result()
-		recs, _ := e.rdb.HGetAll(ctx, k.Lease).Result()
-		inflight, _ := e.rdb.ZRange(ctx, k.Inflight, 0, -1).Result()
-		info, _ := e.rdb.HGetAll(ctx, k.LeaseBatch).Result()
-		leases, _ := e.rdb.ZRange(ctx, k.Leases, 0, -1).Result()
+		queued, _ := e.RDB.ZRange(ctx, k.Queue, 0, -1).Result()
+		recs, _ := e.RDB.HGetAll(ctx, k.Lease).Result()
+		inflight, _ := e.RDB.ZRange(ctx, k.Inflight, 0, -1).Result()
+		info, _ := e.RDB.HGetAll(ctx, k.LeaseBatch).Result()
+		leases, _ := e.RDB.ZRange(ctx, k.Leases, 0, -1).Result()
 		carrying := map[string]int{}
 		for s, rec := range recs {
 			f := strings.SplitN(rec, "|", 4)
@@ -127,7 +127,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 		for s := range recs {
 			where[s] = true
 		}
-		st, err := queue.ReadStats(ctx, e.rdb, k)
+		st, err := queue.ReadStats(ctx, e.RDB, k)
 		if err != nil {
 			fail(step, "stats: %v", err)
 		}
@@ -144,7 +144,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 			if rng.IntN(2) == 0 {
 				d = later()
 			}
-			if err := e.rdb.ZAdd(ctx, k.Queue, redis.Z{Score: float64(d), Member: s}).Err(); err != nil {
+			if err := e.RDB.ZAdd(ctx, k.Queue, redis.Z{Score: float64(d), Member: s}).Err(); err != nil {
 				t.Fatal(err)
 			}
 			latest[s] = d
@@ -165,7 +165,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 				log = append(log, fmt.Sprintf("%d cancel %s", step, s))
 				break
 			}
-			_, qerr := e.rdb.ZScore(ctx, k.Queue, s).Result()
+			_, qerr := e.RDB.ZScore(ctx, k.Queue, s).Result()
 			r, got, err := e.cl.Enqueue(ctx, s, time.UnixMilli(d), mode)
 			if err != nil {
 				fail(step, "enqueue %s: %v", s, err)
@@ -234,10 +234,10 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 			before := map[string]string{}
 			mine := map[string]bool{}
 			laterQueued := map[string]bool{}
-			now := e.redisNow().UnixMilli()
+			now := e.RedisNow().UnixMilli()
 			for _, it := range part {
 				before[it.serial] = state(it.serial)
-				rec, _ := e.rdb.HGet(ctx, k.Lease, it.serial).Result()
+				rec, _ := e.RDB.HGet(ctx, k.Lease, it.serial).Result()
 				f := strings.SplitN(rec, "|", 4)
 				mine[it.serial] = len(f) >= 3 && f[2] == it.token
 				h, held := holder[it.serial]
@@ -249,7 +249,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 				case !mine[it.serial] && held && h.tok == it.token:
 					delete(holder, it.serial) // an expired lease a re-claim dropped
 				}
-				if q, err := e.rdb.ZScore(ctx, k.Queue, it.serial).Result(); err == nil && int64(q) > now {
+				if q, err := e.RDB.ZScore(ctx, k.Queue, it.serial).Result(); err == nil && int64(q) > now {
 					laterQueued[it.serial] = true
 				}
 			}
@@ -295,7 +295,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 					continue
 				}
 				delete(holder, s)
-				q, err := e.rdb.ZScore(ctx, k.Queue, s).Result()
+				q, err := e.RDB.ZScore(ctx, k.Queue, s).Result()
 				switch {
 				case err == nil && int64(q) != latest[s]:
 					fail(step, "after %s's %s, %s is queued at %d, the producer's latest is %d", cons[i].cfg.Owner, what, s, int64(q), latest[s])
@@ -305,12 +305,12 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 			}
 			holds[i] = rest
 		case 8: // a batch lease expires
-			toks, _ := e.rdb.ZRange(ctx, k.Leases, 0, -1).Result()
+			toks, _ := e.RDB.ZRange(ctx, k.Leases, 0, -1).Result()
 			if len(toks) == 0 {
 				break
 			}
 			tok := toks[rng.IntN(len(toks))]
-			e.rdb.ZAdd(ctx, k.Leases, redis.Z{Score: 1, Member: tok})
+			e.RDB.ZAdd(ctx, k.Leases, redis.Z{Score: 1, Member: tok})
 			for s, h := range holder {
 				if h.tok == tok {
 					holder[s] = modelHold{tok: tok, expired: true}
@@ -318,12 +318,12 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 			}
 			log = append(log, fmt.Sprintf("%d expire batch %s", step, tok))
 		case 9: // a backoff ends
-			ms, _ := e.rdb.ZRange(ctx, k.Inflight, 0, -1).Result()
+			ms, _ := e.RDB.ZRange(ctx, k.Inflight, 0, -1).Result()
 			if len(ms) == 0 {
 				break
 			}
 			m := ms[rng.IntN(len(ms))]
-			e.rdb.ZAdd(ctx, k.Inflight, redis.Z{Score: 1, Member: m})
+			e.RDB.ZAdd(ctx, k.Inflight, redis.Z{Score: 1, Member: m})
 			if h, ok := holder[m]; ok { // a lease unbatch made per member
 				holder[m] = modelHold{tok: h.tok, expired: true}
 			}
@@ -338,9 +338,9 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 	// A rollback: with no batch-leasing claim after it, unbatch leaves
 	// every held serial where a per-member-only claim finds it.
 	e.unbatch()
-	recs, _ := e.rdb.HGetAll(ctx, k.Lease).Result()
+	recs, _ := e.RDB.HGetAll(ctx, k.Lease).Result()
 	for s, rec := range recs {
-		if _, err := e.rdb.ZScore(ctx, k.Inflight, s).Result(); err != nil {
+		if _, err := e.RDB.ZScore(ctx, k.Inflight, s).Result(); err != nil {
 			t.Fatalf("seed %d: after unbatch %s (record %q) is not in %s: %v\nhistory:\n  %s", seed, s, rec, k.Inflight, err, strings.Join(log, "\n  "))
 		}
 	}
@@ -354,13 +354,13 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 		cons[i].handBack(holds[i])
 	}
 	for range 20 {
-		toks, _ := e.rdb.ZRange(ctx, k.Leases, 0, -1).Result()
+		toks, _ := e.RDB.ZRange(ctx, k.Leases, 0, -1).Result()
 		for _, tok := range toks {
-			e.rdb.ZAdd(ctx, k.Leases, redis.Z{Score: 1, Member: tok})
+			e.RDB.ZAdd(ctx, k.Leases, redis.Z{Score: 1, Member: tok})
 		}
-		ms, _ := e.rdb.ZRange(ctx, k.Inflight, 0, -1).Result()
+		ms, _ := e.RDB.ZRange(ctx, k.Inflight, 0, -1).Result()
 		for _, m := range ms {
-			e.rdb.ZAdd(ctx, k.Inflight, redis.Z{Score: 1, Member: m})
+			e.RDB.ZAdd(ctx, k.Inflight, redis.Z{Score: 1, Member: m})
 		}
 		res, err := cons[2].claimBatch(ctx)
 		if err != nil {
@@ -369,7 +369,7 @@ func leaseModelRun(t *testing.T, seed uint64, steps int) {
 		cons[2].finish(res.items)
 	}
 	for _, key := range []string{k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch} {
-		if n, _ := e.rdb.Exists(ctx, key).Result(); n != 0 {
+		if n, _ := e.RDB.Exists(ctx, key).Result(); n != 0 {
 			t.Errorf("seed %d: %s left behind once everything settled", seed, key)
 		}
 	}

@@ -29,10 +29,10 @@ import (
 func TestAdvLeasePoisonMemberLeavesTheBatchAlone(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("alp", 6, past)
-	e.enqueue(serials, past)
-	e.poisonOrder(serials[2])
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("alp", 6, past)
+	e.Enqueue(serials, past)
+	e.PoisonOrder(serials[2])
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 6 {
@@ -44,7 +44,7 @@ func TestAdvLeasePoisonMemberLeavesTheBatchAlone(t *testing.T) {
 		if i == 2 {
 			want = "pending"
 		}
-		if st := e.status(s); st != want {
+		if st := e.Status(s); st != want {
 			t.Errorf("%s: %s, want %s", s, st, want)
 		}
 	}
@@ -65,16 +65,16 @@ func TestAdvLeasePoisonMemberLeavesTheBatchAlone(t *testing.T) {
 func TestAdvLeasePartlyFinishedBatchReclaimedInPartsWhileItsHolderWorks(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("alr", 5, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("alr", 5, past)
+	e.Enqueue(serials, past)
 	a := e.consumer(Config{Owner: "A"})
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 5 {
 		t.Fatalf("A claim: %v, %d items", err, len(resA.items))
 	}
 	slices.SortFunc(resA.items, func(x, y item) int { return cmpStr(x.serial, y.serial) })
-	if _, err := e.db.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, serials[0]); err != nil {
+	if _, err := e.DB.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, serials[0]); err != nil {
 		t.Fatal(err)
 	}
 	a.finish(resA.items[:1])
@@ -100,7 +100,7 @@ func TestAdvLeasePartlyFinishedBatchReclaimedInPartsWhileItsHolderWorks(t *testi
 		if want == "" {
 			want = "closed"
 		}
-		if st := e.status(s); st != want {
+		if st := e.Status(s); st != want {
 			t.Errorf("%s: %s, want %s", s, st, want)
 		}
 	}
@@ -114,10 +114,10 @@ func TestAdvLeasePartlyFinishedBatchReclaimedInPartsWhileItsHolderWorks(t *testi
 	if h := e.held(); h != 1 {
 		t.Errorf("%d held at the end, want 1 (the backoff)", h)
 	}
-	if n := e.card(e.keys.Leases); n != 0 {
+	if n := e.card(e.Keys.Leases); n != 0 {
 		t.Errorf("%d batch lease entries left, want 0", n)
 	}
-	if n, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); n != 0 {
+	if n, _ := e.RDB.HLen(ctx, e.Keys.LeaseBatch).Result(); n != 0 {
 		t.Errorf("%d batch fields left, want 0", n)
 	}
 }
@@ -138,8 +138,8 @@ func cmpStr(a, b string) int {
 func TestAdvLeaseRetriedMemberIsNotReclaimedFromItsOldBatch(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	e.enqueue([]string{"alt-x", "alt-y"}, past)
+	past := e.RedisNow().Add(-time.Second)
+	e.Enqueue([]string{"alt-x", "alt-y"}, past)
 	a := e.consumer(Config{Owner: "A"})
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 2 {
@@ -187,54 +187,54 @@ func TestAdvLeaseRetriedMemberIsNotReclaimedFromItsOldBatch(t *testing.T) {
 func TestAdvLeaseBatchCountingAMemberMovedByAnOlderVersion(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("alo", 3, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("alo", 3, past)
+	e.Enqueue(serials, past)
 	a := e.consumer(Config{Owner: "A"})
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 3 {
 		t.Fatalf("A claim: %v, %d items", err, len(resA.items))
 	}
-	later := queue.DeadlineMillis(e.redisNow().Add(time.Hour))
+	later := queue.DeadlineMillis(e.RedisNow().Add(time.Hour))
 	d := queue.DeadlineMillis(past)
-	_, err = e.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = e.RDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		// An older client's reschedule of serials[0].
-		p.HDel(ctx, e.keys.Lease, serials[0])
-		p.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(later), Member: serials[0]})
+		p.HDel(ctx, e.Keys.Lease, serials[0])
+		p.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(later), Member: serials[0]})
 		// An older daemon's per-member lease of serials[1].
-		p.HSet(ctx, e.keys.Lease, serials[1], strconv.FormatInt(d, 10)+"|0|old:1.1|")
-		p.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: float64(later), Member: serials[1]})
-		p.ZAdd(ctx, e.keys.Deadlines, redis.Z{Score: float64(d), Member: serials[1]})
+		p.HSet(ctx, e.Keys.Lease, serials[1], strconv.FormatInt(d, 10)+"|0|old:1.1|")
+		p.ZAdd(ctx, e.Keys.Inflight, redis.Z{Score: float64(later), Member: serials[1]})
+		p.ZAdd(ctx, e.Keys.Deadlines, redis.Z{Score: float64(d), Member: serials[1]})
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.RDB, e.Keys)
 	if err != nil || st.Depth != 3 || st.Held != 2 || st.Overdue != 2 {
 		t.Errorf("stats %+v (%v), want 3 deep, 2 held, 2 overdue", st, err)
 	}
 	a.process(ctx, resA.items)
 	for i, want := range []string{"pending", "pending", "closed"} {
-		if s := e.status(serials[i]); s != want {
+		if s := e.Status(serials[i]); s != want {
 			t.Errorf("%s: %s, want %s", serials[i], s, want)
 		}
 	}
 	if h := e.held(); h != 1 {
 		t.Errorf("%d held, want 1 (the older daemon's)", h)
 	}
-	toks, _ := e.rdb.ZRange(ctx, e.keys.Leases, 0, -1).Result()
+	toks, _ := e.RDB.ZRange(ctx, e.Keys.Leases, 0, -1).Result()
 	for _, tok := range toks {
-		e.rdb.ZAdd(ctx, e.keys.Leases, redis.Z{Score: 1, Member: tok})
+		e.RDB.ZAdd(ctx, e.Keys.Leases, redis.Z{Score: 1, Member: tok})
 	}
 	res, err := e.consumer(Config{Owner: "B"}).claimBatch(ctx)
 	if err != nil || len(res.items) != 0 {
 		t.Fatalf("claim after the batch expired: %v, %+v, want nothing", err, res.items)
 	}
-	if n := e.card(e.keys.Leases); n != 0 {
+	if n := e.card(e.Keys.Leases); n != 0 {
 		t.Errorf("%d batch lease entries left after its lease expired, want 0", n)
 	}
-	if n, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); n != 0 {
+	if n, _ := e.RDB.HLen(ctx, e.Keys.LeaseBatch).Result(); n != 0 {
 		t.Errorf("%d batch fields left after its lease expired, want 0", n)
 	}
 	if got, err := e.cl.Get(ctx, serials[0]); err != nil || got.State != client.StateQueued || got.Deadline.UnixMilli() != later {
@@ -247,19 +247,19 @@ func TestAdvLeaseBatchCountingAMemberMovedByAnOlderVersion(t *testing.T) {
 func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-10 * time.Minute)
-	serials := e.orders("alc", 3, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-10 * time.Minute)
+	serials := e.Orders("alc", 3, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 3 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
-	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
+	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.Keys, Grace: time.Minute, PageSize: 10}, e.RDB, e.Store, e.m, zap.NewNop())
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("reconciler closed %d (%v) batch-leased orders, want 0", n, err)
 	}
-	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.RDB, e.Keys)
 	if err != nil || st.Overdue != 3 || st.OldestDue < 10*time.Minute-time.Second || st.OldestDue > 11*time.Minute {
 		t.Errorf("stats %+v (%v), want 3 overdue, the oldest 10 minutes", st, err)
 	}
@@ -285,15 +285,15 @@ func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
 func TestAdvLeaseExpiredBatchIsClosedByAClaimNotTheReconciler(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-10 * time.Minute)
-	serials := e.orders("ald", 2, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-10 * time.Minute)
+	serials := e.Orders("ald", 2, past)
+	e.Enqueue(serials, past)
 	dead := e.consumer(Config{Owner: "killed"})
 	if res, err := dead.claimBatch(ctx); err != nil || len(res.items) != 2 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
 	e.expire(serials[0])
-	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
+	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.Keys, Grace: time.Minute, PageSize: 10}, e.RDB, e.Store, e.m, zap.NewNop())
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("reconciler closed %d (%v) orders of an expired batch lease, want 0 (they look held)", n, err)
 	}
@@ -304,7 +304,7 @@ func TestAdvLeaseExpiredBatchIsClosedByAClaimNotTheReconciler(t *testing.T) {
 	}
 	b.process(ctx, res.items)
 	for _, s := range serials {
-		if st := e.status(s); st != "closed" {
+		if st := e.Status(s); st != "closed" {
 			t.Errorf("%s: %s, want closed", s, st)
 		}
 	}

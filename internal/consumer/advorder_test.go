@@ -18,23 +18,23 @@ import (
 func TestOrderByOrderWalkKeepsEveryFence(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("walk", 10, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("walk", 10, past)
+	e.Enqueue(serials, past)
 	bad, raw, api, paid := serials[0], serials[3], serials[5], serials[8]
-	e.failClose(bad, "40001")
+	e.FailClose(bad, "40001")
 	c := e.consumer(Config{BatchSize: 10, Lease: 30 * time.Second})
 	c.stopping = make(chan struct{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 10 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
-	later := e.redisNow().Add(time.Hour)
-	e.enqueue([]string{raw}, later)
+	later := e.RedisNow().Add(time.Hour)
+	e.Enqueue([]string{raw}, later)
 	if _, _, err := e.cl.Enqueue(ctx, api, later, client.Reschedule); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1", paid); err != nil {
+	if _, err := e.DB.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1", paid); err != nil {
 		t.Fatal(err)
 	}
 	c.process(ctx, res.items)
@@ -46,7 +46,7 @@ func TestOrderByOrderWalkKeepsEveryFence(t *testing.T) {
 		case paid:
 			want = "paid"
 		}
-		if got := e.status(s); got != want {
+		if got := e.Status(s); got != want {
 			t.Errorf("%s: %s, want %s", s, got, want)
 		}
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/metrics"
-	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
@@ -26,13 +25,13 @@ import (
 // and then the good orders in descending serial order (each good order is
 // then a run of its own for retryInOrder: the most scripts it issues).
 func (e *env) poisonBatch(nPoison, nGood int) (poison, good []string) {
-	e.t.Helper()
-	past := e.redisNow().Add(-time.Second)
-	poison = e.orders("a-poison", nPoison, past)
-	good = e.orders("b-good", nGood, past)
-	e.enqueue(poison, past.Add(-time.Second))
+	e.T.Helper()
+	past := e.RedisNow().Add(-time.Second)
+	poison = e.Orders("a-poison", nPoison, past)
+	good = e.Orders("b-good", nGood, past)
+	e.Enqueue(poison, past.Add(-time.Second))
 	for i, s := range good {
-		e.enqueue([]string{s}, past.Add(-time.Duration(i)*time.Millisecond))
+		e.Enqueue([]string{s}, past.Add(-time.Duration(i)*time.Millisecond))
 	}
 	e.slowClosesOf(poison)
 	return poison, good
@@ -43,7 +42,7 @@ func (e *env) poisonBatch(nPoison, nGood int) (poison, good []string) {
 func (e *env) assertAllInRedisOrClosed(t *testing.T, serials []string) {
 	t.Helper()
 	for _, s := range serials {
-		if e.status(s) == "closed" {
+		if e.Status(s) == "closed" {
 			continue
 		}
 		got, err := e.cl.Get(context.Background(), s)
@@ -98,7 +97,7 @@ func TestAdvPoisonRetryInOrderRedisFailsMidway(t *testing.T) {
 		t.Run(fmt.Sprintf("script ran %v", ran), func(t *testing.T) {
 			e := newEnv(t, orderStatements())
 			const st = 100 * time.Millisecond
-			e.store.SetTimeouts(st, st/2)
+			e.Store.SetTimeouts(st, st/2)
 			poison, good := e.poisonBatch(2, 12)
 			// Lease 30 × ST: the batch has 1.55 s, time enough on a loaded
 			// machine for its statement and both slow rows alone to time
@@ -110,7 +109,7 @@ func TestAdvPoisonRetryInOrderRedisFailsMidway(t *testing.T) {
 			close(stop) // cut the dependency backoff's wait
 			c.stopping = stop
 			hook := &failNthRetry{fail: map[int64]bool{3: true, 5: true}, ran: ran}
-			broken := redis.NewClient(e.rdb.Options())
+			broken := redis.NewClient(e.RDB.Options())
 			t.Cleanup(func() { broken.Close() })
 			broken.AddHook(hook)
 			c.rdb, c.q = broken, queue.NewStore(broken, c.cfg.Keys)
@@ -174,7 +173,7 @@ func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]i
 	t.Helper()
 	ctx := context.Background()
 	for round := 1; ; round++ {
-		before = e.slowCloses()
+		before = e.SlowCloses()
 		start := time.Now()
 		res, err := c.claimBatch(ctx)
 		if err != nil || len(res.items) != want {
@@ -183,7 +182,7 @@ func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]i
 		ch := make(chan struct{})
 		go func() { defer close(ch); run(res.items) }()
 		ended := false
-		for !ended && e.slowCloses() < before+n {
+		for !ended && e.SlowCloses() < before+n {
 			select {
 			case <-ch:
 				ended = true
@@ -196,7 +195,7 @@ func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]i
 		if round == 5 {
 			t.Fatalf("no round of 5 reached its %d-th slow statement while it ran", n)
 		}
-		t.Logf("round %d ended after %v, before its %d-th slow statement (%d): another", round, time.Since(start).Round(time.Millisecond), n, e.slowCloses()-before)
+		t.Logf("round %d ended after %v, before its %d-th slow statement (%d): another", round, time.Since(start).Round(time.Millisecond), n, e.SlowCloses()-before)
 		e.dueAll()
 	}
 }
@@ -216,10 +215,10 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 		t.Run(fmt.Sprintf("%s after %d slow rows", tc.how, tc.nPoison), func(t *testing.T) {
 			e := newEnv(t, orderStatements())
 			const st = time.Second // the producer acts while a slow row runs: a window wide enough for a loaded machine
-			e.store.SetTimeouts(st, st/2)
+			e.Store.SetTimeouts(st, st/2)
 			_, good := e.poisonBatch(tc.nPoison, 8-tc.nPoison)
 			moved := good[2]
-			later := e.redisNow().Add(time.Hour)
+			later := e.RedisNow().Add(time.Hour)
 			c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 			stop := make(chan struct{})
 			close(stop)
@@ -229,17 +228,17 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 			done, before := e.roundReaching(t, c, 8, 1+tc.nPoison, func(items []item) { c.process(ctx, items) })
 			switch how {
 			case "zadd":
-				e.enqueue([]string{moved}, later)
+				e.Enqueue([]string{moved}, later)
 			case "client":
 				if _, _, err := e.cl.Enqueue(ctx, moved, later, client.Reschedule); err != nil {
 					t.Fatal(err)
 				}
 			}
 			<-done
-			if n := e.slowCloses() - before; n != 1+tc.nPoison {
+			if n := e.SlowCloses() - before; n != 1+tc.nPoison {
 				t.Fatalf("%d slow statements, want %d: the test proved nothing", n, 1+tc.nPoison)
 			}
-			if s := e.status(moved); s != "pending" {
+			if s := e.Status(moved); s != "pending" {
 				t.Fatalf("%s is %s, want pending: closed before the deadline its producer wrote", moved, s)
 			}
 			got, err := e.cl.Get(ctx, moved)
@@ -257,7 +256,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 				}
 			}
 			c.process(ctx, again.items)
-			if s := e.status(moved); s != "pending" {
+			if s := e.Status(moved); s != "pending" {
 				t.Fatalf("%s is %s after the next round, want pending", moved, s)
 			}
 		})
@@ -273,7 +272,7 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	e.closeAudit()
 	const st = time.Second // B takes over while a slow row runs: a window wide enough for a loaded machine
-	e.store.SetTimeouts(st, st/2)
+	e.Store.SetTimeouts(st, st/2)
 	poison, good := e.poisonBatch(2, 6)
 	all := append(append([]string{}, poison...), good...)
 	a := e.consumer(Config{Owner: "A", BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
@@ -316,7 +315,7 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	const st = time.Second // shutdown comes while a slow row runs: a window wide enough for a loaded machine
-	e.store.SetTimeouts(st, st/2)
+	e.Store.SetTimeouts(st, st/2)
 	poison, good := e.poisonBatch(2, 6)
 	all := append(append([]string{}, poison...), good...)
 	c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
@@ -359,10 +358,10 @@ func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, orderStatements())
 			const st = 100 * time.Millisecond
-			e.store.SetTimeouts(st, st/2)
-			past := e.redisNow().Add(-10 * time.Millisecond)
+			e.Store.SetTimeouts(st, st/2)
+			past := e.RedisNow().Add(-10 * time.Millisecond)
 			var poison, good []string
-			serials := e.orders("bulk", 120, past)
+			serials := e.Orders("bulk", 120, past)
 			for i, s := range serials {
 				if tc.poison(i) {
 					poison = append(poison, s)
@@ -371,14 +370,14 @@ func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
 				}
 			}
 			e.slowClosesOf(poison)
-			e.enqueue(serials, past)
+			e.Enqueue(serials, past)
 			c := e.consumer(Config{Workers: 2, BatchSize: 40, StatementTimeout: st, Lease: 6 * st,
 				BackoffMax: time.Second, ScanInterval: 200 * time.Millisecond})
 			runConsumer(t, c)
 			closed := func() int {
 				n := 0
 				for _, s := range good {
-					if e.status(s) == "closed" {
+					if e.Status(s) == "closed" {
 						n++
 					}
 				}
@@ -389,7 +388,7 @@ func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
 			// dependency backoff), so rounds close fewer orders; one that
 			// closes none for half a minute is stuck.
 			progressing(t, "good orders closed", len(good), 30*time.Second, closed)
-			t.Logf("%d statements reached a poison row", e.slowCloses())
+			t.Logf("%d statements reached a poison row", e.SlowCloses())
 			e.assertSlowRowsKept(t, poison)
 		})
 	}
@@ -417,7 +416,7 @@ func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
 func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
 	e, px := newProxiedEnv(t)
 	const st = 200 * time.Millisecond
-	e.store.SetTimeouts(st, st/2)
+	e.Store.SetTimeouts(st, st/2)
 	poison, good := e.poisonBatch(1, 6)
 	// Lease 9 × ST: the batch has 5 × ST, a statement ST + 2 × ST from
 	// before its BEGIN; a BEGIN answered 2 × ST after it was sent lets the
@@ -434,7 +433,7 @@ func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
 	closedGood := func() int {
 		n := 0
 		for _, s := range good {
-			if e.status(s) == "closed" {
+			if e.Status(s) == "closed" {
 				n++
 			}
 		}
@@ -453,7 +452,7 @@ func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
 		if err != nil || len(res.items) == 0 {
 			t.Fatalf("round %d claim: %v, %d", round, err, len(res.items))
 		}
-		ran := e.slowCloses()
+		ran := e.SlowCloses()
 		// The round's BEGIN (lib/pq's, for database/sql's default options) answers gap after it was sent.
 		begun := px.StallOnQuery("BEGIN READ WRITE", gap)
 		c.process(ctx, res.items)
@@ -462,7 +461,7 @@ func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
 		default:
 			t.Fatalf("round %d: no BEGIN passed the proxy: the test proved nothing", round)
 		}
-		ran = e.slowCloses() - ran
+		ran = e.SlowCloses() - ran
 		down := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)) == 0
 		t.Logf("round %d: %d orders, %d slow statements, %d of %d good orders closed, postgres taken for down: %v",
 			round, len(res.items), ran, closedGood(), len(good), down)
@@ -486,14 +485,11 @@ func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
 }
 
 // newProxiedEnv is an env whose order store reaches PostgreSQL through a
-// TCP proxy the test owns (e.db is direct).
+// TCP proxy the test owns (e.DB is direct).
 func newProxiedEnv(t *testing.T) (*env, *testenv.Proxy) {
 	t.Helper()
 	e := newRedisEnv(t)
-	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
-	e.db = db
-	e.store = orders.NewStore(viaProxy, orderStatements())
-	return e, px
+	return e, e.PostgresViaProxy(orderStatements())
 }
 
 // A real outage (PostgreSQL's connections cut at the proxy) while oneByOne
@@ -516,7 +512,7 @@ func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, px := newProxiedEnv(t)
-			e.store.SetTimeouts(st, st/2)
+			e.Store.SetTimeouts(st, st/2)
 			poison, good := e.poisonBatch(1, 6)
 			c := e.consumer(Config{BatchSize: 7, StatementTimeout: st, Lease: 6 * st, BackoffMax: 200 * time.Millisecond})
 			stop := make(chan struct{})
@@ -534,7 +530,7 @@ func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
 			done := make(chan struct{})
 			go func() { defer close(done); c.process(ctx, res.items) }()
 			if tc.at > 0 {
-				eventually(t, "oneByOne reaches the slow row", 10*time.Second, func() bool { return e.slowCloses() >= tc.at })
+				eventually(t, "oneByOne reaches the slow row", 10*time.Second, func() bool { return e.SlowCloses() >= tc.at })
 				tc.fault(px)
 			}
 			<-done
@@ -571,11 +567,11 @@ func TestAdvPoisonNoTimeoutPathRedisCommandsDoNotGrowWithTheBatch(t *testing.T) 
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	count := func(prefix string, n int) int64 {
-		past := e.redisNow().Add(-time.Second)
-		serials := e.orders(prefix, n, past)
-		e.enqueue(serials, past)
+		past := e.RedisNow().Add(-time.Second)
+		serials := e.Orders(prefix, n, past)
+		e.Enqueue(serials, past)
 		h := &countCommands{}
-		rdb := redis.NewClient(e.rdb.Options())
+		rdb := redis.NewClient(e.RDB.Options())
 		t.Cleanup(func() { rdb.Close() })
 		rdb.AddHook(h)
 		c := e.consumer(Config{BatchSize: n})
@@ -586,7 +582,7 @@ func TestAdvPoisonNoTimeoutPathRedisCommandsDoNotGrowWithTheBatch(t *testing.T) 
 		}
 		c.process(ctx, res.items)
 		for _, s := range serials {
-			if st := e.status(s); st != "closed" {
+			if st := e.Status(s); st != "closed" {
 				t.Fatalf("%s is %s, want closed", s, st)
 			}
 		}

@@ -25,8 +25,8 @@ import (
 func (e *env) assertNoLeaseKeys(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	for _, k := range []string{e.keys.Inflight, e.keys.Deadlines, e.keys.Lease, e.keys.Leases, e.keys.LeaseBatch} {
-		if n, err := e.rdb.Exists(ctx, k).Result(); err != nil || n != 0 {
+	for _, k := range []string{e.Keys.Inflight, e.Keys.Deadlines, e.Keys.Lease, e.Keys.Leases, e.Keys.LeaseBatch} {
+		if n, err := e.RDB.Exists(ctx, k).Result(); err != nil || n != 0 {
 			t.Errorf("%s left behind (%v)", k, err)
 		}
 	}
@@ -37,21 +37,21 @@ func (e *env) assertNoLeaseKeys(t *testing.T) {
 func TestBatchLeaseIsOneEntryPerClaim(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Minute)
+	past := e.RedisNow().Add(-time.Minute)
 	serials := []string{"bl-1", "bl-2", "bl-3", "bl-4"}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 4 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
-	if n := e.card(e.keys.Inflight) + e.card(e.keys.Deadlines); n != 0 {
+	if n := e.card(e.Keys.Inflight) + e.card(e.Keys.Deadlines); n != 0 {
 		t.Errorf("%d per-member entries written by a batch claim, want 0", n)
 	}
-	if n := e.card(e.keys.Leases); n != 1 {
+	if n := e.card(e.Keys.Leases); n != 1 {
 		t.Errorf("%d batch lease entries, want 1", n)
 	}
-	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.RDB, e.Keys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestBatchLeaseIsOneEntryPerClaim(t *testing.T) {
 	}
 	got, err := e.cl.Get(ctx, "bl-2")
 	if err != nil || got.State != client.StateLeased || got.Deadline.UnixMilli() != queue.DeadlineMillis(past) ||
-		got.Until.Before(e.redisNow()) {
+		got.Until.Before(e.RedisNow()) {
 		t.Fatalf("GET of a batch member: %+v (%v), want leased at its deadline until the lease's end", got, err)
 	}
 	c.finish(res.items)
@@ -74,15 +74,15 @@ func TestBatchLeaseIsOneEntryPerClaim(t *testing.T) {
 func TestBatchLeaseProducerMovesOneMember(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("bl-move", 4, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("bl-move", 4, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 4 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
-	later := e.redisNow().Add(time.Hour)
+	later := e.RedisNow().Add(time.Hour)
 	if r, _, err := e.cl.Enqueue(ctx, serials[1], later, client.Reschedule); err != nil || r != client.Moved {
 		t.Fatalf("reschedule: %v, %v", r, err)
 	}
@@ -94,7 +94,7 @@ func TestBatchLeaseProducerMovesOneMember(t *testing.T) {
 	}
 	c.process(ctx, res.items)
 	for i, want := range []string{"closed", "pending", "pending", "closed"} {
-		if st := e.status(serials[i]); st != want {
+		if st := e.Status(serials[i]); st != want {
 			t.Errorf("%s: %s, want %s", serials[i], st, want)
 		}
 	}
@@ -114,8 +114,8 @@ func TestBatchLeaseProducerMovesOneMember(t *testing.T) {
 func TestBatchLeasePartialFinish(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	e.enqueue([]string{"bp-1", "bp-2", "bp-3", "bp-4"}, past)
+	past := e.RedisNow().Add(-time.Second)
+	e.Enqueue([]string{"bp-1", "bp-2", "bp-3", "bp-4"}, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 4 {
@@ -129,7 +129,7 @@ func TestBatchLeasePartialFinish(t *testing.T) {
 	if h := e.held(); h != 2 {
 		t.Fatalf("%d held after a retry, want 2 (one leased, one backing off)", h)
 	}
-	if n := e.card(e.keys.Inflight) + e.card(e.keys.Deadlines); n != 2 {
+	if n := e.card(e.Keys.Inflight) + e.card(e.Keys.Deadlines); n != 2 {
 		t.Errorf("%d per-member entries for one backoff, want 2", n)
 	}
 	got, err := e.cl.Get(ctx, "bp-3")
@@ -142,13 +142,13 @@ func TestBatchLeasePartialFinish(t *testing.T) {
 		t.Fatalf("%d held after a repeated finish, want 2", h)
 	}
 	c.handBack(res.items[3:])
-	if n := e.card(e.keys.Leases); n != 0 {
+	if n := e.card(e.Keys.Leases); n != 0 {
 		t.Errorf("%d batch entries after its last member went, want 0", n)
 	}
-	if n, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); n != 0 {
+	if n, _ := e.RDB.HLen(ctx, e.Keys.LeaseBatch).Result(); n != 0 {
 		t.Errorf("%d batch fields after its last member went, want 0", n)
 	}
-	if s, err := e.rdb.ZScore(ctx, e.keys.Queue, "bp-4").Result(); err != nil || int64(s) != queue.DeadlineMillis(past) {
+	if s, err := e.RDB.ZScore(ctx, e.Keys.Queue, "bp-4").Result(); err != nil || int64(s) != queue.DeadlineMillis(past) {
 		t.Errorf("handed-back member at %v (%v), want its deadline", s, err)
 	}
 }
@@ -159,9 +159,9 @@ func TestBatchLeasePartialFinish(t *testing.T) {
 func TestExpiredBatchLeaseReclaimedWhileOldHolderFences(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("bl-expire", 3, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("bl-expire", 3, past)
+	e.Enqueue(serials, past)
 	a := e.consumer(Config{Owner: "A"})
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 3 {
@@ -193,13 +193,13 @@ func TestExpiredBatchLeaseReclaimedWhileOldHolderFences(t *testing.T) {
 	}
 	a.process(ctx, resA.items)
 	for _, s := range serials {
-		if st := e.status(s); st != "pending" {
+		if st := e.Status(s); st != "pending" {
 			t.Fatalf("A closed %s after its lease expired and B re-claimed it", s)
 		}
 	}
 	b.process(ctx, got)
 	for _, s := range serials {
-		if st := e.status(s); st != "closed" {
+		if st := e.Status(s); st != "closed" {
 			t.Errorf("%s: %s, want closed", s, st)
 		}
 	}
@@ -214,25 +214,25 @@ func TestExpiredBatchLeaseReclaimedWhileOldHolderFences(t *testing.T) {
 func TestExpiredBatchMemberRewrittenByRawProducer(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	e.enqueue([]string{"bx-1", "bx-2"}, past)
+	past := e.RedisNow().Add(-time.Second)
+	e.Enqueue([]string{"bx-1", "bx-2"}, past)
 	c := e.consumer(Config{})
 	if res, err := c.claimBatch(ctx); err != nil || len(res.items) != 2 {
 		t.Fatalf("claim: %v", err)
 	}
-	later := e.redisNow().Add(time.Hour)
-	e.enqueue([]string{"bx-2"}, later)
+	later := e.RedisNow().Add(time.Hour)
+	e.Enqueue([]string{"bx-2"}, later)
 	e.expire("bx-1")
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 || res.items[0].serial != "bx-1" {
 		t.Fatalf("re-claim: %v, %+v, want bx-1 alone", err, res.items)
 	}
-	if ok, _ := e.rdb.HExists(ctx, e.keys.Lease, "bx-2").Result(); ok {
+	if ok, _ := e.RDB.HExists(ctx, e.Keys.Lease, "bx-2").Result(); ok {
 		t.Error("the stale lease of the rewritten member is still there")
 	}
 	c.finish(res.items)
 	e.assertNoLeaseKeys(t)
-	if s, err := e.rdb.ZScore(ctx, e.keys.Queue, "bx-2").Result(); err != nil || int64(s) != queue.DeadlineMillis(later) {
+	if s, err := e.RDB.ZScore(ctx, e.Keys.Queue, "bx-2").Result(); err != nil || int64(s) != queue.DeadlineMillis(later) {
 		t.Errorf("bx-2 at %v (%v), want the producer's deadline", s, err)
 	}
 }
@@ -244,14 +244,14 @@ func TestExpiredBatchMemberRewrittenByRawProducer(t *testing.T) {
 func TestPerMemberLeasesOfAnOlderDaemon(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	now := e.redisNow()
+	now := e.RedisNow()
 	d := queue.DeadlineMillis(now.Add(-time.Minute))
 	old := func(s, tok string, expiry int64) {
 		t.Helper()
-		_, err := e.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.HSet(ctx, e.keys.Lease, s, strconv.FormatInt(d, 10)+"|2|"+tok+"|")
-			p.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: float64(expiry), Member: s})
-			p.ZAdd(ctx, e.keys.Deadlines, redis.Z{Score: float64(d), Member: s})
+		_, err := e.RDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.HSet(ctx, e.Keys.Lease, s, strconv.FormatInt(d, 10)+"|2|"+tok+"|")
+			p.ZAdd(ctx, e.Keys.Inflight, redis.Z{Score: float64(expiry), Member: s})
+			p.ZAdd(ctx, e.Keys.Deadlines, redis.Z{Score: float64(d), Member: s})
 			return nil
 		})
 		if err != nil {
@@ -271,12 +271,12 @@ func TestPerMemberLeasesOfAnOlderDaemon(t *testing.T) {
 	if it := res.items[0]; it.deadline != d || it.attempts != 2 {
 		t.Errorf("re-claimed %+v, want its deadline %d and 2 attempts", it, d)
 	}
-	for _, k := range []string{e.keys.Inflight, e.keys.Deadlines} {
-		if _, err := e.rdb.ZScore(ctx, k, "up-expired").Result(); err != redis.Nil {
+	for _, k := range []string{e.Keys.Inflight, e.Keys.Deadlines} {
+		if _, err := e.RDB.ZScore(ctx, k, "up-expired").Result(); err != redis.Nil {
 			t.Errorf("up-expired still in %s after its re-claim into a batch", k)
 		}
 	}
-	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.RDB, e.Keys)
 	if err != nil || st.Held != 2 || st.Depth != 2 || st.Overdue != 2 {
 		t.Fatalf("stats %+v (%v), want 2 held, deep and overdue", st, err)
 	}
@@ -293,7 +293,7 @@ func TestPerMemberLeasesOfAnOlderDaemon(t *testing.T) {
 func TestClaimHeadCheckKeepsNegativeScoresDue(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: -1, Member: "neg-one"}).Err(); err != nil {
+	if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: -1, Member: "neg-one"}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	c := e.consumer(Config{})
@@ -301,7 +301,7 @@ func TestClaimHeadCheckKeepsNegativeScoresDue(t *testing.T) {
 	if err != nil || len(res.items) != 0 || res.dead["score_out_of_range"] != 1 {
 		t.Fatalf("claim: %v, %+v, want neg-one dead-lettered", err, res)
 	}
-	if n := e.card(e.keys.Dead); n != 1 {
+	if n := e.card(e.Keys.Dead); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
 }

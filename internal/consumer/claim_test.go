@@ -19,12 +19,12 @@ import (
 
 func TestClaimIsAtomicAcrossReplicas(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	now := e.redisNow()
+	now := e.RedisNow()
 	serials := make([]string, 5000)
 	for i := range serials {
 		serials[i] = "atomic-" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + "-" + itoa(i)
 	}
-	e.enqueue(serials, now.Add(-time.Second))
+	e.Enqueue(serials, now.Add(-time.Second))
 
 	const replicas = 4
 	seen := make([][]string, replicas)
@@ -62,7 +62,7 @@ func TestClaimIsAtomicAcrossReplicas(t *testing.T) {
 	if len(owner) != len(serials) {
 		t.Fatalf("claimed %d distinct serials, want %d", len(owner), len(serials))
 	}
-	if n := e.card(e.keys.Queue); n != 0 {
+	if n := e.card(e.Keys.Queue); n != 0 {
 		t.Fatalf("queue holds %d entries after claiming all, want 0", n)
 	}
 }
@@ -73,9 +73,9 @@ func orderStatements() orders.Statements { return orders.DefaultStatements() }
 
 func TestClaimTakesNothingBeforeItsDeadline(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	now := e.redisNow()
-	e.enqueue([]string{"future-1"}, now.Add(2*time.Second))
-	e.enqueue([]string{"due-1"}, now.Add(-time.Millisecond))
+	now := e.RedisNow()
+	e.Enqueue([]string{"future-1"}, now.Add(2*time.Second))
+	e.Enqueue([]string{"due-1"}, now.Add(-time.Millisecond))
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(context.Background())
 	if err != nil {
@@ -96,7 +96,7 @@ func TestClaimTakesNothingBeforeItsDeadline(t *testing.T) {
 func TestClaimDeadLettersMalformedEntries(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	now := e.redisNow()
+	now := e.RedisNow()
 	dueMs := float64(queue.DeadlineMillis(now.Add(-time.Second)))
 	entries := []struct {
 		member string
@@ -116,7 +116,7 @@ func TestClaimDeadLettersMalformedEntries(t *testing.T) {
 		{"日本語-注文", dueMs, ""},
 	}
 	for _, en := range entries {
-		if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: en.score, Member: en.member}).Err(); err != nil {
+		if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: en.score, Member: en.member}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -130,7 +130,7 @@ func TestClaimDeadLettersMalformedEntries(t *testing.T) {
 		claimed[it.serial] = true
 	}
 	for _, en := range entries {
-		info, err := e.rdb.HGet(ctx, e.keys.DeadInfo, en.member).Result()
+		info, err := e.RDB.HGet(ctx, e.Keys.DeadInfo, en.member).Result()
 		if en.reason == "" {
 			if !claimed[en.member] || !errors.Is(err, redis.Nil) {
 				t.Errorf("%q: claimed=%v dead=%q, want claimed and not dead", en.member, claimed[en.member], info)
@@ -150,7 +150,7 @@ func TestClaimDeadLettersMalformedEntries(t *testing.T) {
 	if got := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(queue.ReasonScoreOutOfRange)); got != 2 {
 		t.Errorf("dead_lettered_total{score_out_of_range} = %v, want 2", got)
 	}
-	if n := e.card(e.keys.Queue); n != 0 {
+	if n := e.card(e.Keys.Queue); n != 0 {
 		t.Errorf("queue still holds %d entries", n)
 	}
 }
@@ -158,8 +158,8 @@ func TestClaimDeadLettersMalformedEntries(t *testing.T) {
 func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	deadline := e.redisNow().Add(-1500 * time.Millisecond)
-	e.enqueue([]string{"lease-1"}, deadline)
+	deadline := e.RedisNow().Add(-1500 * time.Millisecond)
+	e.Enqueue([]string{"lease-1"}, deadline)
 	c := e.consumer(Config{Lease: time.Minute})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
@@ -175,7 +175,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 	if !strings.HasPrefix(got.Owner, c.cfg.Owner+":") {
 		t.Errorf("owner %q, want the replica's token", got.Owner)
 	}
-	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
+	st, err := queue.ReadStats(ctx, e.RDB, e.Keys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 		t.Errorf("stats while leased %+v, want depth 1, overdue 1, oldest >= 1s", st)
 	}
 	c.handBack(res.items)
-	score, err := e.rdb.ZScore(ctx, e.keys.Queue, "lease-1").Result()
+	score, err := e.RDB.ZScore(ctx, e.Keys.Queue, "lease-1").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	e.enqueue([]string{"resched-1", "resched-2"}, e.redisNow().Add(-time.Second))
+	e.Enqueue([]string{"resched-1", "resched-2"}, e.RedisNow().Add(-time.Second))
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 2 {
@@ -209,7 +209,7 @@ func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
 		t.Fatalf("reschedule: %v %v", r, err)
 	}
 	// A raw producer re-adds the other one.
-	e.enqueue([]string{"resched-2"}, later)
+	e.Enqueue([]string{"resched-2"}, later)
 	c.finish(res.items)
 	for _, s := range []string{"resched-1", "resched-2"} {
 		got, err := e.cl.Get(ctx, s)
@@ -225,8 +225,8 @@ func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
 func TestIdempotentEnqueueDuringLeaseDoesNotDuplicate(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	deadline := e.redisNow().Add(-time.Second)
-	e.enqueue([]string{"dup-1"}, deadline)
+	deadline := e.RedisNow().Add(-time.Second)
+	e.Enqueue([]string{"dup-1"}, deadline)
 	c := e.consumer(Config{})
 	if _, err := c.claimBatch(ctx); err != nil {
 		t.Fatal(err)
@@ -238,7 +238,7 @@ func TestIdempotentEnqueueDuringLeaseDoesNotDuplicate(t *testing.T) {
 	if r != client.Unchanged || at.UnixMilli() != queue.DeadlineMillis(deadline) {
 		t.Fatalf("retried create while leased: %s at %s, want unchanged at the true deadline", r, at)
 	}
-	if n := e.card(e.keys.Queue); n != 0 {
+	if n := e.card(e.Keys.Queue); n != 0 {
 		t.Fatalf("queue holds %d entries, want 0 (the entry is leased)", n)
 	}
 }
@@ -246,8 +246,8 @@ func TestIdempotentEnqueueDuringLeaseDoesNotDuplicate(t *testing.T) {
 func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	deadline := e.redisNow().Add(-time.Second)
-	e.enqueue([]string{"dead-replica-1"}, deadline)
+	deadline := e.RedisNow().Add(-time.Second)
+	e.Enqueue([]string{"dead-replica-1"}, deadline)
 	a := e.consumer(Config{Owner: "a"})
 	if res, err := a.claimBatch(ctx); err != nil || len(res.items) != 1 {
 		t.Fatalf("claim a: %v", err)
@@ -270,7 +270,7 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	}
 	// a's late finish must not remove b's lease.
 	a.finish([]item{{token: "a:1", serial: "dead-replica-1"}})
-	if ok, _ := e.rdb.HExists(ctx, e.keys.Lease, "dead-replica-1").Result(); !ok {
+	if ok, _ := e.RDB.HExists(ctx, e.Keys.Lease, "dead-replica-1").Result(); !ok {
 		t.Fatal("a stale holder removed an entry re-leased by another replica")
 	}
 }

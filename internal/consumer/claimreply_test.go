@@ -46,7 +46,7 @@ func TestClaimWhoseReplyIsLostComesBackWhenItsLeaseExpires(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := &env{t: t, rdb: direct, keys: keys, db: db, store: orders.NewStore(db, orderStatements()),
+			e := &env{Env: testenv.Env{T: t, RDB: direct, Keys: keys, DB: db, Store: orders.NewStore(db, orderStatements())},
 				m: metrics.New(prometheus.NewRegistry(), "test", "test"), cl: cl, st: queue.NewStore(direct, keys)}
 			via := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: tc.retries})
 			t.Cleanup(func() { via.Close() })
@@ -59,9 +59,9 @@ func TestClaimWhoseReplyIsLostComesBackWhenItsLeaseExpires(t *testing.T) {
 			if res, err := c.claimBatch(ctx); err != nil || len(res.items) != 0 {
 				t.Fatalf("warm-up claim: %v, %d", err, len(res.items))
 			}
-			past := e.redisNow().Add(-time.Second)
-			serials := e.orders("lostreply", 10, past)
-			e.enqueue(serials, past)
+			past := e.RedisNow().Add(-time.Second)
+			serials := e.Orders("lostreply", 10, past)
+			e.Enqueue(serials, past)
 
 			proxy.DropReplies(1)
 			res, err := c.claimBatch(ctx)
@@ -72,7 +72,7 @@ func TestClaimWhoseReplyIsLostComesBackWhenItsLeaseExpires(t *testing.T) {
 			closed := func() int {
 				n := 0
 				for _, s := range serials {
-					if e.status(s) == "closed" {
+					if e.Status(s) == "closed" {
 						n++
 					}
 				}

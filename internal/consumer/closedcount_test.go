@@ -33,8 +33,8 @@ import (
 
 // closeAudit records every committed close of an order, in its transaction.
 func (e *env) closeAudit() {
-	e.t.Helper()
-	_, err := e.db.Exec(`CREATE TABLE close_audit (serial_no text NOT NULL, app text NOT NULL);
+	e.T.Helper()
+	_, err := e.DB.Exec(`CREATE TABLE close_audit (serial_no text NOT NULL, app text NOT NULL);
 CREATE FUNCTION close_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO close_audit VALUES (NEW.serial_no, current_setting('application_name'));
@@ -44,15 +44,15 @@ CREATE TRIGGER close_audit AFTER UPDATE OF status ON orders FOR EACH ROW
     WHEN (NEW.status = 'closed' AND OLD.status IS DISTINCT FROM 'closed')
     EXECUTE FUNCTION close_audit();`)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
 func (e *env) audited() int {
-	e.t.Helper()
+	e.T.Helper()
 	var n int
-	if err := e.db.Get(&n, "SELECT count(*) FROM close_audit"); err != nil {
-		e.t.Fatal(err)
+	if err := e.DB.Get(&n, "SELECT count(*) FROM close_audit"); err != nil {
+		e.T.Fatal(err)
 	}
 	return n
 }
@@ -99,15 +99,15 @@ func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
 
 	e := newRedisEnv(t)
 	db, dsn := testenv.Postgres(t)
-	e.db = db
+	e.DB = db
 	e.closeAudit()
-	e.closeTrigger("poison_prefix", "NEW.serial_no LIKE 'poison-%'", "RAISE EXCEPTION 'poisonous'")
+	e.CloseTrigger("poison_prefix", "NEW.serial_no LIKE 'poison-%'", "RAISE EXCEPTION 'poisonous'")
 
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ro := e.rdb.Options()
+	ro := e.RDB.Options()
 
 	const (
 		stmt  = 400 * time.Millisecond
@@ -142,14 +142,14 @@ func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
 		store := orders.NewStore(pool, orders.Statements{})
 		store.SetCommitStatusWait(statusWait)
 		log := zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
-		c, err := New(Config{Keys: e.keys, Owner: r.name, Workers: 2, BatchSize: 20, Lease: lease,
+		c, err := New(Config{Keys: e.Keys, Owner: r.name, Workers: 2, BatchSize: 20, Lease: lease,
 			StatementTimeout: stmt, DrainTimeout: 300 * time.Millisecond, BackoffMax: 400 * time.Millisecond,
 			ScanInterval: 200 * time.Millisecond, HeadCheck: 20 * time.Millisecond, MaxAttempts: 1000},
 			rdb, store, r.m, log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Interval: 300 * time.Millisecond, Grace: 2 * lease, PageSize: 50},
+		rec := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.Keys, Interval: 300 * time.Millisecond, Grace: 2 * lease, PageSize: 50},
 			rdb, store, r.m, log)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
@@ -199,7 +199,7 @@ func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
 					return
 				}
 				if crng.IntN(30) > 0 { // else the checkout died before its ZADD: the reconciler's
-					e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(due.UnixMilli()), Member: serial}) //nolint:errcheck // the reconciler closes it
+					e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(due.UnixMilli()), Member: serial}) //nolint:errcheck // the reconciler closes it
 				}
 				mu.Lock()
 				created++
@@ -216,7 +216,7 @@ func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
 						later := time.Now().Add(wait)
 						if res, err := db.Exec("UPDATE orders SET expires_at = $2 WHERE serial_no = $1 AND status = 'pending'", serial, later); err == nil {
 							if n, _ := res.RowsAffected(); n == 1 {
-								e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(later.UnixMilli()), Member: serial}) //nolint:errcheck
+								e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(later.UnixMilli()), Member: serial}) //nolint:errcheck
 							}
 						}
 					}
@@ -374,15 +374,15 @@ func (l *lostCommitAnswer) Settle(ctx context.Context, serials []string, fence o
 func TestLostCommitAnswerIsCountedOnce(t *testing.T) {
 	e := newRedisEnv(t)
 	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
-	e.db = db
+	e.DB = db
 	e.closeAudit()
-	e.store = orders.NewStore(viaProxy, orders.Statements{})
+	e.Store = orders.NewStore(viaProxy, orders.Statements{})
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("unheard", 3, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("unheard", 3, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{StatementTimeout: 10 * time.Second, Lease: 60 * time.Second})
-	c.store = &lostCommitAnswer{Store: e.store, px: px, db: db}
+	c.store = &lostCommitAnswer{Store: e.Store, px: px, db: db}
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 3 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
@@ -397,7 +397,7 @@ func TestLostCommitAnswerIsCountedOnce(t *testing.T) {
 	for _, s := range serials {
 		e.assertNoEntries(t, s)
 	}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	res, err = c.claimBatch(ctx)
 	if err != nil || len(res.items) != 3 {
 		t.Fatalf("second claim: %v, %d items", err, len(res.items))
@@ -419,16 +419,16 @@ func TestLostCommitAnswerIsCountedOnce(t *testing.T) {
 func TestUnconfirmedCommitIsCountedInDoubt(t *testing.T) {
 	e := newRedisEnv(t)
 	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
-	e.db = db
+	e.DB = db
 	e.closeAudit()
-	e.store = orders.NewStore(viaProxy, orders.Statements{})
-	e.store.SetCommitStatusWait(300 * time.Millisecond)
+	e.Store = orders.NewStore(viaProxy, orders.Statements{})
+	e.Store.SetCommitStatusWait(300 * time.Millisecond)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("unheard", 3, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("unheard", 3, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{StatementTimeout: 10 * time.Second, Lease: 60 * time.Second, BackoffMax: 50 * time.Millisecond})
-	c.store = &lostCommitAnswer{Store: e.store, px: px, db: db, stayDown: true}
+	c.store = &lostCommitAnswer{Store: e.Store, px: px, db: db, stayDown: true}
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 3 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))

@@ -38,9 +38,9 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 7))
-	k := e.keys
+	k := e.Keys
 	cap := int64(6)
-	if err := e.rdb.HSet(ctx, k.Meta, queue.MetaMaxPending, cap).Err(); err != nil {
+	if err := e.RDB.HSet(ctx, k.Meta, queue.MetaMaxPending, cap).Err(); err != nil {
 		t.Fatal(err)
 	}
 	ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
@@ -50,25 +50,25 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 	requeued := false            // a requeue or a lowered cap may leave the queue past the cap (documented)
 	durable := false
 	snapshot := func() string {
-		return fmt.Sprint(e.rdb.ZRangeWithScores(ctx, k.Queue, 0, -1).Val(), e.rdb.HGetAll(ctx, k.Payload).Val(),
-			e.rdb.HGetAll(ctx, k.Lease).Val(), e.rdb.ZRange(ctx, k.Dead, 0, -1).Val())
+		return fmt.Sprint(e.RDB.ZRangeWithScores(ctx, k.Queue, 0, -1).Val(), e.RDB.HGetAll(ctx, k.Payload).Val(),
+			e.RDB.HGetAll(ctx, k.Lease).Val(), e.RDB.ZRange(ctx, k.Dead, 0, -1).Val())
 	}
 	pending := func() int64 {
-		return e.rdb.ZCard(ctx, k.Queue).Val() + e.rdb.ZCard(ctx, k.Inflight).Val()
+		return e.RDB.ZCard(ctx, k.Queue).Val() + e.RDB.ZCard(ctx, k.Inflight).Val()
 	}
 	live := func(id string) bool {
-		_, err := e.rdb.ZScore(ctx, k.Queue, id).Result()
-		return err == nil || e.rdb.HExists(ctx, k.Lease, id).Val()
+		_, err := e.RDB.ZScore(ctx, k.Queue, id).Result()
+		return err == nil || e.RDB.HExists(ctx, k.Lease, id).Val()
 	}
 	check := func(step int, what string) {
 		t.Helper()
-		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
-		lease := e.rdb.HKeys(ctx, k.Lease).Val()
-		infl := e.rdb.ZRange(ctx, k.Inflight, 0, -1).Val()
-		dls := e.rdb.ZRange(ctx, k.Deadlines, 0, -1).Val()
-		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
-		info := e.rdb.HKeys(ctx, k.DeadInfo).Val()
-		pay := e.rdb.HKeys(ctx, k.Payload).Val()
+		q := e.RDB.ZRange(ctx, k.Queue, 0, -1).Val()
+		lease := e.RDB.HKeys(ctx, k.Lease).Val()
+		infl := e.RDB.ZRange(ctx, k.Inflight, 0, -1).Val()
+		dls := e.RDB.ZRange(ctx, k.Deadlines, 0, -1).Val()
+		dead := e.RDB.ZRange(ctx, k.Dead, 0, -1).Val()
+		info := e.RDB.HKeys(ctx, k.DeadInfo).Val()
+		pay := e.RDB.HKeys(ctx, k.Payload).Val()
 		slices.Sort(lease)
 		slices.Sort(infl)
 		slices.Sort(dls)
@@ -106,7 +106,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			fail("pending %d over the cap %d without a requeue", pending(), cap)
 		}
 	}
-	now := func() time.Time { return e.redisNow() }
+	now := func() time.Time { return e.RedisNow() }
 	dcl := durabletier.Writer(e.cl).(*client.Client) // the daemon's durable tier
 	for step := range steps {
 		id := ids[rng.IntN(len(ids))]
@@ -135,13 +135,13 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 		case 14: // the daemon's file flips durable
 			durable = !durable
 			what = fmt.Sprint("durable ", durable)
-			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaDurable, map[bool]string{true: "1", false: "0"}[durable]).Err(); err != nil {
+			if err := e.RDB.HSet(ctx, k.Meta, queue.MetaDurable, map[bool]string{true: "1", false: "0"}[durable]).Err(); err != nil {
 				t.Fatal(err)
 			}
 		case 15: // the cap changes (a lower one may leave the queue above it)
 			cap = int64(2 + rng.IntN(6))
 			what = fmt.Sprint("cap ", cap)
-			if err := e.rdb.HSet(ctx, k.Meta, queue.MetaMaxPending, cap).Err(); err != nil {
+			if err := e.RDB.HSet(ctx, k.Meta, queue.MetaMaxPending, cap).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if pending() > cap {
@@ -203,7 +203,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			}
 		case 4: // poll claim
 			what = "claim"
-			ts, tok, err := pollTasks(ctx, e.rdb, k, 1+rng.IntN(3), 0, time.Minute, 3)
+			ts, tok, err := pollTasks(ctx, e.RDB, k, 1+rng.IntN(3), 0, time.Minute, 3)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -218,10 +218,10 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 				held[tk.ID] = hold{tok}
 				if old, ok := stale[tk.ID]; ok {
 					delete(stale, tk.ID)
-					if n, err := queue.NewStore(e.rdb, k).RetryTasks(ctx, old, 0, "late", []string{tk.ID}); err != nil || n != 0 {
+					if n, err := queue.NewStore(e.RDB, k).RetryTasks(ctx, old, 0, "late", []string{tk.ID}); err != nil || n != 0 {
 						t.Fatalf("seed %d step %d: the expired holder of %s still settles: %d, %v", seed, step, tk.ID, n, err)
 					}
-					if m, _, _ := queue.NewStore(e.rdb, k).AckTasks(ctx, old, []string{tk.ID}); len(m) != 1 {
+					if m, _, _ := queue.NewStore(e.RDB, k).AckTasks(ctx, old, []string{tk.ID}); len(m) != 1 {
 						t.Fatalf("seed %d step %d: the expired holder of %s acked it", seed, step, tk.ID)
 					}
 				}
@@ -242,21 +242,21 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 			case 5:
 				what = "ack " + hid
 				var missed []string
-				missed, _, err = queue.NewStore(e.rdb, k).AckTasks(ctx, tok, []string{hid})
+				missed, _, err = queue.NewStore(e.RDB, k).AckTasks(ctx, tok, []string{hid})
 				n = 1 - len(missed)
 			case 6:
 				what = "retry " + hid
-				n, err = queue.NewStore(e.rdb, k).RetryTasks(ctx, tok, 0, "boom", []string{hid})
+				n, err = queue.NewStore(e.RDB, k).RetryTasks(ctx, tok, 0, "boom", []string{hid})
 			case 7:
 				what = "bury " + hid
-				n, err = queue.NewStore(e.rdb, k).BuryTasks(ctx, tok, ReasonFailed, "boom", []string{hid})
+				n, err = queue.NewStore(e.RDB, k).BuryTasks(ctx, tok, ReasonFailed, "boom", []string{hid})
 			case 8:
 				what = "hand back " + hid
-				n, err = queue.NewStore(e.rdb, k).ReleaseTasks(ctx, tok, []string{hid})
+				n, err = queue.NewStore(e.RDB, k).ReleaseTasks(ctx, tok, []string{hid})
 			case 9:
 				what = "extend " + hid
 				var lost []string
-				lost, err = queue.NewStore(e.rdb, k).ExtendTasks(ctx, tok, time.Minute, []string{hid})
+				lost, err = queue.NewStore(e.RDB, k).ExtendTasks(ctx, tok, time.Minute, []string{hid})
 				n = 1 - len(lost)
 			}
 			if err != nil {
@@ -292,7 +292,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 		case 13: // a held lease runs out: its holder's settles must fail
 			for h, v := range held {
 				what = "expire " + h
-				if err := e.rdb.ZAddXX(ctx, k.Inflight, redis.Z{Score: 1, Member: h}).Err(); err != nil {
+				if err := e.RDB.ZAddXX(ctx, k.Inflight, redis.Z{Score: 1, Member: h}).Err(); err != nil {
 					t.Fatal(err)
 				}
 				stale[h] = v.tok
@@ -331,20 +331,20 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 11))
-	k := e.keys
+	k := e.Keys
 	cfg := reliableList(time.Hour, 3)
 	cfg.Forward.MaxLen = 3
 	ids := []string{"a", "b", "c", "d", "e"}
 	held := map[string]bool{}
 	check := func(step int, what string) {
 		t.Helper()
-		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
-		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
-		pay := e.rdb.HKeys(ctx, k.Payload).Val()
-		proc := e.rdb.LRange(ctx, k.Processing, 0, -1).Val()
-		ready := e.rdb.LRange(ctx, k.Ready, 0, -1).Val()
-		taken := e.rdb.HGetAll(ctx, k.Taken).Val()
-		unacked := e.rdb.ZRange(ctx, k.Unacked, 0, -1).Val()
+		q := e.RDB.ZRange(ctx, k.Queue, 0, -1).Val()
+		dead := e.RDB.ZRange(ctx, k.Dead, 0, -1).Val()
+		pay := e.RDB.HKeys(ctx, k.Payload).Val()
+		proc := e.RDB.LRange(ctx, k.Processing, 0, -1).Val()
+		ready := e.RDB.LRange(ctx, k.Ready, 0, -1).Val()
+		taken := e.RDB.HGetAll(ctx, k.Taken).Val()
+		unacked := e.RDB.ZRange(ctx, k.Unacked, 0, -1).Val()
 		fail := func(f string, a ...any) {
 			t.Fatalf("seed %d step %d (%s): %s\nqueue %v dead %v payload %v ready %v processing %v taken %v",
 				seed, step, what, fmt.Sprintf(f, a...), q, dead, pay, ready, proc, taken)
@@ -392,7 +392,7 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 		case 0, 1:
 			what = "put " + id
 			mode := []client.Mode{client.Create, client.Reschedule}[rng.IntN(2)]
-			if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), e.redisNow().Add(-time.Second), mode); err != nil {
+			if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), e.RedisNow().Add(-time.Second), mode); err != nil {
 				t.Fatal(err)
 			}
 		case 2:
@@ -464,9 +464,9 @@ func TestAdvFinishKeepsThePayloadOfARawReAdd(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	e.putDue("x", `{"v":1}`)
-	later := e.redisNow().Add(time.Hour).UnixMilli()
+	later := e.RedisNow().Add(time.Hour).UnixMilli()
 	ids := e.runPass(Config{MaxAttempts: 3, Process: func(_ context.Context, ts []Task) []error {
-		if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(later), Member: "x"}).Err(); err != nil {
+		if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(later), Member: "x"}).Err(); err != nil {
 			t.Fatal(err)
 		}
 		return make([]error, len(ts))
@@ -474,7 +474,7 @@ func TestAdvFinishKeepsThePayloadOfARawReAdd(t *testing.T) {
 	if len(ids) != 1 {
 		t.Fatalf("ran %q, want x", ids)
 	}
-	if _, err := e.rdb.ZScore(ctx, e.keys.Queue, "x").Result(); err != nil {
+	if _, err := e.RDB.ZScore(ctx, e.Keys.Queue, "x").Result(); err != nil {
 		t.Fatalf("the re-added x is gone: %v", err)
 	}
 	if p := e.payloadOf("x"); p != `{"v":1}` {
@@ -503,15 +503,15 @@ func comboActionRun(t *testing.T, seed uint64, steps int) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 13))
-	k := e.keys
+	k := e.Keys
 	ids := []string{"a", "b", "c", "d", "e"}
 	check := func(step int, what string) {
 		t.Helper()
-		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
-		lease := e.rdb.HKeys(ctx, k.Lease).Val()
-		infl := e.rdb.ZRange(ctx, k.Inflight, 0, -1).Val()
-		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
-		pay := e.rdb.HKeys(ctx, k.Payload).Val()
+		q := e.RDB.ZRange(ctx, k.Queue, 0, -1).Val()
+		lease := e.RDB.HKeys(ctx, k.Lease).Val()
+		infl := e.RDB.ZRange(ctx, k.Inflight, 0, -1).Val()
+		dead := e.RDB.ZRange(ctx, k.Dead, 0, -1).Val()
+		pay := e.RDB.HKeys(ctx, k.Payload).Val()
 		slices.Sort(lease)
 		slices.Sort(infl)
 		fail := func(f string, a ...any) {
@@ -540,7 +540,7 @@ func comboActionRun(t *testing.T, seed uint64, steps int) {
 			}
 		}
 	}
-	past := func() time.Time { return e.redisNow().Add(-time.Second) }
+	past := func() time.Time { return e.RedisNow().Add(-time.Second) }
 	for step := range steps {
 		var what string
 		switch rng.IntN(4) {
@@ -587,7 +587,7 @@ func comboActionRun(t *testing.T, seed uint64, steps int) {
 						}
 						touched = append(touched, "requeue+purge "+tk.ID)
 					case 3: // a raw producer re-adds the id
-						if err := e.rdb.ZAdd(ctx, k.Queue, redis.Z{Score: float64(past().UnixMilli()), Member: tk.ID}).Err(); err != nil {
+						if err := e.RDB.ZAdd(ctx, k.Queue, redis.Z{Score: float64(past().UnixMilli()), Member: tk.ID}).Err(); err != nil {
 							t.Error(err)
 						}
 						touched = append(touched, "raw ZADD "+tk.ID)
@@ -625,10 +625,10 @@ func comboStreamRun(t *testing.T, seed uint64, steps int) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 17))
-	k := e.keys
+	k := e.Keys
 	cfg := Config{MaxAttempts: 2, BatchSize: 100, Forward: &Forward{Kind: "stream", Queue: "s", MaxLen: 1000, AckTimeout: time.Minute}}
 	sweeper := e.consumer(cfg)
-	if err := e.rdb.XGroupCreateMkStream(ctx, k.Stream, "g", "0").Err(); err != nil {
+	if err := e.RDB.XGroupCreateMkStream(ctx, k.Stream, "g", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
 	ids := []string{"a", "b", "c", "d"}
@@ -636,9 +636,9 @@ func comboStreamRun(t *testing.T, seed uint64, steps int) {
 	defer func() { t.Logf("%d entries dead-lettered by the sweep", buried) }()
 	check := func(step int, what string) {
 		t.Helper()
-		q := e.rdb.ZRange(ctx, k.Queue, 0, -1).Val()
-		dead := e.rdb.ZRange(ctx, k.Dead, 0, -1).Val()
-		pay := e.rdb.HKeys(ctx, k.Payload).Val()
+		q := e.RDB.ZRange(ctx, k.Queue, 0, -1).Val()
+		dead := e.RDB.ZRange(ctx, k.Dead, 0, -1).Val()
+		pay := e.RDB.HKeys(ctx, k.Payload).Val()
 		has := map[string]bool{}
 		for _, p := range pay {
 			has[p] = true
@@ -664,7 +664,7 @@ func comboStreamRun(t *testing.T, seed uint64, steps int) {
 		switch rng.IntN(8) {
 		case 0, 1:
 			what = "put " + id
-			if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), e.redisNow().Add(-time.Second), client.Create); err != nil {
+			if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(fmt.Sprintf(`{"s":%d}`, step)), e.RedisNow().Add(-time.Second), client.Create); err != nil {
 				t.Fatal(err)
 			}
 		case 2:
@@ -672,20 +672,20 @@ func comboStreamRun(t *testing.T, seed uint64, steps int) {
 			e.forwardOnce(cfg)
 		case 3:
 			what = "read"
-			if err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{k.Stream, ">"}, Count: 1, Block: -1}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+			if err := e.RDB.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{k.Stream, ">"}, Count: 1, Block: -1}).Err(); err != nil && !errors.Is(err, redis.Nil) {
 				t.Fatal(err)
 			}
 		case 4: // ack one pending entry, or let one use up its deliveries
-			p, err := e.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: k.Stream, Group: "g", Start: "-", End: "+", Count: 1}).Result()
+			p, err := e.RDB.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: k.Stream, Group: "g", Start: "-", End: "+", Count: 1}).Result()
 			if err != nil || len(p) == 0 {
 				break
 			}
 			if rng.IntN(2) == 0 {
 				what = "ack " + p[0].ID
-				e.rdb.XAck(ctx, k.Stream, "g", p[0].ID)
+				e.RDB.XAck(ctx, k.Stream, "g", p[0].ID)
 			} else {
 				what = "exhaust " + p[0].ID
-				if err := e.rdb.Do(ctx, "XCLAIM", k.Stream, "g", "c", 0, p[0].ID, "IDLE", 2*time.Minute.Milliseconds(), "RETRYCOUNT", 5).Err(); err != nil {
+				if err := e.RDB.Do(ctx, "XCLAIM", k.Stream, "g", "c", 0, p[0].ID, "IDLE", 2*time.Minute.Milliseconds(), "RETRYCOUNT", 5).Err(); err != nil {
 					t.Fatal(err)
 				}
 				sw, err := sweeper.sweepStreamOnce(ctx)

@@ -43,8 +43,8 @@ func TestNewRefusesConfigsThatCannotWork(t *testing.T) {
 		{"list queue", Config{Forward: &Forward{Kind: "list", Queue: "jobs"}}, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tc.cfg.Keys = e.keys
-			c, err := New(tc.cfg, e.rdb, tc.store, e.m, zap.NewNop())
+			tc.cfg.Keys = e.Keys
+			c, err := New(tc.cfg, e.RDB, tc.store, e.m, zap.NewNop())
 			if tc.says == nil {
 				if err != nil || c == nil {
 					t.Fatalf("New: %v, want a consumer", err)
@@ -62,10 +62,10 @@ func TestNewRefusesConfigsThatCannotWork(t *testing.T) {
 		})
 	}
 	// NewGroup refuses the same, sharded or not.
-	if _, err := NewGroup(Config{DryRun: true, Process: process}, e.shardKeys(3), e.rdb, nil, e.m, zap.NewNop()); err == nil {
+	if _, err := NewGroup(Config{DryRun: true, Process: process}, e.ShardKeys(3), e.RDB, nil, e.m, zap.NewNop()); err == nil {
 		t.Error("NewGroup over shards accepted a dry run with a Process")
 	}
-	if _, err := NewGroup(Config{}, []queue.Keys{e.keys}, e.rdb, nil, e.m, zap.NewNop()); err == nil {
+	if _, err := NewGroup(Config{}, []queue.Keys{e.Keys}, e.RDB, nil, e.m, zap.NewNop()); err == nil {
 		t.Error("NewGroup on one key accepted an order queue without a Store")
 	}
 }

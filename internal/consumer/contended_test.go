@@ -25,17 +25,17 @@ func TestContendedRowIsIsolatedFromItsBatch(t *testing.T) {
 		name  string
 		setup func(e *env, serial string)
 	}{
-		{"serialization failure", func(e *env, s string) { e.failClose(s, "40001") }},
-		{"deadlock", func(e *env, s string) { e.failClose(s, "40P01") }},
-		{"statement timeout", func(e *env, s string) { e.slowCloseOf(s) }},
+		{"serialization failure", func(e *env, s string) { e.FailClose(s, "40001") }},
+		{"deadlock", func(e *env, s string) { e.FailClose(s, "40P01") }},
+		{"statement timeout", func(e *env, s string) { e.SlowCloseOf(s) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, orderStatements())
-			e.store.SetTimeouts(300*time.Millisecond, 50*time.Millisecond)
+			e.Store.SetTimeouts(300*time.Millisecond, 50*time.Millisecond)
 			ctx := context.Background()
-			past := e.redisNow().Add(-time.Second)
-			serials := e.orders("contended", 20, past)
-			e.enqueue(serials, past)
+			past := e.RedisNow().Add(-time.Second)
+			serials := e.Orders("contended", 20, past)
+			e.Enqueue(serials, past)
 			bad := serials[7]
 			tc.setup(e, bad)
 			c := e.consumer(Config{BatchSize: 20, StatementTimeout: 300 * time.Millisecond, Lease: 30 * time.Second})
@@ -45,7 +45,7 @@ func TestContendedRowIsIsolatedFromItsBatch(t *testing.T) {
 				t.Fatalf("claim: %v, %d items", err, len(res.items))
 			}
 			c.process(ctx, res.items)
-			if got := e.statusCounts(); got["closed"] != 19 || got["pending"] != 1 {
+			if got := e.StatusCounts(); got["closed"] != 19 || got["pending"] != 1 {
 				t.Fatalf("statuses %v, want the 19 other orders closed in this round", got)
 			}
 			if v := testutil.ToFloat64(e.m.Closed); v != 19 {
@@ -67,12 +67,12 @@ func TestContendedRowIsIsolatedFromItsBatch(t *testing.T) {
 // (postgres down, no attempt spent) instead of timing out order by order.
 func TestFastPathBacksOffADatabaseSlowForEveryRow(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
+	e.Store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("slow", 64, past)
-	e.enqueue(serials, past)
-	e.slowEveryClose()
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("slow", 64, past)
+	e.Enqueue(serials, past)
+	e.SlowEveryClose()
 	c := e.consumer(Config{BatchSize: 64, StatementTimeout: 100 * time.Millisecond, Lease: 3 * time.Second})
 	c.stopping = make(chan struct{})
 	res, err := c.claimBatch(ctx)
@@ -80,7 +80,7 @@ func TestFastPathBacksOffADatabaseSlowForEveryRow(t *testing.T) {
 		t.Fatalf("claim: %v, %d", err, len(res.items))
 	}
 	c.process(ctx, res.items)
-	if k := e.slowCloses(); k != 1+maxCostly {
+	if k := e.SlowCloses(); k != 1+maxCostly {
 		t.Errorf("%d statements cut by the timeout for one batch, want %d", k, 1+maxCostly)
 	}
 	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 0 {
@@ -100,13 +100,13 @@ func TestFastPathBacksOffADatabaseSlowForEveryRow(t *testing.T) {
 func TestContendedRetryDelayGrowsWithLateness(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	now := e.redisNow()
-	fresh := e.orders("fresh", 1, now)[0]
-	old := e.orders("old", 1, now)[0]
-	e.enqueue([]string{fresh}, now.Add(-time.Second))
-	e.enqueue([]string{old}, now.Add(-time.Hour))
-	e.failClose(fresh, "40001")
-	if _, err := e.db.Exec(`CREATE OR REPLACE FUNCTION refuse_close() RETURNS trigger LANGUAGE plpgsql AS $$
+	now := e.RedisNow()
+	fresh := e.Orders("fresh", 1, now)[0]
+	old := e.Orders("old", 1, now)[0]
+	e.Enqueue([]string{fresh}, now.Add(-time.Second))
+	e.Enqueue([]string{old}, now.Add(-time.Hour))
+	e.FailClose(fresh, "40001")
+	if _, err := e.DB.Exec(`CREATE OR REPLACE FUNCTION refuse_close() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF NEW.status = 'closed' THEN
     RAISE EXCEPTION 'shop trigger: try later' USING ERRCODE = '40001';
@@ -145,12 +145,12 @@ END $$`); err != nil {
 // the dependency backoff, which any success elsewhere resets.
 func TestLoneSlowRowIsNotTakenForADownDatabase(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
+	e.Store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
 	ctx := context.Background()
-	past := e.redisNow().Add(-10 * time.Minute)
-	slow := e.orders("slow", 1, past)[0]
-	e.slowCloseOf(slow)
-	e.enqueue([]string{slow}, past)
+	past := e.RedisNow().Add(-10 * time.Minute)
+	slow := e.Orders("slow", 1, past)[0]
+	e.SlowCloseOf(slow)
+	e.Enqueue([]string{slow}, past)
 	c := e.consumer(Config{BatchSize: 1, StatementTimeout: 100 * time.Millisecond, Lease: 3 * time.Second, BackoffMax: time.Hour})
 	c.stopping = make(chan struct{})
 	e.m.SetUp(metrics.DepPostgres, true)
@@ -158,7 +158,7 @@ func TestLoneSlowRowIsNotTakenForADownDatabase(t *testing.T) {
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v %d", err, len(res.items))
 	}
-	now := e.redisNow()
+	now := e.RedisNow()
 	c.process(ctx, res.items)
 	got, err := e.cl.Get(ctx, slow)
 	if err != nil || got.State != client.StateBackoff || got.Attempts != 0 {

@@ -25,14 +25,14 @@ func TestRealDeadlockWithAShopJobLosesNothing(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	// The lock timeout must outlast deadlock_timeout (1s) for the cycle to
 	// be found rather than cut.
-	e.store.SetTimeouts(10*time.Second, 5*time.Second)
+	e.Store.SetTimeouts(10*time.Second, 5*time.Second)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("dl", 10, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("dl", 10, past)
+	e.Enqueue(serials, past)
 	first, last := serials[0], serials[len(serials)-1]
 
-	job, err := e.db.Beginx()
+	job, err := e.DB.Beginx()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,8 +50,8 @@ func TestRealDeadlockWithAShopJobLosesNothing(t *testing.T) {
 	}
 
 	core, logs := observer.New(zap.WarnLevel)
-	c, err := New(Config{Keys: e.keys, BatchSize: 10, StatementTimeout: 10 * time.Second, Lease: time.Minute},
-		e.rdb, e.store, e.m, zap.New(core))
+	c, err := New(Config{Keys: e.Keys, BatchSize: 10, StatementTimeout: 10 * time.Second, Lease: time.Minute},
+		e.RDB, e.Store, e.m, zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,13 +80,13 @@ func TestRealDeadlockWithAShopJobLosesNothing(t *testing.T) {
 		!strings.Contains(logs.FilterMessageSnippet("order by order").All()[0].ContextMap()["error"].(string), "40P01") {
 		t.Fatalf("no deadlock (40P01) was handled; logs: %v", logs.All())
 	}
-	if got := e.statusCounts(); got["closed"] != 10 {
+	if got := e.StatusCounts(); got["closed"] != 10 {
 		t.Errorf("statuses %v, want all 10 closed in this round", got)
 	}
-	if n := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues("close_failed")); n != 0 || e.card(e.keys.Dead) != 0 {
+	if n := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues("close_failed")); n != 0 || e.card(e.Keys.Dead) != 0 {
 		t.Errorf("%v orders dead-lettered after a deadlock", n)
 	}
-	if n := e.card(e.keys.Queue) + e.held(); n != 0 {
+	if n := e.card(e.Keys.Queue) + e.held(); n != 0 {
 		t.Errorf("%d entries left, want none", n)
 	}
 	if v := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClose)); v != 1 {
@@ -98,7 +98,7 @@ func TestRealDeadlockWithAShopJobLosesNothing(t *testing.T) {
 func (e *env) waitBlockedBy(t *testing.T, pid int) {
 	eventually(t, "a close blocked by the shop's job", 30*time.Second, func() bool {
 		var n int
-		err := e.db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid)
+		err := e.DB.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid)
 		return err == nil && n > 0
 	})
 }

@@ -23,27 +23,27 @@ func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
 		{"action succeeded", func(e *env) {
 			ids := e.runPass(Config{MaxAttempts: 3, Process: func(_ context.Context, ts []Task) []error { return make([]error, len(ts)) }})
 			if len(ids) != 1 {
-				e.t.Fatalf("claimed %q, want x", ids)
+				e.T.Fatalf("claimed %q, want x", ids)
 			}
 		}},
 		{"poll acknowledged", func(e *env) {
 			ctx := context.Background()
-			ts, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 3)
+			ts, tok, err := pollTasks(ctx, e.RDB, e.Keys, 10, 0, time.Minute, 3)
 			if err != nil || len(ts) != 1 {
-				e.t.Fatalf("poll: %v, %v", ts, err)
+				e.T.Fatalf("poll: %v, %v", ts, err)
 			}
-			if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(ctx, tok, []string{"x"}); err != nil || len(missed) != 0 {
-				e.t.Fatalf("ack: missed %q, %v", missed, err)
+			if missed, _, err := queue.NewStore(e.RDB, e.Keys).AckTasks(ctx, tok, []string{"x"}); err != nil || len(missed) != 0 {
+				e.T.Fatalf("ack: missed %q, %v", missed, err)
 			}
 		}},
 		{"forwarded into a list", func(e *env) {
 			if res := e.forwardOnce(Config{Forward: &Forward{Kind: "list", Queue: "l"}}); res.forwarded != 1 {
-				e.t.Fatalf("forwarded %d, want 1", res.forwarded)
+				e.T.Fatalf("forwarded %d, want 1", res.forwarded)
 			}
 		}},
 		{"forwarded into a stream", func(e *env) {
 			if res := e.forwardOnce(Config{Forward: &Forward{Kind: "stream", Queue: "s", MaxLen: 100}}); res.forwarded != 1 {
-				e.t.Fatalf("forwarded %d, want 1", res.forwarded)
+				e.T.Fatalf("forwarded %d, want 1", res.forwarded)
 			}
 		}},
 	}

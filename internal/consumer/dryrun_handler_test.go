@@ -19,7 +19,7 @@ import (
 // snapshot is the serialised value (DUMP) of every key of the queue k, by
 // key name; an absent key is "".
 func (e *env) snapshot(k queue.Keys) map[string]string {
-	e.t.Helper()
+	e.T.Helper()
 	out := map[string]string{}
 	v := reflect.ValueOf(k)
 	for i := range v.NumField() {
@@ -27,9 +27,9 @@ func (e *env) snapshot(k queue.Keys) map[string]string {
 		if name == "" {
 			continue
 		}
-		d, err := e.rdb.Dump(context.Background(), name).Result()
+		d, err := e.RDB.Dump(context.Background(), name).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		out[name] = d
 	}
@@ -46,35 +46,35 @@ func (e *env) snapshot(k queue.Keys) map[string]string {
 func TestDryRunHandlerChangesNothingOnAnyPath(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	now := e.redisNow()
+	now := e.RedisNow()
 	past := now.Add(-time.Second)
 	// A replica holds one due order under a lease.
-	held := e.orders("held", 1, past)
-	e.enqueue(held, past)
+	held := e.Orders("held", 1, past)
+	e.Enqueue(held, past)
 	replica := e.consumer(Config{BatchSize: 1})
 	if res, err := replica.claimBatch(ctx); err != nil || len(res.items) != 1 {
 		t.Fatalf("replica claim: %d items, %v", len(res.items), err)
 	}
-	due := e.orders("due", 3, past)
-	e.enqueue(due, past)
-	paid := e.orders("paid", 1, past)
-	if _, err := e.db.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, paid[0]); err != nil {
+	due := e.Orders("due", 3, past)
+	e.Enqueue(due, past)
+	paid := e.Orders("paid", 1, past)
+	if _, err := e.DB.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, paid[0]); err != nil {
 		t.Fatal(err)
 	}
-	e.enqueue(paid, past)
-	e.enqueue([]string{"norow-00000", "norow-00001"}, past)
-	if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: float64(queue.DeadlineMillis(past)), Member: "bad\x01serial"},
+	e.Enqueue(paid, past)
+	e.Enqueue([]string{"norow-00000", "norow-00001"}, past)
+	if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(queue.DeadlineMillis(past)), Member: "bad\x01serial"},
 		redis.Z{Score: 5, Member: "seconds-not-ms"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	e.enqueue(e.orders("later", 1, now.Add(time.Hour)), now.Add(time.Hour))
+	e.Enqueue(e.Orders("later", 1, now.Add(time.Hour)), now.Add(time.Hour))
 
-	before := e.snapshot(e.keys)
-	statuses := e.statusCounts()
+	before := e.snapshot(e.Keys)
+	statuses := e.StatusCounts()
 	dead := testutil.CollectAndCount(e.m.DeadLettered)
 	for _, maxAttempts := range []int{1, 10} { // no row: dead letter, then retry
-		c, err := New(Config{Keys: e.keys, DryRun: true, BatchSize: 100, MaxAttempts: maxAttempts}, e.rdb,
-			orders.DryRun{Store: e.store}, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+		c, err := New(Config{Keys: e.Keys, DryRun: true, BatchSize: 100, MaxAttempts: maxAttempts}, e.RDB,
+			orders.DryRun{Store: e.Store}, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +90,7 @@ func TestDryRunHandlerChangesNothingOnAnyPath(t *testing.T) {
 		}
 		c.process(ctx, res.items)
 		c.handBack(res.items) // the shutdown hand-back of what a dry run read
-		if got := e.snapshot(e.keys); !reflect.DeepEqual(got, before) {
+		if got := e.snapshot(e.Keys); !reflect.DeepEqual(got, before) {
 			for k, v := range before {
 				if got[k] != v {
 					t.Errorf("MaxAttempts %d: a dry run changed %s", maxAttempts, k)
@@ -98,7 +98,7 @@ func TestDryRunHandlerChangesNothingOnAnyPath(t *testing.T) {
 			}
 		}
 	}
-	if got := e.statusCounts(); !reflect.DeepEqual(got, statuses) {
+	if got := e.StatusCounts(); !reflect.DeepEqual(got, statuses) {
 		t.Errorf("order statuses %v after a dry run, want %v", got, statuses)
 	}
 	if got := testutil.ToFloat64(e.m.DryRunWouldClose); got != 6 {

@@ -42,16 +42,16 @@ func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // notices a raw producer's new deadline.
 func TestDryRunHeadCheckDoesNotPeekAgain(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	now := e.redisNow()
-	due := e.orders("dry", 1, now.Add(-time.Second))
-	e.enqueue(due, now.Add(-time.Second))
-	later := e.orders("later", 1, now.Add(time.Hour))
-	e.enqueue(later, now.Add(time.Hour))
+	now := e.RedisNow()
+	due := e.Orders("dry", 1, now.Add(-time.Second))
+	e.Enqueue(due, now.Add(-time.Second))
+	later := e.Orders("later", 1, now.Add(time.Hour))
+	e.Enqueue(later, now.Add(time.Hour))
 
 	counter := &commandCounter{}
-	e.rdb.AddHook(counter)
-	cfg := Config{Keys: e.keys, DryRun: true, ScanInterval: time.Hour, HeadCheck: 20 * time.Millisecond}
-	c, err := New(cfg, e.rdb, orders.DryRun{Store: e.store}, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	e.RDB.AddHook(counter)
+	cfg := Config{Keys: e.Keys, DryRun: true, ScanInterval: time.Hour, HeadCheck: 20 * time.Millisecond}
+	c, err := New(cfg, e.RDB, orders.DryRun{Store: e.Store}, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,15 +65,15 @@ func TestDryRunHeadCheckDoesNotPeekAgain(t *testing.T) {
 	}
 
 	// A raw producer's earlier deadline is still noticed between scans.
-	soon := e.orders("soon", 1, now.Add(-time.Second))
-	e.enqueue(soon, e.redisNow().Add(100*time.Millisecond))
+	soon := e.Orders("soon", 1, now.Add(-time.Second))
+	e.Enqueue(soon, e.RedisNow().Add(100*time.Millisecond))
 	eventually(t, "raw-ZADD order reported without waiting for the scan interval", 20*time.Second,
 		func() bool { return testutil.ToFloat64(e.m.DryRunWouldClose) == 2 })
 	stop()
-	if got := e.statusCounts(); got["pending"] != 3 {
+	if got := e.StatusCounts(); got["pending"] != 3 {
 		t.Errorf("statuses %v after a dry run, want all 3 pending", got)
 	}
-	if n := e.card(e.keys.Queue); n != 3 {
+	if n := e.card(e.Keys.Queue); n != 3 {
 		t.Errorf("queue holds %d entries after a dry run, want 3", n)
 	}
 }

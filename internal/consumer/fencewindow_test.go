@@ -46,11 +46,11 @@ func (h hookedStore) Settle(ctx context.Context, serials []string, fence orders.
 // drops the lease record).
 func (e *env) reschedulers() map[string]func(serial string, at time.Time) {
 	return map[string]func(string, time.Time){
-		"raw ZADD": func(s string, at time.Time) { e.enqueue([]string{s}, at) },
+		"raw ZADD": func(s string, at time.Time) { e.Enqueue([]string{s}, at) },
 		"client": func(s string, at time.Time) {
-			e.t.Helper()
+			e.T.Helper()
 			if _, _, err := e.cl.Enqueue(context.Background(), s, at, client.Reschedule); err != nil {
-				e.t.Fatal(err)
+				e.T.Fatal(err)
 			}
 		},
 	}
@@ -80,10 +80,10 @@ func (e *env) claimWhenDue(t *testing.T, c *Consumer, serial string, want time.T
 }
 
 func (e *env) closedAt(serial string) time.Time {
-	e.t.Helper()
+	e.T.Helper()
 	var at time.Time
-	if err := e.db.Get(&at, "SELECT closed_at FROM orders WHERE serial_no = $1", serial); err != nil {
-		e.t.Fatal(err)
+	if err := e.DB.Get(&at, "SELECT closed_at FROM orders WHERE serial_no = $1", serial); err != nil {
+		e.T.Fatal(err)
 	}
 	return at
 }
@@ -98,13 +98,13 @@ func TestRescheduleBeforeTheFenceIsHonoured(t *testing.T) {
 			t.Run(point+"/"+name, func(t *testing.T) {
 				e := newEnv(t, orderStatements())
 				ctx := context.Background()
-				past := e.redisNow().Add(-time.Second)
-				s := e.orders("honoured", 1, past)[0]
-				e.enqueue([]string{s}, past)
-				later := e.redisNow().Add(700 * time.Millisecond)
+				past := e.RedisNow().Add(-time.Second)
+				s := e.Orders("honoured", 1, past)[0]
+				e.Enqueue([]string{s}, past)
+				later := e.RedisNow().Add(700 * time.Millisecond)
 				fired := false
 				c := e.consumer(Config{})
-				c.store = hookedStore{Store: e.store, at: func(p string) {
+				c.store = hookedStore{Store: e.Store, at: func(p string) {
 					if p == point && !fired {
 						fired = true
 						e.reschedulers()[name](s, later)
@@ -118,7 +118,7 @@ func TestRescheduleBeforeTheFenceIsHonoured(t *testing.T) {
 				if !fired {
 					t.Fatalf("the close never reached %q", point)
 				}
-				if st := e.status(s); st != "pending" {
+				if st := e.Status(s); st != "pending" {
 					t.Fatalf("status %s: closed although the reschedule was acknowledged before the fence", st)
 				}
 				if v := testutil.ToFloat64(e.m.Closed); v != 0 {
@@ -133,7 +133,7 @@ func TestRescheduleBeforeTheFenceIsHonoured(t *testing.T) {
 				}
 				res = e.claimWhenDue(t, c, s, later)
 				c.process(ctx, res.items)
-				if st := e.status(s); st != "closed" {
+				if st := e.Status(s); st != "closed" {
 					t.Fatalf("status %s at the new deadline, want closed", st)
 				}
 				if at := e.closedAt(s); at.Before(later) {
@@ -159,16 +159,16 @@ func TestRescheduleBetweenFenceAndCommitIsSettledAfterwards(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, orderStatements())
 			ctx := context.Background()
-			past := e.redisNow().Add(-time.Second)
-			serials := e.orders("window", 3, past)
-			e.enqueue(serials, past)
+			past := e.RedisNow().Add(-time.Second)
+			serials := e.Orders("window", 3, past)
+			e.Enqueue(serials, past)
 			s := serials[1]
-			later := e.redisNow().Add(700 * time.Millisecond)
+			later := e.RedisNow().Add(700 * time.Millisecond)
 			fired := false
 			core, logs := observer.New(zap.InfoLevel)
 			c := e.consumer(Config{})
 			c.log = zap.New(core)
-			c.store = hookedStore{Store: e.store, at: func(p string) {
+			c.store = hookedStore{Store: e.Store, at: func(p string) {
 				if p == "commit" && !fired {
 					fired = true
 					e.reschedulers()[name](s, later)
@@ -183,7 +183,7 @@ func TestRescheduleBetweenFenceAndCommitIsSettledAfterwards(t *testing.T) {
 				t.Fatal("the close never reached its commit")
 			}
 			for _, o := range serials {
-				if st := e.status(o); st != "closed" {
+				if st := e.Status(o); st != "closed" {
 					t.Fatalf("%s is %s: the fence had said yes, the close commits", o, st)
 				}
 			}
@@ -194,15 +194,15 @@ func TestRescheduleBetweenFenceAndCommitIsSettledAfterwards(t *testing.T) {
 			if n := e.held(); n != 0 {
 				t.Errorf("%d entries still leased or backing off after the batch", n)
 			}
-			for _, k := range []string{e.keys.Leases, e.keys.Inflight, e.keys.Deadlines} {
+			for _, k := range []string{e.Keys.Leases, e.Keys.Inflight, e.Keys.Deadlines} {
 				if n := e.card(k); n != 0 {
 					t.Errorf("%s holds %d entries after the batch", k, n)
 				}
 			}
-			if n, _ := e.rdb.HLen(ctx, e.keys.Lease).Result(); n != 0 {
+			if n, _ := e.RDB.HLen(ctx, e.Keys.Lease).Result(); n != 0 {
 				t.Errorf("%d lease records left after the batch", n)
 			}
-			if n, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); n != 0 {
+			if n, _ := e.RDB.HLen(ctx, e.Keys.LeaseBatch).Result(); n != 0 {
 				t.Errorf("%d batch-lease fields left after the batch", n)
 			}
 			got, err := e.cl.Get(ctx, s)

@@ -23,19 +23,19 @@ import (
 
 // putDue puts a task due a second ago.
 func (e *env) putDue(id, payload string) {
-	e.t.Helper()
+	e.T.Helper()
 	if _, _, err := e.cl.PutTask(context.Background(), id, json.RawMessage(payload), time.Now().Add(-time.Second), client.Create); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
 // forwardOnce runs one forward pass of a fresh consumer (as a replica's
 // scan would) and returns what it did.
 func (e *env) forwardOnce(cfg Config) claimResult {
-	e.t.Helper()
+	e.T.Helper()
 	res, err := e.consumer(cfg).claim(context.Background(), 100)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return res
 }
@@ -43,18 +43,18 @@ func (e *env) forwardOnce(cfg Config) claimResult {
 // takenAgo rewrites when the taken item id was taken to d before Redis's
 // now, as if the consumer had held it that long.
 func (e *env) takenAgo(id string, d time.Duration) {
-	e.t.Helper()
-	at := e.redisNow().Add(-d).UnixMilli()
-	if err := e.rdb.ZAdd(context.Background(), e.keys.Unacked, redis.Z{Score: float64(at), Member: id}).Err(); err != nil {
-		e.t.Fatal(err)
+	e.T.Helper()
+	at := e.RedisNow().Add(-d).UnixMilli()
+	if err := e.RDB.ZAdd(context.Background(), e.Keys.Unacked, redis.Z{Score: float64(at), Member: id}).Err(); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
 func (e *env) llen(key string) int64 {
-	e.t.Helper()
-	n, err := e.rdb.LLen(context.Background(), key).Result()
+	e.T.Helper()
+	n, err := e.RDB.LLen(context.Background(), key).Result()
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return n
 }
@@ -80,12 +80,12 @@ func TestReliableListRedeliversAfterTheQueuesAckTimeout(t *testing.T) {
 	}
 	e.takenAgo("rl-1", 2*time.Minute)
 	e.forwardOnce(cfg)
-	if n := e.llen(e.keys.Ready); n != 0 {
+	if n := e.llen(e.Keys.Ready); n != 0 {
 		t.Fatalf("ready list holds %d items after 2m of a 1h ack_timeout: the item was redelivered early", n)
 	}
 	e.takenAgo("rl-1", time.Hour+time.Second)
 	res := e.forwardOnce(cfg)
-	if n := e.llen(e.keys.Ready); n != 1 {
+	if n := e.llen(e.Keys.Ready); n != 1 {
 		t.Fatalf("ready list holds %d items after the 1h ack_timeout passed, want 1", n)
 	}
 	if res.nextExpiry != -1 {
@@ -100,16 +100,16 @@ func TestReliableListRedeliversAfterTheQueuesAckTimeout(t *testing.T) {
 	}
 	// The scanner wakes when the item's ack_timeout ends.
 	res = e.forwardOnce(cfg)
-	if want := e.redisNow().Add(time.Hour).UnixMilli(); res.nextExpiry < want-5000 || res.nextExpiry > want {
+	if want := e.RedisNow().Add(time.Hour).UnixMilli(); res.nextExpiry < want-5000 || res.nextExpiry > want {
 		t.Errorf("next recovery at %d, want about %d (taken now + 1h)", res.nextExpiry, want)
 	}
 	if err := e.cl.Ack(ctx, "rl-1"); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.llen(e.keys.Processing); n != 0 {
+	if n := e.llen(e.Keys.Processing); n != 0 {
 		t.Errorf("processing list holds %d after the ack", n)
 	}
-	if n, _ := e.rdb.HLen(ctx, e.keys.Deliveries).Result(); n != 0 {
+	if n, _ := e.RDB.HLen(ctx, e.Keys.Deliveries).Result(); n != 0 {
 		t.Errorf("%d delivery counts left after the ack", n)
 	}
 }
@@ -147,7 +147,7 @@ func TestReliableListDeadLettersAfterMaxAttempts(t *testing.T) {
 		!strings.Contains(dead[0].LastError, "ack_timeout") || dead[0].Deadline == "" {
 		t.Fatalf("dead letters %+v, want rl-1 failed after 2 attempts", dead)
 	}
-	for _, key := range []string{e.keys.Ready, e.keys.Processing} {
+	for _, key := range []string{e.Keys.Ready, e.Keys.Processing} {
 		if n := e.llen(key); n != 0 {
 			t.Errorf("%s holds %d items after the dead letter", key, n)
 		}
@@ -182,11 +182,11 @@ func TestReliableListItemNestedBeyondRedisCJSONCanBeAcked(t *testing.T) {
 	ctx := context.Background()
 	cfg := reliableList(time.Minute, 5)
 	deep := nested(1001)
-	due := float64(e.redisNow().Add(-time.Second).UnixMilli())
-	if err := e.rdb.HSet(ctx, e.keys.Payload, "deep-1", deep).Err(); err != nil {
+	due := float64(e.RedisNow().Add(-time.Second).UnixMilli())
+	if err := e.RDB.HSet(ctx, e.Keys.Payload, "deep-1", deep).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.rdb.ZAdd(ctx, e.keys.Queue, redis.Z{Score: due, Member: "deep-1"}).Err(); err != nil {
+	if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: due, Member: "deep-1"}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	e.forwardOnce(cfg)
@@ -197,7 +197,7 @@ func TestReliableListItemNestedBeyondRedisCJSONCanBeAcked(t *testing.T) {
 	if err := e.cl.Ack(ctx, "deep-1"); err != nil {
 		t.Fatalf("Ack of a deeply nested item: %v", err)
 	}
-	if n := e.llen(e.keys.Processing); n != 0 {
+	if n := e.llen(e.Keys.Processing); n != 0 {
 		t.Errorf("processing list holds %d after the ack", n)
 	}
 }
@@ -205,7 +205,7 @@ func TestReliableListItemNestedBeyondRedisCJSONCanBeAcked(t *testing.T) {
 // streamEnv is a stream queue with a consumer group "g".
 func streamEnv(t *testing.T) (*env, Config) {
 	e := newRedisEnv(t)
-	if err := e.rdb.XGroupCreateMkStream(context.Background(), e.keys.Stream, "g", "0").Err(); err != nil {
+	if err := e.RDB.XGroupCreateMkStream(context.Background(), e.Keys.Stream, "g", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
 	return e, Config{MaxAttempts: 2, Forward: &Forward{Kind: "stream", Queue: "ev", MaxLen: 1000, AckTimeout: time.Minute}}
@@ -225,10 +225,10 @@ func TestStreamSweepBeforeTheFirstForwardIsNoError(t *testing.T) {
 // idleFor makes a pending stream entry look idle for d (XCLAIM ... IDLE
 // JUSTID changes neither its owner's count of deliveries nor anything else).
 func (e *env) idleFor(group, consumer, id string, d time.Duration) {
-	e.t.Helper()
-	err := e.rdb.Do(context.Background(), "XCLAIM", e.keys.Stream, group, consumer, 0, id, "IDLE", d.Milliseconds(), "JUSTID").Err()
+	e.T.Helper()
+	err := e.RDB.Do(context.Background(), "XCLAIM", e.Keys.Stream, group, consumer, 0, id, "IDLE", d.Milliseconds(), "JUSTID").Err()
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
@@ -241,7 +241,7 @@ func TestStreamEntriesDeadLetteredAfterMaxDeliveries(t *testing.T) {
 	e.putDue("ev-1", `{"n":1}`)
 	e.putDue("ev-2", `{"n":2}`)
 	e.forwardOnce(cfg)
-	res, err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{e.keys.Stream, ">"}, Count: 10, Block: -1}).Result()
+	res, err := e.RDB.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{e.Keys.Stream, ">"}, Count: 10, Block: -1}).Result()
 	if err != nil || len(res) != 1 || len(res[0].Messages) != 2 {
 		t.Fatalf("XREADGROUP: %v, %v", res, err)
 	}
@@ -252,23 +252,23 @@ func TestStreamEntriesDeadLetteredAfterMaxDeliveries(t *testing.T) {
 		}
 		byTask[m.Values["id"].(string)] = m.ID
 	}
-	if err := e.rdb.XAck(ctx, e.keys.Stream, "g", byTask["ev-2"]).Err(); err != nil {
+	if err := e.RDB.XAck(ctx, e.Keys.Stream, "g", byTask["ev-2"]).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// c1 died holding ev-1. One delivery of two: not dead yet.
 	e.idleFor("g", "c1", byTask["ev-1"], 2*time.Minute)
 	e.forwardOnce(cfg)
-	if n := e.card(e.keys.Dead); n != 0 {
+	if n := e.card(e.Keys.Dead); n != 0 {
 		t.Fatalf("%d dead letters after one delivery of max_attempts 2", n)
 	}
 	// c2 reclaims it (second delivery) and dies too.
-	claimed, _, err := e.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: e.keys.Stream, Group: "g", Consumer: "c2", MinIdle: time.Minute, Start: "0"}).Result()
+	claimed, _, err := e.RDB.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: e.Keys.Stream, Group: "g", Consumer: "c2", MinIdle: time.Minute, Start: "0"}).Result()
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("XAUTOCLAIM: %d entries, %v", len(claimed), err)
 	}
 	// Not yet idle for ack_timeout: c2 may still be working on it.
 	e.forwardOnce(cfg)
-	if n := e.card(e.keys.Dead); n != 0 {
+	if n := e.card(e.Keys.Dead); n != 0 {
 		t.Fatalf("%d dead letters while the last delivery is within its ack_timeout", n)
 	}
 	e.idleFor("g", "c2", byTask["ev-1"], 2*time.Minute)
@@ -281,11 +281,11 @@ func TestStreamEntriesDeadLetteredAfterMaxDeliveries(t *testing.T) {
 		!strings.Contains(dead[0].LastError, "consumer group g") {
 		t.Fatalf("dead letters %+v, want ev-1 failed after 2 deliveries in group g", dead)
 	}
-	pending, err := e.rdb.XPending(ctx, e.keys.Stream, "g").Result()
+	pending, err := e.RDB.XPending(ctx, e.Keys.Stream, "g").Result()
 	if err != nil || pending.Count != 0 {
 		t.Fatalf("pending after the dead letter: %+v, %v; want none (nobody reclaims it again)", pending, err)
 	}
-	if p, _ := e.rdb.HGet(ctx, e.keys.Payload, "ev-1").Result(); p != `{"n":1}` {
+	if p, _ := e.RDB.HGet(ctx, e.Keys.Payload, "ev-1").Result(); p != `{"n":1}` {
 		t.Errorf("dead task's payload %q, want it kept for a requeue", p)
 	}
 	if v := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(ReasonFailed)); v != 1 {

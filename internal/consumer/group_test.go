@@ -45,15 +45,15 @@ func (r *recordingStore) Settle(ctx context.Context, serials []string, fence ord
 
 func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	all := e.shardKeys(4)
+	all := e.ShardKeys(4)
 	const perKey, batch, workers = 400, 20, 2
 	due := time.Now().Add(-time.Minute)
 	for i, k := range all {
-		e.zadd(k.Queue, e.orders(fmt.Sprintf("k%d", i), perKey, due), due)
+		e.ZAdd(k.Queue, e.Orders(fmt.Sprintf("k%d", i), perKey, due), due)
 	}
-	rec := &recordingStore{Store: e.store}
+	rec := &recordingStore{Store: e.Store}
 	g, err := NewGroup(Config{Workers: workers, BatchSize: batch, HeadCheck: 20 * time.Millisecond}, all,
-		e.rdb, rec, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+		e.RDB, rec, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
 	go func() { defer close(done); g.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	eventually(t, "every order closed", 60*time.Second, func() bool {
-		return e.statusCounts()["closed"] == perKey*len(all)
+		return e.StatusCounts()["closed"] == perKey*len(all)
 	})
 	cancel()
 	<-done
@@ -119,7 +119,7 @@ func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
 func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
 	e := newRedisEnv(t)
 	cfg := Config{Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second}
-	g, err := NewGroup(cfg, []queue.Keys{e.keys}, e.rdb, unusedStore{}, e.m, zap.NewNop())
+	g, err := NewGroup(cfg, []queue.Keys{e.Keys}, e.RDB, unusedStore{}, e.m, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
 		t.Fatalf("%d consumers, want 1", len(g.Consumers()))
 	}
 	got := g.Consumers()[0].Config()
-	plain, err := New(Config{Keys: e.keys, Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second, Owner: got.Owner}, e.rdb, unusedStore{}, e.m, zap.NewNop())
+	plain, err := New(Config{Keys: e.Keys, Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second, Owner: got.Owner}, e.RDB, unusedStore{}, e.m, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
 	if got.Slots != nil || got.Limiter != nil || got.HeadCheck != want.HeadCheck || got.Keys != want.Keys || got.Workers != want.Workers {
 		t.Errorf("group of one: config %+v, want that of New: %+v", got, want)
 	}
-	sharded, err := NewGroup(cfg, e.shardKeys(4), e.rdb, unusedStore{}, e.m, zap.NewNop())
+	sharded, err := NewGroup(cfg, e.ShardKeys(4), e.RDB, unusedStore{}, e.m, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,16 +159,16 @@ func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
 
 func TestReadStatsAllSumsTheKeys(t *testing.T) {
 	e := newRedisEnv(t)
-	all := e.shardKeys(3)
-	now := e.redisNow()
-	e.zadd(all[0].Queue, []string{"a1", "a2"}, now.Add(-10*time.Second))
-	e.zadd(all[1].Queue, []string{"b1"}, now.Add(-30*time.Second))
-	e.zadd(all[2].Queue, []string{"c1", "c2", "c3"}, now.Add(time.Hour))
-	e.zadd(all[3].Queue, []string{"d1"}, now.Add(time.Minute))
-	if err := e.rdb.ZAdd(context.Background(), all[3].Dead, redis.Z{Score: 1, Member: "x"}).Err(); err != nil {
+	all := e.ShardKeys(3)
+	now := e.RedisNow()
+	e.ZAdd(all[0].Queue, []string{"a1", "a2"}, now.Add(-10*time.Second))
+	e.ZAdd(all[1].Queue, []string{"b1"}, now.Add(-30*time.Second))
+	e.ZAdd(all[2].Queue, []string{"c1", "c2", "c3"}, now.Add(time.Hour))
+	e.ZAdd(all[3].Queue, []string{"d1"}, now.Add(time.Minute))
+	if err := e.RDB.ZAdd(context.Background(), all[3].Dead, redis.Z{Score: 1, Member: "x"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	sum, each, err := ReadStatsAll(context.Background(), e.rdb, all)
+	sum, each, err := ReadStatsAll(context.Background(), e.RDB, all)
 	if err != nil {
 		t.Fatal(err)
 	}

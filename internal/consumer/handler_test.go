@@ -31,20 +31,20 @@ func TestOnlyTheOrderHandlerLeasesBatches(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Minute)
+	past := e.RedisNow().Add(-time.Minute)
 	perMember := func(what string, claim func() int) {
 		t.Helper()
-		e.enqueue([]string{"m-1", "m-2", "m-3"}, past)
+		e.Enqueue([]string{"m-1", "m-2", "m-3"}, past)
 		if n := claim(); n != 3 {
 			t.Fatalf("%s claimed %d, want 3", what, n)
 		}
-		if n := e.card(e.keys.Inflight); n != 3 {
+		if n := e.card(e.Keys.Inflight); n != 3 {
 			t.Errorf("%s: %d per-member lease entries, want 3", what, n)
 		}
-		if n := e.card(e.keys.Leases); n != 0 {
+		if n := e.card(e.Keys.Leases); n != 0 {
 			t.Errorf("%s: %d batch leases, want 0", what, n)
 		}
-		e.rdb.Del(ctx, e.keys.Inflight, e.keys.Deadlines, e.keys.Lease, e.keys.Leases, e.keys.LeaseBatch)
+		e.RDB.Del(ctx, e.Keys.Inflight, e.Keys.Deadlines, e.Keys.Lease, e.Keys.Leases, e.Keys.LeaseBatch)
 	}
 	tasks := e.consumer(Config{Process: noop})
 	perMember("the daemon's task claim", func() int {
@@ -54,11 +54,11 @@ func TestOnlyTheOrderHandlerLeasesBatches(t *testing.T) {
 		}
 		return len(res.items)
 	})
-	e.enqueue([]string{"o-1", "o-2"}, past)
+	e.Enqueue([]string{"o-1", "o-2"}, past)
 	if res, err := e.consumer(Config{}).claimBatch(ctx); err != nil || len(res.items) != 2 {
 		t.Fatalf("order claim: %d, %v", len(res.items), err)
 	}
-	if n, m := e.card(e.keys.Leases), e.card(e.keys.Inflight); n != 1 || m != 0 {
+	if n, m := e.card(e.Keys.Leases), e.card(e.Keys.Inflight); n != 1 || m != 0 {
 		t.Errorf("order claim: %d batch leases and %d per-member entries, want 1 and 0", n, m)
 	}
 }

@@ -5,9 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -28,52 +26,48 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// env is one test's slice of the real servers.
+// env is one test's slice of the real servers, with the fixtures of
+// testenv.Env on them.
 type env struct {
-	t     testing.TB
-	rdb   *redis.Client
-	keys  queue.Keys
-	db    *sqlx.DB
-	store *orders.Store
-	m     *metrics.Metrics
-	cl    *client.Client
-	st    *queue.Store // the store of keys
+	testenv.Env
+	m  *metrics.Metrics
+	cl *client.Client
+	st *queue.Store // the store of keys
 }
 
 func newEnv(t *testing.T, stmts orders.Statements) *env {
 	t.Helper()
 	e := newRedisEnv(t)
-	e.db, _ = testenv.Postgres(t)
-	e.store = orders.NewStore(e.db, stmts)
+	e.Postgres(stmts)
 	return e
 }
 
 // newRedisEnv is an env without a database, for tests of the scripts alone.
 func newRedisEnv(t testing.TB) *env {
 	t.Helper()
-	rdb, keys := testenv.Redis(t)
-	cl, err := client.New(rdb, keys.Queue)
+	e := &env{Env: testenv.NewEnv(t), m: metrics.New(prometheus.NewRegistry(), "test", "test")}
+	cl, err := client.New(e.RDB, e.Keys.Queue)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, rdb: rdb, keys: keys, m: metrics.New(prometheus.NewRegistry(), "test", "test"), cl: cl,
-		st: queue.NewStore(rdb, keys)}
+	e.cl, e.st = cl, queue.NewStore(e.RDB, e.Keys)
+	return e
 }
 
 func (e *env) consumer(cfg Config) *Consumer {
-	cfg.Keys = e.keys
+	cfg.Keys = e.Keys
 	if cfg.HeadCheck == 0 {
 		cfg.HeadCheck = 20 * time.Millisecond
 	}
 	// A Redis-only env still needs a Store for an order queue (New refuses
 	// none); its tests never reach a close, and one that did would panic.
 	var store Store = unusedStore{}
-	if e.store != nil {
-		store = e.store
+	if e.Store != nil {
+		store = e.Store
 	}
-	c, err := New(cfg, e.rdb, store, e.m, zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel)))
+	c, err := New(cfg, e.RDB, store, e.m, zaptest.NewLogger(e.T, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return c
 }
@@ -81,93 +75,6 @@ func (e *env) consumer(cfg Config) *Consumer {
 // unusedStore is a Store for consumers a test builds but never runs: New
 // wants one for the order queue.
 type unusedStore struct{ Store }
-
-// redisNow is Redis's clock.
-func (e *env) redisNow() time.Time {
-	e.t.Helper()
-	return testenv.RedisNow(e.t, e.rdb)
-}
-
-// The fixtures of internal/testenv (orders.go) on e's servers.
-
-func (e *env) orders(prefix string, n int, deadline time.Time) []string {
-	e.t.Helper()
-	return testenv.InsertOrders(e.t, e.db, prefix, n, deadline)
-}
-
-func (e *env) enqueue(serials []string, deadline time.Time) {
-	e.t.Helper()
-	testenv.Enqueue(e.t, e.rdb, e.keys.Queue, serials, deadline)
-}
-
-func (e *env) zadd(key string, serials []string, deadline time.Time) {
-	e.t.Helper()
-	testenv.Enqueue(e.t, e.rdb, key, serials, deadline)
-}
-
-func (e *env) shardKeys(shards int) []queue.Keys {
-	e.t.Helper()
-	return testenv.ShardKeys(e.t, e.rdb, e.keys, shards)
-}
-
-func (e *env) status(serial string) string {
-	e.t.Helper()
-	return testenv.OrderStatus(e.t, e.db, serial)
-}
-
-func (e *env) closeTrigger(name, when, action string) {
-	e.t.Helper()
-	testenv.CloseTrigger(e.t, e.db, name, when, action)
-}
-
-func (e *env) failClose(serial, code string) {
-	e.t.Helper()
-	testenv.FailClose(e.t, e.db, serial, code)
-}
-
-func (e *env) poisonOrder(serial string) {
-	e.t.Helper()
-	testenv.PoisonOrder(e.t, e.db, serial)
-}
-
-func (e *env) closeFailures() int {
-	e.t.Helper()
-	return testenv.CloseFailures(e.t, e.db)
-}
-
-func (e *env) slowCloseOf(serial string) {
-	e.t.Helper()
-	testenv.SlowCloseOf(e.t, e.db, serial)
-}
-
-func (e *env) slowEveryClose() {
-	e.t.Helper()
-	testenv.SlowEveryClose(e.t, e.db)
-}
-
-func (e *env) slowCloses() int {
-	e.t.Helper()
-	return testenv.SlowCloses(e.t, e.db)
-}
-
-func (e *env) statusCounts() map[string]int {
-	e.t.Helper()
-	rows, err := e.db.Query("SELECT status, count(*) FROM orders GROUP BY status")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			e.t.Fatal(err)
-		}
-		out[s] = n
-	}
-	return out
-}
 
 // runConsumer runs c until the returned stop is called; stop waits for Run
 // to return.
@@ -224,10 +131,10 @@ func progressing(t *testing.T, what string, total int, stuck time.Duration, done
 }
 
 func (e *env) card(key string) int64 {
-	e.t.Helper()
-	n, err := e.rdb.ZCard(context.Background(), key).Result()
+	e.T.Helper()
+	n, err := e.RDB.ZCard(context.Background(), key).Result()
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return n
 }
@@ -239,13 +146,13 @@ func (c *Consumer) claimBatch(ctx context.Context) (claimResult, error) {
 
 // held is how many entries of the queue are leased or backing off, in
 // either layout (batch leases and per-member entries).
-func (e *env) held() int64 { return e.heldIn(e.keys) }
+func (e *env) held() int64 { return e.heldIn(e.Keys) }
 
 func (e *env) heldIn(k queue.Keys) int64 {
-	e.t.Helper()
-	st, err := queue.ReadStats(context.Background(), e.rdb, k)
+	e.T.Helper()
+	st, err := queue.ReadStats(context.Background(), e.RDB, k)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return st.Held
 }

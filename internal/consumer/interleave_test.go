@@ -24,17 +24,17 @@ import (
 // waiting for it: its own entry's, or its batch lease's (and so every
 // member's of that batch) when it has no entry of its own.
 func (e *env) expire(serial string) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	key, member := e.keys.Inflight, serial
-	if _, err := e.rdb.ZScore(ctx, e.keys.Inflight, serial).Result(); errors.Is(err, redis.Nil) {
-		rec, _ := e.rdb.HGet(ctx, e.keys.Lease, serial).Result()
-		if f := strings.SplitN(rec, "|", 4); len(f) >= 3 && e.rdb.HExists(ctx, e.keys.LeaseBatch, "#"+f[2]).Val() {
-			key, member = e.keys.Leases, f[2]
+	key, member := e.Keys.Inflight, serial
+	if _, err := e.RDB.ZScore(ctx, e.Keys.Inflight, serial).Result(); errors.Is(err, redis.Nil) {
+		rec, _ := e.RDB.HGet(ctx, e.Keys.Lease, serial).Result()
+		if f := strings.SplitN(rec, "|", 4); len(f) >= 3 && e.RDB.HExists(ctx, e.Keys.LeaseBatch, "#"+f[2]).Val() {
+			key, member = e.Keys.Leases, f[2]
 		}
 	}
-	if err := e.rdb.ZAdd(ctx, key, redis.Z{Score: 1, Member: member}).Err(); err != nil {
-		e.t.Fatal(err)
+	if err := e.RDB.ZAdd(ctx, key, redis.Z{Score: 1, Member: member}).Err(); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
@@ -45,7 +45,7 @@ func TestRawRescheduleDuringBackoffWins(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	s := "resched-backoff-00000"
-	e.enqueue([]string{s}, e.redisNow().Add(-time.Second))
+	e.Enqueue([]string{s}, e.RedisNow().Add(-time.Second))
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
@@ -55,9 +55,9 @@ func TestRawRescheduleDuringBackoffWins(t *testing.T) {
 	if got, _ := e.cl.Get(ctx, s); got.State != client.StateBackoff {
 		t.Fatalf("after a missing row: %s, want backoff", got.State)
 	}
-	later := e.redisNow().Add(time.Hour)
-	e.orders("resched-backoff", 1, later)
-	e.enqueue([]string{s}, later)
+	later := e.RedisNow().Add(time.Hour)
+	e.Orders("resched-backoff", 1, later)
+	e.Enqueue([]string{s}, later)
 	e.expire(s)
 	res, err = c.claimBatch(ctx)
 	if err != nil {
@@ -67,7 +67,7 @@ func TestRawRescheduleDuringBackoffWins(t *testing.T) {
 		t.Fatalf("claimed %v after the producer moved the deadline an hour ahead", res.items)
 	}
 	c.process(ctx, res.items)
-	if st := e.status(s); st != "pending" {
+	if st := e.Status(s); st != "pending" {
 		t.Fatalf("status %s: closed an hour before the deadline the producer wrote", st)
 	}
 	got, err := e.cl.Get(ctx, s)
@@ -84,22 +84,22 @@ func TestRawRescheduleDuringBackoffWins(t *testing.T) {
 func TestRawRescheduleDuringLeaseIsNotClosed(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	now := e.redisNow()
-	serials := e.orders("resched-lease", 2, now.Add(-time.Second))
-	e.enqueue(serials, now.Add(-time.Second))
+	now := e.RedisNow()
+	serials := e.Orders("resched-lease", 2, now.Add(-time.Second))
+	e.Enqueue(serials, now.Add(-time.Second))
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 2 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
 	later := now.Add(time.Hour)
-	e.enqueue(serials[:1], later) // raw producer
+	e.Enqueue(serials[:1], later) // raw producer
 	if _, _, err := e.cl.Enqueue(ctx, serials[1], later, client.Reschedule); err != nil {
 		t.Fatal(err)
 	}
 	c.process(ctx, res.items)
 	for _, s := range serials {
-		if st := e.status(s); st != "pending" {
+		if st := e.Status(s); st != "pending" {
 			t.Errorf("%s: %s, want pending (rescheduled an hour ahead before the close began)", s, st)
 		}
 		got, err := e.cl.Get(ctx, s)
@@ -119,9 +119,9 @@ func TestPendingRowAfterCloseIsRetriedNotSettled(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	s := "late-commit-00000"
-	e.enqueue([]string{s}, e.redisNow().Add(-time.Second))
+	e.Enqueue([]string{s}, e.RedisNow().Add(-time.Second))
 	// The close sees no row; the row commits before the lookup runs.
-	store := &commitBetween{Store: e.store, before: func() { e.orders("late-commit", 1, time.Now().Add(-time.Second)) }}
+	store := &commitBetween{Store: e.Store, before: func() { e.Orders("late-commit", 1, time.Now().Add(-time.Second)) }}
 	c := e.consumer(Config{})
 	c.store = store
 	res, err := c.claimBatch(ctx)
@@ -142,7 +142,7 @@ func TestPendingRowAfterCloseIsRetriedNotSettled(t *testing.T) {
 		t.Fatalf("re-claim: %v, %d items", err, len(res.items))
 	}
 	c.process(ctx, res.items)
-	if st := e.status(s); st != "closed" {
+	if st := e.Status(s); st != "closed" {
 		t.Fatalf("status %s after the retry, want closed", st)
 	}
 	if v := testutil.ToFloat64(e.m.Closed); v != 1 {
@@ -156,16 +156,16 @@ func TestBatchNeverHoldsASerialTwice(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	s := "twice-00000"
-	past := e.redisNow().Add(-time.Second)
-	e.enqueue([]string{s}, past)
+	past := e.RedisNow().Add(-time.Second)
+	e.Enqueue([]string{s}, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v", err)
 	}
 	c.process(ctx, res.items) // no row yet: backs off
-	e.orders("twice", 1, past)
-	if err := e.rdb.ZAddNX(ctx, e.keys.Queue, redis.Z{Score: float64(queue.DeadlineMillis(past)), Member: s}).Err(); err != nil {
+	e.Orders("twice", 1, past)
+	if err := e.RDB.ZAddNX(ctx, e.Keys.Queue, redis.Z{Score: float64(queue.DeadlineMillis(past)), Member: s}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	e.expire(s)
@@ -207,13 +207,13 @@ func (s *commitBetween) Settle(ctx context.Context, serials []string, fence orde
 // gone.
 func TestLockedRowIsIsolatedFromItsBatch(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(5*time.Second, 50*time.Millisecond)
+	e.Store.SetTimeouts(5*time.Second, 50*time.Millisecond)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("locked", 20, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("locked", 20, past)
+	e.Enqueue(serials, past)
 	held := serials[7]
-	tx, err := e.db.Begin()
+	tx, err := e.DB.Begin()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestLockedRowIsIsolatedFromItsBatch(t *testing.T) {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
 	c.process(ctx, res.items)
-	if got := e.statusCounts(); got["closed"] != 19 || got["pending"] != 1 {
+	if got := e.StatusCounts(); got["closed"] != 19 || got["pending"] != 1 {
 		t.Fatalf("statuses %v, want the 19 unlocked orders closed", got)
 	}
 	got, err := e.cl.Get(ctx, held)
@@ -244,7 +244,7 @@ func TestLockedRowIsIsolatedFromItsBatch(t *testing.T) {
 		t.Fatalf("re-claim: %v, %d items", err, len(res.items))
 	}
 	c.process(ctx, res.items)
-	if st := e.status(held); st != "closed" {
+	if st := e.Status(held); st != "closed" {
 		t.Fatalf("after the lock went: %s, want closed", st)
 	}
 }
@@ -254,14 +254,14 @@ func TestLockedRowIsIsolatedFromItsBatch(t *testing.T) {
 func TestStatsCountASerialInBothKeysOnce(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	now := e.redisNow()
-	e.enqueue([]string{"both-1"}, now.Add(-time.Minute))
+	now := e.RedisNow()
+	e.Enqueue([]string{"both-1"}, now.Add(-time.Minute))
 	c := e.consumer(Config{})
 	if res, err := c.claimBatch(ctx); err != nil || len(res.items) != 1 {
 		t.Fatalf("claim: %v", err)
 	}
-	e.enqueue([]string{"both-1"}, now.Add(time.Hour))
-	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
+	e.Enqueue([]string{"both-1"}, now.Add(time.Hour))
+	st, err := queue.ReadStats(ctx, e.RDB, e.Keys)
 	if err != nil {
 		t.Fatal(err)
 	}

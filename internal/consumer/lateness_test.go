@@ -19,10 +19,10 @@ func (e *env) taskMetrics() func() (count uint64, sum float64) {
 	reg := prometheus.NewRegistry()
 	e.m = metrics.NewTaskFamilies(reg, e.m).For("q")
 	return func() (uint64, float64) {
-		e.t.Helper()
+		e.T.Helper()
 		mfs, err := reg.Gather()
 		if err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		for _, mf := range mfs {
 			if mf.GetName() == "orderdelay_task_lateness_seconds" {
@@ -30,16 +30,16 @@ func (e *env) taskMetrics() func() (count uint64, sum float64) {
 				return h.GetSampleCount(), h.GetSampleSum()
 			}
 		}
-		e.t.Fatal("no orderdelay_task_lateness_seconds")
+		e.T.Fatal("no orderdelay_task_lateness_seconds")
 		return 0, 0
 	}
 }
 
 // putLate puts a task due late before Redis's now.
 func (e *env) putLate(id string, late time.Duration) {
-	e.t.Helper()
-	if _, _, err := e.cl.PutTask(context.Background(), id, json.RawMessage(`{}`), e.redisNow().Add(-late), client.Create); err != nil {
-		e.t.Fatal(err)
+	e.T.Helper()
+	if _, _, err := e.cl.PutTask(context.Background(), id, json.RawMessage(`{}`), e.RedisNow().Add(-late), client.Create); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
@@ -90,11 +90,11 @@ func TestTaskLatenessObservedForEveryAction(t *testing.T) {
 		e := newRedisEnv(t)
 		e.taskMetrics()
 		e.putLate("t-1", 3*time.Second)
-		got, tok, err := pollTasks(context.Background(), e.rdb, e.keys, 10, 0, time.Minute, 3)
+		got, tok, err := pollTasks(context.Background(), e.RDB, e.Keys, 10, 0, time.Minute, 3)
 		if err != nil || len(got) != 1 {
 			t.Fatalf("poll: %v, %d tasks", err, len(got))
 		}
-		missed, late, err := queue.NewStore(e.rdb, e.keys).AckTasks(context.Background(), tok, []string{"t-1", "never-polled"})
+		missed, late, err := queue.NewStore(e.RDB, e.Keys).AckTasks(context.Background(), tok, []string{"t-1", "never-polled"})
 		if err != nil {
 			t.Fatal(err)
 		}

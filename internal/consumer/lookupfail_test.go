@@ -17,8 +17,8 @@ import (
 // first call with SQLSTATE code: the failure is the server's, whatever Go
 // code runs the lookup.
 func (e *env) gatedLookup(code string) {
-	e.t.Helper()
-	_, err := e.db.Exec(`CREATE SEQUENCE lookup_calls;
+	e.T.Helper()
+	_, err := e.DB.Exec(`CREATE SEQUENCE lookup_calls;
 CREATE FUNCTION lookup_gated(s text[]) RETURNS TABLE (serial_no text, pending boolean) LANGUAGE plpgsql AS $$
 BEGIN
   IF nextval('lookup_calls') = 1 THEN
@@ -27,7 +27,7 @@ BEGIN
   RETURN QUERY SELECT o.serial_no, o.status = 'pending' FROM orders o WHERE o.serial_no = ANY(s);
 END $$;`)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
@@ -47,14 +47,14 @@ func TestLookupFailingAfterACommittedClose(t *testing.T) {
 			e := newEnv(t, orders.Statements{Lookup: `SELECT * FROM lookup_gated($1)`})
 			e.gatedLookup(tc.code)
 			ctx := context.Background()
-			past := e.redisNow().Add(-time.Second)
-			pending := e.orders("lookupfail-pending", 3, past)
-			paid := e.orders("lookupfail-paid", 1, past)[0]
-			if _, err := e.db.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, paid); err != nil {
+			past := e.RedisNow().Add(-time.Second)
+			pending := e.Orders("lookupfail-pending", 3, past)
+			paid := e.Orders("lookupfail-paid", 1, past)[0]
+			if _, err := e.DB.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, paid); err != nil {
 				t.Fatal(err)
 			}
 			missing := "lookupfail-missing-00000"
-			e.enqueue(append([]string{paid, missing}, pending...), past)
+			e.Enqueue(append([]string{paid, missing}, pending...), past)
 			c := e.consumer(Config{StatementTimeout: time.Second, Lease: 10 * time.Second})
 			c.stopping = make(chan struct{})
 			res, err := c.claimBatch(ctx)
@@ -64,7 +64,7 @@ func TestLookupFailingAfterACommittedClose(t *testing.T) {
 			c.process(ctx, res.items)
 			closedAt := map[string]time.Time{}
 			for _, s := range pending {
-				if st := e.status(s); st != "closed" {
+				if st := e.Status(s); st != "closed" {
 					t.Fatalf("%s is %s, want closed", s, st)
 				}
 				closedAt[s] = e.closedAt(s)
@@ -129,7 +129,7 @@ func TestLookupFailingAfterACommittedClose(t *testing.T) {
 					t.Errorf("%s closed again (%v, then %v)", s, closedAt[s], at)
 				}
 			}
-			if st := e.status(paid); st != "paid" {
+			if st := e.Status(paid); st != "paid" {
 				t.Errorf("the paid order is %s", st)
 			}
 		})

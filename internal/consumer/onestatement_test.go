@@ -20,8 +20,8 @@ func countingEnv(t *testing.T, stmts orders.Statements) (*env, *testenv.Statemen
 	t.Helper()
 	e := newRedisEnv(t)
 	var st *testenv.Statements
-	e.db, _, st = testenv.CountingPostgres(t)
-	e.store = orders.NewStore(e.db, stmts)
+	e.DB, _, st = testenv.CountingPostgres(t)
+	e.Store = orders.NewStore(e.DB, stmts)
 	return e, st
 }
 
@@ -32,16 +32,16 @@ func countingEnv(t *testing.T, stmts orders.Statements) (*env, *testenv.Statemen
 func TestBatchClosesAndSettlesInOneStatement(t *testing.T) {
 	e, st := countingEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("one", 20, past)
-	if _, err := e.db.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)`,
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("one", 20, past)
+	if _, err := e.DB.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = ANY($1)`,
 		anyArray(serials[3], serials[11])); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Exec(`UPDATE orders SET status = 'closed' WHERE serial_no = $1`, serials[17]); err != nil {
+	if _, err := e.DB.Exec(`UPDATE orders SET status = 'closed' WHERE serial_no = $1`, serials[17]); err != nil {
 		t.Fatal(err)
 	}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{BatchSize: 20})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 20 {
@@ -52,7 +52,7 @@ func TestBatchClosesAndSettlesInOneStatement(t *testing.T) {
 	if n := st.N() - before; n != 1 {
 		t.Errorf("the batch sent %d statements, want 1: %q", n, st.Since(before))
 	}
-	if got := e.statusCounts(); got["closed"] != 18 || got["paid"] != 2 {
+	if got := e.StatusCounts(); got["closed"] != 18 || got["paid"] != 2 {
 		t.Errorf("statuses %v, want 18 closed (17 now, 1 before) and 2 paid", got)
 	}
 	if v := testutil.ToFloat64(e.m.Closed); v != 17 {
@@ -61,7 +61,7 @@ func TestBatchClosesAndSettlesInOneStatement(t *testing.T) {
 	if v := testutil.ToFloat64(e.m.Skipped.WithLabelValues(metrics.SkipSettled)); v != 3 {
 		t.Errorf("skipped{settled} %v, want 3 (two paid, one closed before)", v)
 	}
-	if n := e.card(e.keys.Queue) + e.held(); n != 0 {
+	if n := e.card(e.Keys.Queue) + e.held(); n != 0 {
 		t.Errorf("%d entries left in the queue or held, want none: every order is settled", n)
 	}
 }
@@ -72,9 +72,9 @@ func TestBatchClosesAndSettlesInOneStatement(t *testing.T) {
 func TestBatchAsksAgainOnlyForSerialsWithoutARow(t *testing.T) {
 	e, st := countingEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("row", 5, past)
-	e.enqueue(append(serials, "norow-1"), past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("row", 5, past)
+	e.Enqueue(append(serials, "norow-1"), past)
 	c := e.consumer(Config{BatchSize: 20})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 6 {
@@ -89,7 +89,7 @@ func TestBatchAsksAgainOnlyForSerialsWithoutARow(t *testing.T) {
 	if err != nil || got.State != client.StateBackoff || got.Attempts != 1 {
 		t.Errorf("the serial without a row: %+v (%v), want backoff with 1 attempt", got, err)
 	}
-	if got := e.statusCounts(); got["closed"] != 5 {
+	if got := e.StatusCounts(); got["closed"] != 5 {
 		t.Errorf("statuses %v, want 5 closed", got)
 	}
 }
@@ -101,12 +101,12 @@ func TestCustomStatementsKeepTheLookup(t *testing.T) {
 	stmts.Lookup = `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1::text[])`
 	e, st := countingEnv(t, stmts)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("custom", 4, past)
-	if _, err := e.db.Exec(`UPDATE orders SET status = 'paid' WHERE serial_no = $1`, serials[0]); err != nil {
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("custom", 4, past)
+	if _, err := e.DB.Exec(`UPDATE orders SET status = 'paid' WHERE serial_no = $1`, serials[0]); err != nil {
 		t.Fatal(err)
 	}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{BatchSize: 20})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 4 {
@@ -120,7 +120,7 @@ func TestCustomStatementsKeepTheLookup(t *testing.T) {
 	if v := testutil.ToFloat64(e.m.Skipped.WithLabelValues(metrics.SkipSettled)); v != 1 {
 		t.Errorf("skipped{settled} %v, want 1", v)
 	}
-	if got := e.statusCounts(); got["closed"] != 3 {
+	if got := e.StatusCounts(); got["closed"] != 3 {
 		t.Errorf("statuses %v, want 3 closed", got)
 	}
 }
@@ -135,10 +135,10 @@ func anyArray(ss ...string) any { return pq.Array(ss) }
 func TestOrderPaidWhileTheCloseWaitsIsSettledByTheLookup(t *testing.T) {
 	e, st := countingEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("race", 3, past)
-	e.enqueue(serials, past)
-	pay, err := e.db.Beginx()
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("race", 3, past)
+	e.Enqueue(serials, past)
+	pay, err := e.DB.Beginx()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,13 +172,13 @@ func TestOrderPaidWhileTheCloseWaitsIsSettledByTheLookup(t *testing.T) {
 	if len(sent) != 2 {
 		t.Errorf("%d statements, want 2 (the close, then the lookup of the order paid while it ran): %q", len(sent), sent)
 	}
-	if got := e.statusCounts(); got["closed"] != 2 || got["paid"] != 1 {
+	if got := e.StatusCounts(); got["closed"] != 2 || got["paid"] != 1 {
 		t.Fatalf("statuses %v, want the paid order left alone and the other two closed", got)
 	}
 	if v := testutil.ToFloat64(e.m.Skipped.WithLabelValues(metrics.SkipSettled)); v != 1 {
 		t.Errorf("skipped{settled} %v, want 1", v)
 	}
-	if n := e.card(e.keys.Queue) + e.held(); n != 0 {
+	if n := e.card(e.Keys.Queue) + e.held(); n != 0 {
 		t.Errorf("%d entries left, want none: the paid order is settled", n)
 	}
 }

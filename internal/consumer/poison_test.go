@@ -24,11 +24,11 @@ import (
 // short statement timeout cuts it), counting the statements that reached
 // one of them in the sequence slow_closes.
 func (e *env) slowClosesOf(serials []string) {
-	e.t.Helper()
-	if _, err := e.db.Exec(`CREATE SEQUENCE slow_closes`); err != nil {
-		e.t.Fatal(err)
+	e.T.Helper()
+	if _, err := e.DB.Exec(`CREATE SEQUENCE slow_closes`); err != nil {
+		e.T.Fatal(err)
 	}
-	e.closeTrigger("slow_close", "NEW.serial_no IN ('"+strings.Join(serials, "','")+"')",
+	e.CloseTrigger("slow_close", "NEW.serial_no IN ('"+strings.Join(serials, "','")+"')",
 		"PERFORM nextval('slow_closes'); PERFORM pg_sleep(5)")
 }
 
@@ -38,13 +38,13 @@ func (e *env) slowClosesOf(serials []string) {
 // then comes due at once, so the next claim takes the groups a round sent
 // back in one batch (a backlog), in the order of their expiries.
 func (e *env) dueAll() {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	now := queue.DeadlineMillis(e.redisNow())
-	for _, key := range []string{e.keys.Inflight, e.keys.Leases} {
-		zs, err := e.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+	now := queue.DeadlineMillis(e.RedisNow())
+	for _, key := range []string{e.Keys.Inflight, e.Keys.Leases} {
+		zs, err := e.RDB.ZRangeWithScores(ctx, key, 0, -1).Result()
 		if err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		if len(zs) == 0 {
 			continue
@@ -57,8 +57,8 @@ func (e *env) dueAll() {
 		for i, z := range zs {
 			moved[i] = redis.Z{Score: z.Score - float64(shift), Member: z.Member}
 		}
-		if err := e.rdb.ZAdd(ctx, key, moved...).Err(); err != nil {
-			e.t.Fatal(err)
+		if err := e.RDB.ZAdd(ctx, key, moved...).Err(); err != nil {
+			e.T.Fatal(err)
 		}
 	}
 }
@@ -73,7 +73,7 @@ func (e *env) poisonRounds(t *testing.T, c *Consumer, good []string, rounds int)
 	closedGood := func() int {
 		n := 0
 		for _, s := range good {
-			if e.status(s) == "closed" {
+			if e.Status(s) == "closed" {
 				n++
 			}
 		}
@@ -93,7 +93,7 @@ func (e *env) poisonRounds(t *testing.T, c *Consumer, good []string, rounds int)
 			order[i] = strings.SplitN(it.serial, "-", 2)[0] + it.serial[len(it.serial)-2:]
 		}
 		c.process(ctx, res.items)
-		k := e.slowCloses()
+		k := e.SlowCloses()
 		t.Logf("round %d: claimed %v; %d statements cut, %d of %d good orders closed", round,
 			order, k-cut, closedGood(), len(good))
 		cut = k
@@ -112,10 +112,10 @@ func (e *env) assertSlowRowsKept(t *testing.T, slow []string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, s := range slow {
-		if e.status(s) == "closed" {
+		if e.Status(s) == "closed" {
 			continue
 		}
-		if _, err := e.rdb.ZScore(ctx, e.keys.Dead, s).Result(); err == nil {
+		if _, err := e.RDB.ZScore(ctx, e.Keys.Dead, s).Result(); err == nil {
 			continue
 		}
 		got, err := e.cl.Get(ctx, s)
@@ -145,12 +145,12 @@ func TestPoisonRowsAheadOfTheirBatchDoNotHoldItBack(t *testing.T) {
 		t.Run(fmt.Sprintf("%d slow rows", slowRows), func(t *testing.T) {
 			e := newEnv(t, orderStatements())
 			const st = 100 * time.Millisecond
-			e.store.SetTimeouts(st, st/2)
-			past := e.redisNow().Add(-time.Second)
-			poison := e.orders("a-poison", slowRows, past)
-			good := e.orders("b-good", 10, past)
+			e.Store.SetTimeouts(st, st/2)
+			past := e.RedisNow().Add(-time.Second)
+			poison := e.Orders("a-poison", slowRows, past)
+			good := e.Orders("b-good", 10, past)
 			all := append(append([]string{}, poison...), good...)
-			e.enqueue(all, past)
+			e.Enqueue(all, past)
 			e.slowClosesOf(poison)
 			c := e.consumer(Config{BatchSize: len(all), StatementTimeout: st, Lease: 3 * time.Second})
 			c.stopping = make(chan struct{})
@@ -174,12 +174,12 @@ func TestPoisonRowsAheadOfTheirBatchDoNotHoldItBack(t *testing.T) {
 func TestAdvSlowRowIsFoundWhenTheLeaseLeavesNoTimeToIsolateIt(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	const st = 100 * time.Millisecond
-	e.store.SetTimeouts(st, st/2)
-	past := e.redisNow().Add(-time.Second)
-	poison := e.orders("a-poison", 1, past)
-	good := e.orders("b-good", 6, past)
+	e.Store.SetTimeouts(st, st/2)
+	past := e.RedisNow().Add(-time.Second)
+	poison := e.Orders("a-poison", 1, past)
+	good := e.Orders("b-good", 6, past)
 	all := append(append([]string{}, poison...), good...)
-	e.enqueue(all, past)
+	e.Enqueue(all, past)
 	e.slowClosesOf(poison)
 	c := e.consumer(Config{BatchSize: len(all), StatementTimeout: st, Lease: 3 * st, BackoffMax: time.Hour})
 	c.stopping = make(chan struct{})
@@ -201,9 +201,9 @@ func TestAdvSlowRowIsFoundWhenTheLeaseLeavesNoTimeToIsolateIt(t *testing.T) {
 func TestRetryInOrderComesBackInThatOrder(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("o", 20, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("o", 20, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{BatchSize: len(serials), Lease: 30 * time.Second})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != len(serials) {

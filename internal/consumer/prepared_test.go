@@ -24,29 +24,29 @@ func TestTableAlteredUnderThePreparedStatementsLosesNoBatch(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, stmts)
 			ctx := context.Background()
-			past := e.redisNow().Add(-time.Second)
+			past := e.RedisNow().Add(-time.Second)
 			c := e.consumer(Config{BatchSize: 20})
 			for i, ddl := range []string{"", `ALTER TABLE orders ALTER COLUMN serial_no TYPE varchar(128)`} {
 				if ddl != "" {
-					if _, err := e.db.Exec(ddl); err != nil {
+					if _, err := e.DB.Exec(ddl); err != nil {
 						t.Fatal(err)
 					}
 				}
-				serials := e.orders(string(rune('a'+i)), 10, past)
-				e.enqueue(append(serials, string(rune('a'+i))+"-norow"), past)
+				serials := e.Orders(string(rune('a'+i)), 10, past)
+				e.Enqueue(append(serials, string(rune('a'+i))+"-norow"), past)
 				res, err := c.claimBatch(ctx)
 				if err != nil || len(res.items) != 11 {
 					t.Fatalf("claim %d: %v, %d items", i, err, len(res.items))
 				}
 				c.process(ctx, res.items)
 			}
-			if got := e.statusCounts(); got["closed"] != 20 {
+			if got := e.StatusCounts(); got["closed"] != 20 {
 				t.Errorf("statuses %v, want 20 closed", got)
 			}
 			if v := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClose)); v != 0 {
 				t.Errorf("errors_total{stage=close} %v, want 0", v)
 			}
-			if n := e.card(e.keys.Dead); n != 0 {
+			if n := e.card(e.Keys.Dead); n != 0 {
 				t.Errorf("%d dead letters, want none", n)
 			}
 			// Only the two serials without a row are left, retried with

@@ -19,7 +19,7 @@ import (
 // drain the list.
 
 func (e *env) putDueN(prefix string, n int) []string {
-	e.t.Helper()
+	e.T.Helper()
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
@@ -31,16 +31,16 @@ func (e *env) putDueN(prefix string, n int) []string {
 // popIDs pops up to n items from the ready list as a BRPOP consumer would
 // and returns their ids.
 func (e *env) popIDs(n int) []string {
-	e.t.Helper()
+	e.T.Helper()
 	var out []string
 	for range n {
-		s, err := e.rdb.RPop(context.Background(), e.keys.Ready).Result()
+		s, err := e.RDB.RPop(context.Background(), e.Keys.Ready).Result()
 		if err != nil {
 			break
 		}
 		var it client.ListItem
 		if err := json.Unmarshal([]byte(s), &it); err != nil {
-			e.t.Fatalf("ready item %q: %v", s, err)
+			e.T.Fatalf("ready item %q: %v", s, err)
 		}
 		out = append(out, it.ID)
 	}
@@ -56,16 +56,16 @@ func TestPlainListStopsAtMaxLenAndResumesWhenDrained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.forwarded != 3 || e.llen(e.keys.Ready) != 3 || e.card(e.keys.Queue) != 2 {
+	if res.forwarded != 3 || e.llen(e.Keys.Ready) != 3 || e.card(e.Keys.Queue) != 2 {
 		t.Fatalf("forwarded %d, ready %d, queued %d; want 3, 3, 2 under max_len 3",
-			res.forwarded, e.llen(e.keys.Ready), e.card(e.keys.Queue))
+			res.forwarded, e.llen(e.Keys.Ready), e.card(e.Keys.Queue))
 	}
 	res, err = c.claim(ctx, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.forwarded != 0 || e.card(e.keys.Queue) != 2 {
-		t.Fatalf("a pass on a full list forwarded %d, left %d queued; want 0 and 2", res.forwarded, e.card(e.keys.Queue))
+	if res.forwarded != 0 || e.card(e.Keys.Queue) != 2 {
+		t.Fatalf("a pass on a full list forwarded %d, left %d queued; want 0 and 2", res.forwarded, e.card(e.Keys.Queue))
 	}
 	// The scanner must not spin on the overdue head while the list is full.
 	if res.nextQueue <= res.now {
@@ -74,7 +74,7 @@ func TestPlainListStopsAtMaxLenAndResumesWhenDrained(t *testing.T) {
 	if !c.listFull || testutil.ToFloat64(e.m.ReadyFull) != 1 {
 		t.Errorf("the full list was not noted: %v, gauge %v", c.listFull, testutil.ToFloat64(e.m.ReadyFull))
 	}
-	if n := e.card(e.keys.Dead); n != 0 {
+	if n := e.card(e.Keys.Dead); n != 0 {
 		t.Fatalf("%d dead letters: waiting for room is not a failure", n)
 	}
 	// The waiting tasks keep their payloads and deadlines.
@@ -89,8 +89,8 @@ func TestPlainListStopsAtMaxLenAndResumesWhenDrained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.forwarded != 2 || e.card(e.keys.Queue) != 0 || c.listFull || testutil.ToFloat64(e.m.ReadyFull) != 0 {
-		t.Fatalf("after draining two: forwarded %d, %d queued, full %v; want 2, 0, false", res.forwarded, e.card(e.keys.Queue), c.listFull)
+	if res.forwarded != 2 || e.card(e.Keys.Queue) != 0 || c.listFull || testutil.ToFloat64(e.m.ReadyFull) != 0 {
+		t.Fatalf("after draining two: forwarded %d, %d queued, full %v; want 2, 0, false", res.forwarded, e.card(e.Keys.Queue), c.listFull)
 	}
 	got = append(got, e.popIDs(10)...)
 	slices.Sort(got)
@@ -108,24 +108,24 @@ func TestReliableListStopsAtMaxLen(t *testing.T) {
 	e.putDueN("r", 4)
 	cfg := reliableList(time.Minute, 5)
 	cfg.Forward.MaxLen = 2
-	if res := e.forwardOnce(cfg); res.forwarded != 2 || e.card(e.keys.Queue) != 2 {
-		t.Fatalf("forwarded %d, %d queued; want 2 and 2", res.forwarded, e.card(e.keys.Queue))
+	if res := e.forwardOnce(cfg); res.forwarded != 2 || e.card(e.Keys.Queue) != 2 {
+		t.Fatalf("forwarded %d, %d queued; want 2 and 2", res.forwarded, e.card(e.Keys.Queue))
 	}
 	it, err := e.cl.Take(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := e.forwardOnce(cfg); res.forwarded != 1 || e.llen(e.keys.Ready) != 2 || e.card(e.keys.Queue) != 1 {
+	if res := e.forwardOnce(cfg); res.forwarded != 1 || e.llen(e.Keys.Ready) != 2 || e.card(e.Keys.Queue) != 1 {
 		t.Fatalf("after one Take: forwarded %d, ready %d, queued %d; want 1, 2, 1",
-			res.forwarded, e.llen(e.keys.Ready), e.card(e.keys.Queue))
+			res.forwarded, e.llen(e.Keys.Ready), e.card(e.Keys.Queue))
 	}
 	e.takenAgo(it.ID, 2*time.Minute)
 	res := e.forwardOnce(cfg)
-	if res.forwarded != 0 || e.llen(e.keys.Ready) != 3 || e.card(e.keys.Queue) != 1 || e.llen(e.keys.Processing) != 0 {
+	if res.forwarded != 0 || e.llen(e.Keys.Ready) != 3 || e.card(e.Keys.Queue) != 1 || e.llen(e.Keys.Processing) != 0 {
 		t.Fatalf("recovery on a full list: forwarded %d, ready %d, queued %d, processing %d; want 0, 3, 1, 0",
-			res.forwarded, e.llen(e.keys.Ready), e.card(e.keys.Queue), e.llen(e.keys.Processing))
+			res.forwarded, e.llen(e.Keys.Ready), e.card(e.Keys.Queue), e.llen(e.Keys.Processing))
 	}
-	if n := e.card(e.keys.Dead); n != 0 {
+	if n := e.card(e.Keys.Dead); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}
 	for range 3 {
@@ -137,8 +137,8 @@ func TestReliableListStopsAtMaxLen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if res := e.forwardOnce(cfg); res.forwarded != 1 || e.card(e.keys.Queue) != 0 {
-		t.Fatalf("drained: forwarded %d, %d queued; want the last one moved", res.forwarded, e.card(e.keys.Queue))
+	if res := e.forwardOnce(cfg); res.forwarded != 1 || e.card(e.Keys.Queue) != 0 {
+		t.Fatalf("drained: forwarded %d, %d queued; want the last one moved", res.forwarded, e.card(e.Keys.Queue))
 	}
 }
 
@@ -151,7 +151,7 @@ func TestListCapUnderARunningConsumer(t *testing.T) {
 	defer stop()
 	var got []string
 	eventually(t, "every task delivered through a list of at most 2", 30*time.Second, func() bool {
-		if n := e.llen(e.keys.Ready); n > 2 {
+		if n := e.llen(e.Keys.Ready); n > 2 {
 			t.Fatalf("ready list holds %d, max_len 2", n)
 		}
 		got = append(got, e.popIDs(1)...)

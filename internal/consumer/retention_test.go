@@ -38,11 +38,11 @@ func failAll(_ context.Context, ts []Task) []error {
 // runPass claims one batch with cfg and runs its action, as a replica's
 // scan and worker would; it returns the claimed ids.
 func (e *env) runPass(cfg Config) []string {
-	e.t.Helper()
+	e.T.Helper()
 	c := e.consumer(cfg)
 	res, err := c.claimBatch(context.Background())
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	if len(res.items) > 0 {
 		c.m.Inflight.Add(float64(len(res.items)))
@@ -53,8 +53,8 @@ func (e *env) runPass(cfg Config) []string {
 
 // payloadOf returns id's stored payload, or "" when it has none.
 func (e *env) payloadOf(id string) string {
-	e.t.Helper()
-	v, err := e.rdb.HGet(context.Background(), e.keys.Payload, id).Result()
+	e.T.Helper()
+	v, err := e.RDB.HGet(context.Background(), e.Keys.Payload, id).Result()
 	if err != nil {
 		return ""
 	}
@@ -65,20 +65,20 @@ func (e *env) payloadOf(id string) string {
 // key, lease record) and no dead letter owns: payloads nothing will ever
 // read or remove.
 func (e *env) orphanPayloads() []string {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	ids, err := e.rdb.HKeys(ctx, e.keys.Payload).Result()
+	ids, err := e.RDB.HKeys(ctx, e.Keys.Payload).Result()
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	var out []string
 	for _, id := range ids {
-		_, qErr := e.rdb.ZScore(ctx, e.keys.Queue, id).Result()
-		leased, err := e.rdb.HExists(ctx, e.keys.Lease, id).Result()
+		_, qErr := e.RDB.ZScore(ctx, e.Keys.Queue, id).Result()
+		leased, err := e.RDB.HExists(ctx, e.Keys.Lease, id).Result()
 		if err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
-		_, dErr := e.rdb.ZScore(ctx, e.keys.Dead, id).Result()
+		_, dErr := e.RDB.ZScore(ctx, e.Keys.Dead, id).Result()
 		if qErr != nil && !leased && dErr != nil {
 			out = append(out, id)
 		}
@@ -88,28 +88,28 @@ func (e *env) orphanPayloads() []string {
 }
 
 func (e *env) assertNoOrphans(when string) {
-	e.t.Helper()
+	e.T.Helper()
 	if o := e.orphanPayloads(); len(o) > 0 {
-		e.t.Fatalf("%s: payloads with no task and no dead letter: %q", when, o)
+		e.T.Fatalf("%s: payloads with no task and no dead letter: %q", when, o)
 	}
 }
 
 // purge applies the retention: by age (olderThan > 0) or by count.
 func (e *env) purge(olderThan time.Duration, keepMax int) int {
-	e.t.Helper()
+	e.T.Helper()
 	n, err := e.st.PurgeDead(context.Background(), olderThan, keepMax)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return n
 }
 
 // deadAgo rewrites when id was dead-lettered to d before Redis's now.
 func (e *env) deadAgo(id string, d time.Duration) {
-	e.t.Helper()
-	at := e.redisNow().Add(-d).UnixMilli()
-	if err := e.rdb.ZAddXX(context.Background(), e.keys.Dead, zAt(at, id)).Err(); err != nil {
-		e.t.Fatal(err)
+	e.T.Helper()
+	at := e.RedisNow().Add(-d).UnixMilli()
+	if err := e.RDB.ZAddXX(context.Background(), e.Keys.Dead, zAt(at, id)).Err(); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
@@ -171,7 +171,7 @@ func TestPurgeDeadKeepsThePayloadOfALiveTaskOfTheSameID(t *testing.T) {
 			e.purge(0, 0)
 			e.deadAgo("x", 2*time.Hour) // no-op when the requeue removed it
 			e.purge(time.Hour, 0)
-			if n := e.card(e.keys.Dead); n != 0 {
+			if n := e.card(e.Keys.Dead); n != 0 {
 				t.Fatalf("%d dead letters after the purge, want 0", n)
 			}
 			if e.payloadOf("x") == "" {
@@ -213,7 +213,7 @@ func TestPurgeThenRequeueLeavesNothing(t *testing.T) {
 	if _, err := e.st.Requeue(context.Background(), "x"); !errors.Is(err, queue.ErrNotDead) {
 		t.Fatalf("requeue of a purged dead letter: %v, want queue.ErrNotDead", err)
 	}
-	if n := e.card(e.keys.Queue); n != 0 {
+	if n := e.card(e.Keys.Queue); n != 0 {
 		t.Fatalf("queue holds %d after requeueing a purged id", n)
 	}
 	e.assertNoOrphans("after purge then requeue")
@@ -234,7 +234,7 @@ func TestPurgeAfterTheLiveTaskWasForwarded(t *testing.T) {
 		t.Fatalf("purged %d, want 1", n)
 	}
 	e.assertNoOrphans("after purging a forwarded task's old dead letter")
-	item, err := e.rdb.LIndex(context.Background(), e.keys.Ready, 0).Result()
+	item, err := e.RDB.LIndex(context.Background(), e.Keys.Ready, 0).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,26 +247,26 @@ func TestPurgeAfterTheLiveTaskWasForwarded(t *testing.T) {
 // putLater puts task id due in an hour (re-put: a reschedule, as a
 // producer that reuses an id of a buried task would).
 func (e *env) putLater(id, payload string) {
-	e.t.Helper()
+	e.T.Helper()
 	if _, _, err := e.cl.PutTask(context.Background(), id, json.RawMessage(payload), time.Now().Add(time.Hour), client.Reschedule); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 }
 
 // makeDue makes task id due now wherever it waits: in the queue key, or
 // leased or backing off (its lease or backoff is ended).
 func (e *env) makeDue(id string) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second).UnixMilli()
-	if _, err := e.rdb.ZScore(ctx, e.keys.Queue, id).Result(); err == nil {
-		if err := e.rdb.ZAdd(ctx, e.keys.Queue, zAt(past, id)).Err(); err != nil {
-			e.t.Fatal(err)
+	past := e.RedisNow().Add(-time.Second).UnixMilli()
+	if _, err := e.RDB.ZScore(ctx, e.Keys.Queue, id).Result(); err == nil {
+		if err := e.RDB.ZAdd(ctx, e.Keys.Queue, zAt(past, id)).Err(); err != nil {
+			e.T.Fatal(err)
 		}
 		return
 	}
-	if err := e.rdb.ZAddXX(ctx, e.keys.Inflight, zAt(past, id)).Err(); err != nil {
-		e.t.Fatal(err)
+	if err := e.RDB.ZAddXX(ctx, e.Keys.Inflight, zAt(past, id)).Err(); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
@@ -319,7 +319,7 @@ func TestRetentionWorkloadLeavesNoOrphanPayloads(t *testing.T) {
 		case 4:
 			// End every backoff, so failed tasks are claimed again.
 			what = "backoffs end"
-			held, err := e.rdb.ZRange(ctx, e.keys.Inflight, 0, -1).Result()
+			held, err := e.RDB.ZRange(ctx, e.Keys.Inflight, 0, -1).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -390,7 +390,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 				case 2:
 					if kind == "poll" {
 						what = "poll"
-						_, tok, err := pollTasks(ctx, e.rdb, e.keys, 1+rnd.IntN(3), 0, time.Minute, 2)
+						_, tok, err := pollTasks(ctx, e.RDB, e.Keys, 1+rnd.IntN(3), 0, time.Minute, 2)
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -408,7 +408,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 						}
 						what = "ack"
 						tok := tokens[rnd.IntN(len(tokens))]
-						if _, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(ctx, tok, []string{pick(), pick()}[:1+rnd.IntN(2)]); err != nil {
+						if _, _, err := queue.NewStore(e.RDB, e.Keys).AckTasks(ctx, tok, []string{pick(), pick()}[:1+rnd.IntN(2)]); err != nil {
 							t.Fatal(err)
 						}
 					} else {
@@ -423,7 +423,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 				case 4:
 					what = "leases expire"
 					if kind == "poll" {
-						held, err := e.rdb.ZRange(ctx, e.keys.Inflight, 0, -1).Result()
+						held, err := e.RDB.ZRange(ctx, e.Keys.Inflight, 0, -1).Result()
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -431,7 +431,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 							e.makeDue(id)
 						}
 					} else {
-						taken, err := e.rdb.ZRange(ctx, e.keys.Unacked, 0, -1).Result()
+						taken, err := e.RDB.ZRange(ctx, e.Keys.Unacked, 0, -1).Result()
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -476,14 +476,14 @@ func TestPurgeOfAStreamDeadLetter(t *testing.T) {
 	ctx := context.Background()
 	e.putDue("s-1", `{"n":1}`)
 	e.forwardOnce(cfg)
-	res, err := e.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{e.keys.Stream, ">"}, Count: 10, Block: -1}).Result()
+	res, err := e.RDB.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{e.Keys.Stream, ">"}, Count: 10, Block: -1}).Result()
 	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 {
 		t.Fatalf("XREADGROUP: %v, %v", res, err)
 	}
 	entry := res[0].Messages[0].ID
 	e.idleFor("g", "c1", entry, 2*time.Minute)
 	e.forwardOnce(cfg) // one delivery of two
-	if err := e.rdb.Do(ctx, "XCLAIM", e.keys.Stream, "g", "c2", 0, entry).Err(); err != nil {
+	if err := e.RDB.Do(ctx, "XCLAIM", e.Keys.Stream, "g", "c2", 0, entry).Err(); err != nil {
 		t.Fatal(err)
 	}
 	e.idleFor("g", "c2", entry, 2*time.Minute)

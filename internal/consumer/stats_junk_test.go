@@ -17,12 +17,12 @@ import (
 func TestStatsSurviveMalformedMembers(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	cl, k := taskQueue(t, e.rdb, "junk")
+	cl, k := taskQueue(t, e.RDB, "junk")
 	// Whole milliseconds, as deadlines are stored: a deadline rounded up
 	// to the next millisecond would read as 9m59.999s overdue.
-	now := e.redisNow().Truncate(time.Millisecond)
+	now := e.RedisNow().Truncate(time.Millisecond)
 	e.putTask(cl, "real-1", now.Add(-10*time.Minute))
-	if err := e.rdb.ZAdd(ctx, k.Queue,
+	if err := e.RDB.ZAdd(ctx, k.Queue,
 		redis.Z{Score: math.Inf(-1), Member: "minus-inf"},
 		redis.Z{Score: math.Inf(1), Member: "plus-inf"},
 		redis.Z{Score: 1.5, Member: "tiny"},
@@ -32,10 +32,10 @@ func TestStatsSurviveMalformedMembers(t *testing.T) {
 	}
 	// A lease record without a deadline and an inflight entry without
 	// either (a half-written companion) must not break it either.
-	if err := e.rdb.ZAdd(ctx, k.Inflight, redis.Z{Score: float64(now.UnixMilli()), Member: "orphan"}).Err(); err != nil {
+	if err := e.RDB.ZAdd(ctx, k.Inflight, redis.Z{Score: float64(now.UnixMilli()), Member: "orphan"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := queue.ReadStats(ctx, e.rdb, k)
+	st, err := queue.ReadStats(ctx, e.RDB, k)
 	if err != nil {
 		t.Fatalf("stats with malformed members: %v", err)
 	}

@@ -25,7 +25,7 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 		}
 	}
 	claim := func() ([]Task, string) {
-		ts, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10)
+		ts, tok, err := pollTasks(ctx, e.RDB, e.Keys, 10, 0, time.Minute, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,17 +39,17 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	other := queue.NewPollToken()
 	for name, f := range map[string]func(string) (int, error){
 		"extend": func(tk string) (int, error) {
-			lost, err := queue.NewStore(e.rdb, e.keys).ExtendTasks(ctx, tk, time.Minute, []string{"a"})
+			lost, err := queue.NewStore(e.RDB, e.Keys).ExtendTasks(ctx, tk, time.Minute, []string{"a"})
 			return 1 - len(lost), err
 		},
 		"retry": func(tk string) (int, error) {
-			return queue.NewStore(e.rdb, e.keys).RetryTasks(ctx, tk, 0, "x", []string{"a"})
+			return queue.NewStore(e.RDB, e.Keys).RetryTasks(ctx, tk, 0, "x", []string{"a"})
 		},
 		"bury": func(tk string) (int, error) {
-			return queue.NewStore(e.rdb, e.keys).BuryTasks(ctx, tk, ReasonFailed, "x", []string{"a"})
+			return queue.NewStore(e.RDB, e.Keys).BuryTasks(ctx, tk, ReasonFailed, "x", []string{"a"})
 		},
 		"hand back": func(tk string) (int, error) {
-			return queue.NewStore(e.rdb, e.keys).ReleaseTasks(ctx, tk, []string{"a"})
+			return queue.NewStore(e.RDB, e.Keys).ReleaseTasks(ctx, tk, []string{"a"})
 		},
 	} {
 		if n, err := f(other); err != nil || n != 0 {
@@ -63,25 +63,25 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 		t.Fatalf("after foreign calls: %+v, %v; want still leased under the claim's token", tk, err)
 	}
 	// Extend under the right token moves the expiry later.
-	before, _ := e.rdb.ZScore(ctx, e.keys.Inflight, "a").Result()
+	before, _ := e.RDB.ZScore(ctx, e.Keys.Inflight, "a").Result()
 	time.Sleep(5 * time.Millisecond) // so the Redis clock moves
-	if lost, err := queue.NewStore(e.rdb, e.keys).ExtendTasks(ctx, tok, 2*time.Minute, []string{"a", "nope"}); err != nil || len(lost) != 1 || lost[0] != "nope" {
+	if lost, err := queue.NewStore(e.RDB, e.Keys).ExtendTasks(ctx, tok, 2*time.Minute, []string{"a", "nope"}); err != nil || len(lost) != 1 || lost[0] != "nope" {
 		t.Fatalf("extend: lost %v, %v; want [nope]", lost, err)
 	}
-	after, _ := e.rdb.ZScore(ctx, e.keys.Inflight, "a").Result()
+	after, _ := e.RDB.ZScore(ctx, e.Keys.Inflight, "a").Result()
 	if after < before+59_000 {
 		t.Fatalf("expiry %v after extending from %v by 2m, want about a minute later", after, before)
 	}
 	// Retry spends an attempt; the next claim gets it (delay 0) and a
 	// hand-back keeps the attempts.
-	if n, err := queue.NewStore(e.rdb, e.keys).RetryTasks(ctx, tok, 0, "boom", []string{"a"}); err != nil || n != 1 {
+	if n, err := queue.NewStore(e.RDB, e.Keys).RetryTasks(ctx, tok, 0, "boom", []string{"a"}); err != nil || n != 1 {
 		t.Fatalf("retry: %d, %v", n, err)
 	}
 	ts, tok = claim()
 	if len(ts) != 1 || ts[0].Attempts != 1 {
 		t.Fatalf("claim after retry: %+v", ts)
 	}
-	if n, err := queue.NewStore(e.rdb, e.keys).ReleaseTasks(ctx, tok, []string{"a"}); err != nil || n != 1 {
+	if n, err := queue.NewStore(e.RDB, e.Keys).ReleaseTasks(ctx, tok, []string{"a"}); err != nil || n != 1 {
 		t.Fatalf("hand back: %d, %v", n, err)
 	}
 	if tk, err := e.cl.GetTask(ctx, "a"); err != nil || tk.State != client.StateBackoff || tk.Attempts != 1 {
@@ -94,7 +94,7 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 	// A fresh task handed back is queued again at its deadline.
 	put("b")
 	ts, tok = claim()
-	if n, err := queue.NewStore(e.rdb, e.keys).ReleaseTasks(ctx, tok, []string{"b"}); err != nil || n != 1 || len(ts) != 1 {
+	if n, err := queue.NewStore(e.RDB, e.Keys).ReleaseTasks(ctx, tok, []string{"b"}); err != nil || n != 1 || len(ts) != 1 {
 		t.Fatalf("hand back b: %d, %v", n, err)
 	}
 	if tk, err := e.cl.GetTask(ctx, "b"); err != nil || tk.State != client.StateQueued {
@@ -110,15 +110,15 @@ func TestExtendAnExpiredLeaseNoOneTook(t *testing.T) {
 	if _, _, err := e.cl.PutTask(ctx, "e", json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
 		t.Fatal(err)
 	}
-	ts, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10)
+	ts, tok, err := pollTasks(ctx, e.RDB, e.Keys, 10, 0, time.Minute, 10)
 	if err != nil || len(ts) != 1 {
 		t.Fatalf("claim: %d, %v", len(ts), err)
 	}
-	e.rdb.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: "e"}) // ran out long ago
-	if lost, err := queue.NewStore(e.rdb, e.keys).ExtendTasks(ctx, tok, time.Minute, []string{"e"}); err != nil || len(lost) != 0 {
+	e.RDB.ZAdd(ctx, e.Keys.Inflight, redis.Z{Score: 1, Member: "e"}) // ran out long ago
+	if lost, err := queue.NewStore(e.RDB, e.Keys).ExtendTasks(ctx, tok, time.Minute, []string{"e"}); err != nil || len(lost) != 0 {
 		t.Fatalf("extend: lost %v, %v; want none", lost, err)
 	}
-	if ts, _, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 10); err != nil || len(ts) != 0 {
+	if ts, _, err := pollTasks(ctx, e.RDB, e.Keys, 10, 0, time.Minute, 10); err != nil || len(ts) != 0 {
 		t.Fatalf("claim after extending: %d tasks, %v; want none", len(ts), err)
 	}
 }

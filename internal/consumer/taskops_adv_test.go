@@ -49,10 +49,10 @@ func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
 		t.Fatalf("Ack A: %v", err)
 	}
 	// B (if it holds an item) crashes now and never acks.
-	taken, _ := e.rdb.HLen(ctx, e.keys.Taken).Result()
-	unacked, _ := e.rdb.ZCard(ctx, e.keys.Unacked).Result()
-	processing := e.llen(e.keys.Processing)
-	ready := e.llen(e.keys.Ready)
+	taken, _ := e.RDB.HLen(ctx, e.Keys.Taken).Result()
+	unacked, _ := e.RDB.ZCard(ctx, e.Keys.Unacked).Result()
+	processing := e.llen(e.Keys.Processing)
+	ready := e.llen(e.Keys.Ready)
 	t.Logf("B took %q (%v); after A's ack: taken %d, unacked %d, processing %d, ready %d",
 		b.ID, errB, taken, unacked, processing, ready)
 	if processing != taken || unacked != taken {
@@ -75,7 +75,7 @@ func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
 	if err := e.cl.Ack(ctx, "RL-X"); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{e.keys.Processing, e.keys.Ready} {
+	for _, k := range []string{e.Keys.Processing, e.Keys.Ready} {
 		if n := e.llen(k); n != 0 {
 			t.Errorf("%s holds %d items after both deliveries were acked", k, n)
 		}

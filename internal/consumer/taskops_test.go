@@ -14,20 +14,20 @@ import (
 // buryTask dead-letters task id with payload the way a failed action does:
 // put due, claimed (as a poll), and buried.
 func (e *env) buryTask(id, payload string) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
-	if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(payload), e.redisNow().Add(-time.Second), client.Create); err != nil {
-		e.t.Fatal(err)
+	if _, _, err := e.cl.PutTask(ctx, id, json.RawMessage(payload), e.RedisNow().Add(-time.Second), client.Create); err != nil {
+		e.T.Fatal(err)
 	}
 	c := e.consumer(Config{BatchSize: 10, Lease: time.Minute, MaxAttempts: 1,
 		Process: func(context.Context, []Task) []error { return nil }})
 	res, err := c.claimAs(ctx, 10, "poll.test", false)
 	if err != nil || len(res.items) != 1 {
-		e.t.Fatalf("claim %s: %v, %d items", id, err, len(res.items))
+		e.T.Fatalf("claim %s: %v, %d items", id, err, len(res.items))
 	}
 	c.bury(res.items, ReasonFailed, "boom")
-	if ok, err := e.rdb.ZScore(ctx, e.keys.Dead, id).Result(); err != nil || ok == 0 {
-		e.t.Fatalf("%s not dead-lettered: %v", id, err)
+	if ok, err := e.RDB.ZScore(ctx, e.Keys.Dead, id).Result(); err != nil || ok == 0 {
+		e.T.Fatalf("%s not dead-lettered: %v", id, err)
 	}
 }
 
@@ -40,16 +40,16 @@ func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
 
 	// 1. dead, then queued again for later with a new payload.
 	e.buryTask("T-queued", `{"v":"dead"}`)
-	later := e.redisNow().Add(time.Hour)
+	later := e.RedisNow().Add(time.Hour)
 	if _, _, err := e.cl.PutTask(ctx, "T-queued", json.RawMessage(`{"v":"live"}`), later, client.Create); err != nil {
 		t.Fatal(err)
 	}
 	// 2. dead, then put again and leased by a poll right now.
 	e.buryTask("T-leased", `{"v":"dead"}`)
-	if _, _, err := e.cl.PutTask(ctx, "T-leased", json.RawMessage(`{"v":"live"}`), e.redisNow().Add(-time.Second), client.Create); err != nil {
+	if _, _, err := e.cl.PutTask(ctx, "T-leased", json.RawMessage(`{"v":"live"}`), e.RedisNow().Add(-time.Second), client.Create); err != nil {
 		t.Fatal(err)
 	}
-	claimed, tok, err := pollTasks(ctx, e.rdb, e.keys, 10, 0, time.Minute, 5)
+	claimed, tok, err := pollTasks(ctx, e.RDB, e.Keys, 10, 0, time.Minute, 5)
 	if err != nil || len(claimed) != 1 || claimed[0].ID != "T-leased" {
 		t.Fatalf("poll: %v %+v", err, claimed)
 	}
@@ -63,32 +63,32 @@ func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
 	if want := []string{queue.RequeueLive, queue.RequeueLive, queue.RequeueDone, queue.RequeueNotDead}; !slices.Equal(outs, want) {
 		t.Errorf("outcomes %v, want %v", outs, want)
 	}
-	if d, err := e.rdb.ZScore(ctx, e.keys.Queue, "T-queued").Result(); err != nil || int64(d) != queue.DeadlineMillis(later) {
+	if d, err := e.RDB.ZScore(ctx, e.Keys.Queue, "T-queued").Result(); err != nil || int64(d) != queue.DeadlineMillis(later) {
 		t.Errorf("live queued task due %v (%v), want its own %d", d, err, queue.DeadlineMillis(later))
 	}
-	if n, _ := e.rdb.ZScore(ctx, e.keys.Queue, "T-leased").Result(); n != 0 {
+	if n, _ := e.RDB.ZScore(ctx, e.Keys.Queue, "T-leased").Result(); n != 0 {
 		t.Errorf("leased task was put into the queue too (due %v): it would run twice", n)
 	}
 	for _, id := range []string{"T-queued", "T-leased"} {
-		if p, _ := e.rdb.HGet(ctx, e.keys.Payload, id).Result(); p != `{"v":"live"}` {
+		if p, _ := e.RDB.HGet(ctx, e.Keys.Payload, id).Result(); p != `{"v":"live"}` {
 			t.Errorf("%s payload %q, want the live task's", id, p)
 		}
-		if _, err := e.rdb.ZScore(ctx, e.keys.Dead, id).Result(); err != nil {
+		if _, err := e.RDB.ZScore(ctx, e.Keys.Dead, id).Result(); err != nil {
 			t.Errorf("%s: dead letter gone (%v); a skipped requeue must leave it", id, err)
 		}
 	}
-	if missed, _, err := queue.NewStore(e.rdb, e.keys).AckTasks(ctx, tok, []string{"T-leased"}); err != nil || len(missed) != 0 {
+	if missed, _, err := queue.NewStore(e.RDB, e.Keys).AckTasks(ctx, tok, []string{"T-leased"}); err != nil || len(missed) != 0 {
 		t.Errorf("the poll's lease no longer acks: missed %v, %v", missed, err)
 	}
 	// The plain dead letter is due now, with the payload it died with.
-	d, err := e.rdb.ZScore(ctx, e.keys.Queue, "T-dead").Result()
-	if err != nil || time.UnixMilli(int64(d)).After(e.redisNow()) {
+	d, err := e.RDB.ZScore(ctx, e.Keys.Queue, "T-dead").Result()
+	if err != nil || time.UnixMilli(int64(d)).After(e.RedisNow()) {
 		t.Errorf("requeued task due %v (%v), want now", d, err)
 	}
-	if p, _ := e.rdb.HGet(ctx, e.keys.Payload, "T-dead").Result(); p != `{"v":"only"}` {
+	if p, _ := e.RDB.HGet(ctx, e.Keys.Payload, "T-dead").Result(); p != `{"v":"only"}` {
 		t.Errorf("requeued payload %q, want the one it died with", p)
 	}
-	if ok, _ := e.rdb.HExists(ctx, e.keys.DeadInfo, "T-dead").Result(); ok {
+	if ok, _ := e.RDB.HExists(ctx, e.Keys.DeadInfo, "T-dead").Result(); ok {
 		t.Error("requeued task keeps its dead-letter record")
 	}
 }
@@ -99,7 +99,7 @@ func TestPurgeTasksKeepsALiveTasksPayload(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	e.buryTask("P-live", `{"v":"dead"}`)
-	if _, _, err := e.cl.PutTask(ctx, "P-live", json.RawMessage(`{"v":"live"}`), e.redisNow().Add(time.Hour), client.Create); err != nil {
+	if _, _, err := e.cl.PutTask(ctx, "P-live", json.RawMessage(`{"v":"live"}`), e.RedisNow().Add(time.Hour), client.Create); err != nil {
 		t.Fatal(err)
 	}
 	e.buryTask("P-dead", `{"v":"dead"}`)
@@ -107,14 +107,14 @@ func TestPurgeTasksKeepsALiveTasksPayload(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("purged %d (%v), want 2", n, err)
 	}
-	if p, _ := e.rdb.HGet(ctx, e.keys.Payload, "P-live").Result(); p != `{"v":"live"}` {
+	if p, _ := e.RDB.HGet(ctx, e.Keys.Payload, "P-live").Result(); p != `{"v":"live"}` {
 		t.Errorf("live task's payload %q after purging its dead namesake", p)
 	}
-	if ok, _ := e.rdb.HExists(ctx, e.keys.Payload, "P-dead").Result(); ok {
+	if ok, _ := e.RDB.HExists(ctx, e.Keys.Payload, "P-dead").Result(); ok {
 		t.Error("purged dead letter keeps its payload")
 	}
-	for _, k := range []string{e.keys.Dead, e.keys.DeadInfo} {
-		if n, _ := e.rdb.Exists(ctx, k).Result(); n != 0 {
+	for _, k := range []string{e.Keys.Dead, e.Keys.DeadInfo} {
+		if n, _ := e.RDB.Exists(ctx, k).Result(); n != 0 {
 			t.Errorf("%s still exists after purging every dead letter", k)
 		}
 	}

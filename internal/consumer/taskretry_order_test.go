@@ -45,10 +45,10 @@ func outcomeByName(_ context.Context, ts []Task) []error {
 
 // retryExpiry is when the task id's retry is due (its {Q}:inflight score).
 func (e *env) retryExpiry(id string) float64 {
-	e.t.Helper()
-	s, err := e.rdb.ZScore(context.Background(), e.keys.Inflight, id).Result()
+	e.T.Helper()
+	s, err := e.RDB.ZScore(context.Background(), e.Keys.Inflight, id).Result()
 	if err != nil {
-		e.t.Fatalf("%s is not backing off: %v", id, err)
+		e.T.Fatalf("%s is not backing off: %v", id, err)
 	}
 	return s
 }
@@ -56,15 +56,15 @@ func (e *env) retryExpiry(id string) float64 {
 // spentNone checks that each of ids is still there, alive, with no
 // attempt spent.
 func (e *env) spentNone(ids ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	for _, id := range ids {
 		tk, err := e.cl.GetTask(context.Background(), id)
 		if err != nil {
-			e.t.Errorf("%s lost: %v", id, err)
+			e.T.Errorf("%s lost: %v", id, err)
 			continue
 		}
 		if tk.Attempts != 0 || tk.State == client.StateDead {
-			e.t.Errorf("%s: %s with %d attempts, want 0 spent", id, tk.State, tk.Attempts)
+			e.T.Errorf("%s: %s with %d attempts, want 0 spent", id, tk.State, tk.Attempts)
 		}
 	}
 }
@@ -141,7 +141,7 @@ func TestTaskBatchOfOnlyUntriedTasksBacksOffAndSaysSo(t *testing.T) {
 	c.process(ctx, res.items)
 	// An hour overdue: contendedBackoff gives at least a quarter of
 	// BackoffMax (5 min by default), untriedBackoff at most half a second.
-	due := time.UnixMilli(int64(e.retryExpiry("n1"))).Sub(e.redisNow())
+	due := time.UnixMilli(int64(e.retryExpiry("n1"))).Sub(e.RedisNow())
 	if due < time.Minute {
 		t.Errorf("untried tasks an hour overdue due again in %v, want the backoff of a contended task (minutes)", due)
 	}
@@ -195,7 +195,7 @@ func TestTaskRetryGroupsLeaveTheProducersWritesAlone(t *testing.T) {
 		if p := e.payloadOf(id); p != `{"v":2}` {
 			t.Errorf("%s: payload %q, want the producer's", id, p)
 		}
-		if _, err := e.rdb.ZScore(ctx, e.keys.Inflight, id).Result(); err == nil {
+		if _, err := e.RDB.ZScore(ctx, e.Keys.Inflight, id).Result(); err == nil {
 			t.Errorf("%s is backing off as well as queued", id)
 		}
 	}
@@ -237,7 +237,7 @@ func TestTaskRetryGroupsLoseNothingWhenRedisFailsMidway(t *testing.T) {
 				close(stop)
 				c.stopping = stop // cut the dependency wait
 				hook := &failNthRetry{fail: map[int64]bool{nth: true}, ran: ran}
-				broken := redis.NewClient(e.rdb.Options())
+				broken := redis.NewClient(e.RDB.Options())
 				t.Cleanup(func() { broken.Close() })
 				broken.AddHook(hook)
 				c.rdb, c.q = broken, queue.NewStore(broken, c.cfg.Keys)

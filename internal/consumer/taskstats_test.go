@@ -53,9 +53,9 @@ func taskQueue(t *testing.T, rdb *redis.Client, name string) (*client.Client, qu
 }
 
 func (e *env) putTask(cl *client.Client, id string, due time.Time) {
-	e.t.Helper()
+	e.T.Helper()
 	if _, _, err := cl.PutTask(context.Background(), id, json.RawMessage(`{"id":"`+id+`"}`), due, client.Reschedule); err != nil {
-		e.t.Fatalf("put %s: %v", id, err)
+		e.T.Fatalf("put %s: %v", id, err)
 	}
 }
 
@@ -66,34 +66,34 @@ func (e *env) putTask(cl *client.Client, id string, due time.Time) {
 func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	cl, k := taskQueue(t, e.rdb, "jobs")
-	_, empty := taskQueue(t, e.rdb, "idle")
+	cl, k := taskQueue(t, e.RDB, "jobs")
+	_, empty := taskQueue(t, e.RDB, "idle")
 
 	// Two raw producers' mistakes: seconds instead of milliseconds. The
 	// poll's claim dead-letters them.
 	secs := float64(time.Now().Unix())
-	if err := e.rdb.ZAdd(ctx, k.Queue, redis.Z{Score: secs, Member: "secs-1"}, redis.Z{Score: secs, Member: "secs-2"}).Err(); err != nil {
+	if err := e.RDB.ZAdd(ctx, k.Queue, redis.Z{Score: secs, Member: "secs-1"}, redis.Z{Score: secs, Member: "secs-2"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := pollTasks(ctx, e.rdb, k, 10, 0, time.Minute, 3); err != nil || len(got) != 0 {
+	if got, _, err := pollTasks(ctx, e.RDB, k, 10, 0, time.Minute, 3); err != nil || len(got) != 0 {
 		t.Fatalf("claim of the bad scores: %v, %d tasks, want none", err, len(got))
 	}
 	// Whole milliseconds: a deadline is rounded up to the next one, and
 	// leased-1 would read 2.999 s overdue within the same millisecond.
-	now := e.redisNow().Truncate(time.Millisecond)
+	now := e.RedisNow().Truncate(time.Millisecond)
 	e.putTask(cl, "leased-1", now.Add(-3*time.Second))
 	e.putTask(cl, "wait-1", now.Add(-2*time.Second))
 	e.putTask(cl, "wait-2", now.Add(-time.Second))
 	e.putTask(cl, "future-1", now.Add(time.Hour))
 	e.putTask(cl, "future-2", now.Add(time.Hour))
-	got, tok, err := pollTasks(ctx, e.rdb, k, 1, 0, time.Minute, 3)
+	got, tok, err := pollTasks(ctx, e.RDB, k, 1, 0, time.Minute, 3)
 	if err != nil || len(got) != 1 || got[0].ID != "leased-1" || tok == "" {
 		t.Fatalf("poll: %v, %+v, want leased-1 under a token", err, got)
 	}
 
 	reg := prometheus.NewRegistry()
 	var failed []string
-	reg.MustRegister(NewTaskStatsCollector(e.rdb, []NamedKeys{{"jobs", k}, {"idle", empty}}, func(q string, err error) {
+	reg.MustRegister(NewTaskStatsCollector(e.RDB, []NamedKeys{{"jobs", k}, {"idle", empty}}, func(q string, err error) {
 		failed = append(failed, q+": "+err.Error())
 	}))
 	m := gatherTask(t, reg)
@@ -129,19 +129,19 @@ func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
 // file, though its keys (and their gauges) are still in Redis.
 func TestTaskStatsReportOnlyTheQueuesOfTheFile(t *testing.T) {
 	e := newRedisEnv(t)
-	cla, a := taskQueue(t, e.rdb, "kept")
-	clb, b := taskQueue(t, e.rdb, "removed")
-	now := e.redisNow()
+	cla, a := taskQueue(t, e.RDB, "kept")
+	clb, b := taskQueue(t, e.RDB, "removed")
+	now := e.RedisNow()
 	e.putTask(cla, "a-1", now.Add(-time.Second))
 	e.putTask(clb, "b-1", now.Add(-time.Second))
 
 	before := prometheus.NewRegistry()
-	before.MustRegister(NewTaskStatsCollector(e.rdb, []NamedKeys{{"kept", a}, {"removed", b}}, nil))
+	before.MustRegister(NewTaskStatsCollector(e.RDB, []NamedKeys{{"kept", a}, {"removed", b}}, nil))
 	if m := gatherTask(t, before); m["orderdelay_task_queue_depth{removed}"] != 1 {
 		t.Fatalf("before: %v, want removed's depth 1", m)
 	}
 	after := prometheus.NewRegistry() // the restarted daemon's
-	after.MustRegister(NewTaskStatsCollector(e.rdb, []NamedKeys{{"kept", a}}, nil))
+	after.MustRegister(NewTaskStatsCollector(e.RDB, []NamedKeys{{"kept", a}}, nil))
 	for name := range gatherTask(t, after) {
 		if strings.HasSuffix(name, "{removed}") {
 			t.Errorf("series %s of a queue no longer in the file", name)
@@ -153,8 +153,8 @@ func TestTaskStatsReportOnlyTheQueuesOfTheFile(t *testing.T) {
 // conventions (promlint), as the order queue's do.
 func TestTaskStatsLint(t *testing.T) {
 	e := newRedisEnv(t)
-	_, k := taskQueue(t, e.rdb, "lint")
-	problems, err := testutil.CollectAndLint(NewTaskStatsCollector(e.rdb, []NamedKeys{{"lint", k}}, nil))
+	_, k := taskQueue(t, e.RDB, "lint")
+	problems, err := testutil.CollectAndLint(NewTaskStatsCollector(e.RDB, []NamedKeys{{"lint", k}}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,17 +47,17 @@ return out
 // olderClaim runs olderClaimScript with token tok and returns what it
 // claimed, serial → deadline.
 func (e *env) olderClaim(tok string) map[string]int64 {
-	e.t.Helper()
-	raw, err := olderClaimScript.Run(context.Background(), e.rdb, []string{e.keys.Inflight, e.keys.Deadlines, e.keys.Lease},
+	e.T.Helper()
+	raw, err := olderClaimScript.Run(context.Background(), e.RDB, []string{e.Keys.Inflight, e.Keys.Deadlines, e.Keys.Lease},
 		tok, time.Minute.Milliseconds()).StringSlice()
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	out := map[string]int64{}
 	for i := 0; i+1 < len(raw); i += 2 {
 		d, err := strconv.ParseInt(raw[i+1], 10, 64)
 		if err != nil {
-			e.t.Fatalf("older claim: deadline %q: %v", raw[i+1], err)
+			e.T.Fatalf("older claim: deadline %q: %v", raw[i+1], err)
 		}
 		out[raw[i]] = d
 	}
@@ -66,10 +66,10 @@ func (e *env) olderClaim(tok string) map[string]int64 {
 
 // unbatch runs the conversion and checks it found no problem.
 func (e *env) unbatch() queue.UnbatchResult {
-	e.t.Helper()
+	e.T.Helper()
 	res, err := e.st.UnbatchLeases(context.Background(), 0)
 	if err != nil || len(res.Problems) != 0 {
-		e.t.Fatalf("unbatch: %+v, %v", res, err)
+		e.T.Fatalf("unbatch: %+v, %v", res, err)
 	}
 	return res
 }
@@ -80,9 +80,9 @@ func (e *env) unbatch() queue.UnbatchResult {
 func TestUnbatchKilledHolderReclaimedByPerMemberClaim(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Minute)
+	past := e.RedisNow().Add(-time.Minute)
 	serials := []string{"ub-1", "ub-2", "ub-3"}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	killed := e.consumer(Config{Owner: "killed"})
 	if res, err := killed.claimBatch(ctx); err != nil || len(res.items) != 3 {
 		t.Fatalf("claim: %v, %+v", err, res.items)
@@ -92,10 +92,10 @@ func TestUnbatchKilledHolderReclaimedByPerMemberClaim(t *testing.T) {
 		t.Fatalf("a per-member claim took %v of an unconverted batch", got)
 	}
 	res := e.unbatch()
-	if res.Batches != 1 || res.Members != 3 || res.Remaining != 0 || e.card(e.keys.Leases) != 0 {
+	if res.Batches != 1 || res.Members != 3 || res.Remaining != 0 || e.card(e.Keys.Leases) != 0 {
 		t.Fatalf("unbatch %+v, want 1 batch of 3 converted, none left", res)
 	}
-	if n, _ := e.rdb.HLen(ctx, e.keys.LeaseBatch).Result(); n != 0 {
+	if n, _ := e.RDB.HLen(ctx, e.Keys.LeaseBatch).Result(); n != 0 {
 		t.Errorf("%d {Q}:leasebatch fields left, want 0", n)
 	}
 	if h := e.held(); h != 3 {
@@ -122,23 +122,23 @@ func TestUnbatchKilledHolderReclaimedByPerMemberClaim(t *testing.T) {
 func TestUnbatchLiveHolderFinishes(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	e.enqueue([]string{"ul-1", "ul-2", "ul-3", "ul-4"}, past)
+	past := e.RedisNow().Add(-time.Second)
+	e.Enqueue([]string{"ul-1", "ul-2", "ul-3", "ul-4"}, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 4 {
 		t.Fatalf("claim: %v, %+v", err, res.items)
 	}
-	expiry, err := e.rdb.ZScore(ctx, e.keys.Leases, res.items[0].token).Result()
+	expiry, err := e.RDB.ZScore(ctx, e.Keys.Leases, res.items[0].token).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.unbatch()
 	for _, it := range res.items {
-		if s, err := e.rdb.ZScore(ctx, e.keys.Inflight, it.serial).Result(); err != nil || s != expiry {
+		if s, err := e.RDB.ZScore(ctx, e.Keys.Inflight, it.serial).Result(); err != nil || s != expiry {
 			t.Errorf("%s in {Q}:inflight at %v (%v), want the batch's expiry %v", it.serial, s, err, expiry)
 		}
-		if s, err := e.rdb.ZScore(ctx, e.keys.Deadlines, it.serial).Result(); err != nil || int64(s) != queue.DeadlineMillis(past) {
+		if s, err := e.RDB.ZScore(ctx, e.Keys.Deadlines, it.serial).Result(); err != nil || int64(s) != queue.DeadlineMillis(past) {
 			t.Errorf("%s in {Q}:deadlines at %v (%v), want its deadline", it.serial, s, err)
 		}
 	}
@@ -148,21 +148,21 @@ func TestUnbatchLiveHolderFinishes(t *testing.T) {
 	c.finish(res.items[:2])
 	c.retry(res.items[2:3], time.Hour, true, "boom")
 	c.handBack(res.items[3:])
-	if n := e.card(e.keys.Inflight) + e.card(e.keys.Deadlines); n != 2 {
+	if n := e.card(e.Keys.Inflight) + e.card(e.Keys.Deadlines); n != 2 {
 		t.Errorf("%d per-member entries, want 2 (the backoff's)", n)
 	}
 	got, err := e.cl.Get(ctx, "ul-3")
 	if err != nil || got.State != client.StateBackoff || got.Attempts != 1 {
 		t.Errorf("retried member %+v (%v), want backing off after 1 attempt", got, err)
 	}
-	if s, err := e.rdb.ZScore(ctx, e.keys.Queue, "ul-4").Result(); err != nil || int64(s) != queue.DeadlineMillis(past) {
+	if s, err := e.RDB.ZScore(ctx, e.Keys.Queue, "ul-4").Result(); err != nil || int64(s) != queue.DeadlineMillis(past) {
 		t.Errorf("handed-back member at %v (%v), want its deadline", s, err)
 	}
 	if h := e.held(); h != 1 {
 		t.Errorf("%d held, want 1 (the backoff)", h)
 	}
 	for _, s := range []string{"ul-1", "ul-2", "ul-4"} {
-		if ok, _ := e.rdb.HExists(ctx, e.keys.Lease, s).Result(); ok {
+		if ok, _ := e.RDB.HExists(ctx, e.Keys.Lease, s).Result(); ok {
 			t.Errorf("%s: lease record left behind", s)
 		}
 	}
@@ -173,9 +173,9 @@ func TestUnbatchLiveHolderFinishes(t *testing.T) {
 func TestUnbatchLiveHolderCloses(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
-	serials := e.orders("ub-close", 3, past)
-	e.enqueue(serials, past)
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("ub-close", 3, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 3 {
@@ -184,7 +184,7 @@ func TestUnbatchLiveHolderCloses(t *testing.T) {
 	e.unbatch()
 	c.process(ctx, res.items)
 	for _, s := range serials {
-		if st := e.status(s); st != "closed" {
+		if st := e.Status(s); st != "closed" {
 			t.Errorf("%s: %s, want closed", s, st)
 		}
 	}
@@ -198,9 +198,9 @@ func TestUnbatchLiveHolderCloses(t *testing.T) {
 func TestUnbatchReclaimedByBatchDaemon(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
+	past := e.RedisNow().Add(-time.Second)
 	serials := []string{"ur-1", "ur-2"}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	a := e.consumer(Config{Owner: "A"})
 	resA, err := a.claimBatch(ctx)
 	if err != nil || len(resA.items) != 2 {
@@ -221,7 +221,7 @@ func TestUnbatchReclaimedByBatchDaemon(t *testing.T) {
 	if err != nil || !slices.Equal(names, serials) {
 		t.Fatalf("B re-claimed %v (%v), want %v", names, err, serials)
 	}
-	if n := e.card(e.keys.Inflight) + e.card(e.keys.Deadlines); n != 0 {
+	if n := e.card(e.Keys.Inflight) + e.card(e.Keys.Deadlines); n != 0 {
 		t.Errorf("%d per-member entries after the re-claim into a batch, want 0", n)
 	}
 	a.finish(resA.items)
@@ -239,32 +239,32 @@ func TestUnbatchReclaimedByBatchDaemon(t *testing.T) {
 func TestUnbatchProducerRescheduleWins(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	past := e.redisNow().Add(-time.Second)
+	past := e.RedisNow().Add(-time.Second)
 	serials := []string{"up-before", "up-after", "up-raw"}
-	e.enqueue(serials, past)
+	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 3 {
 		t.Fatalf("claim: %v, %+v", err, res.items)
 	}
-	later := e.redisNow().Add(time.Hour)
+	later := e.RedisNow().Add(time.Hour)
 	if r, _, err := e.cl.Enqueue(ctx, "up-before", later, client.Reschedule); err != nil || r != client.Moved {
 		t.Fatalf("reschedule before: %v, %v", r, err)
 	}
 	if u := e.unbatch(); u.Members != 2 || u.Departed != 1 {
 		t.Errorf("unbatch %+v, want 2 converted and the rescheduled one passed over", u)
 	}
-	if _, err := e.rdb.ZScore(ctx, e.keys.Inflight, "up-before").Result(); err != redis.Nil {
+	if _, err := e.RDB.ZScore(ctx, e.Keys.Inflight, "up-before").Result(); err != redis.Nil {
 		t.Errorf("a member rescheduled before the conversion was given a lease (%v)", err)
 	}
 	if r, _, err := e.cl.Enqueue(ctx, "up-after", later, client.Reschedule); err != nil || r != client.Moved {
 		t.Fatalf("reschedule after: %v, %v", r, err)
 	}
-	e.enqueue([]string{"up-raw"}, later)
+	e.Enqueue([]string{"up-raw"}, later)
 	c.finish(res.items)
 	e.assertNoLeaseKeys(t)
 	for _, s := range serials {
-		if sc, err := e.rdb.ZScore(ctx, e.keys.Queue, s).Result(); err != nil || int64(sc) != queue.DeadlineMillis(later) {
+		if sc, err := e.RDB.ZScore(ctx, e.Keys.Queue, s).Result(); err != nil || int64(sc) != queue.DeadlineMillis(later) {
 			t.Errorf("%s at %v (%v), want the producer's deadline", s, sc, err)
 		}
 	}

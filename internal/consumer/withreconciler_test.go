@@ -19,23 +19,23 @@ func TestReconcilerClosesOnlyOrdersTheQueueLost(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	longAgo := time.Now().Add(-time.Hour)
-	lost := e.orders("lost", 1200, longAgo)                       // Redis lost them
-	queued := e.orders("queued", 5, longAgo)                      // a backlog: still in the queue
-	leased := e.orders("leased", 5, longAgo)                      // a replica holds them
-	recent := e.orders("recent", 5, time.Now().Add(-time.Minute)) // within the grace
-	e.enqueue(queued, longAgo)
-	e.enqueue(leased, longAgo)
+	lost := e.Orders("lost", 1200, longAgo)                       // Redis lost them
+	queued := e.Orders("queued", 5, longAgo)                      // a backlog: still in the queue
+	leased := e.Orders("leased", 5, longAgo)                      // a replica holds them
+	recent := e.Orders("recent", 5, time.Now().Add(-time.Minute)) // within the grace
+	e.Enqueue(queued, longAgo)
+	e.Enqueue(leased, longAgo)
 	// Lease the "leased" group: a replica is working on them.
-	if err := e.rdb.ZRem(ctx, e.keys.Queue, anys(queued)...).Err(); err != nil {
+	if err := e.RDB.ZRem(ctx, e.Keys.Queue, anys(queued)...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	c := e.consumer(Config{BatchSize: 5})
 	if res, err := c.claimBatch(ctx); err != nil || len(res.items) != len(leased) {
 		t.Fatalf("claim: %v", err)
 	}
-	e.enqueue(queued, longAgo)
-	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 100},
-		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	e.Enqueue(queued, longAgo)
+	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 100},
+		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	n, err := r.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestReconcilerClosesOnlyOrdersTheQueueLost(t *testing.T) {
 	}
 	for _, group := range [][]string{queued, leased, recent} {
 		for _, s := range group {
-			if st := e.status(s); st != "pending" {
+			if st := e.Status(s); st != "pending" {
 				t.Fatalf("%s is %s: the reconciler touched an order the queue still holds or that is within grace", s, st)
 			}
 		}

@@ -17,24 +17,24 @@ import (
 
 func TestRunClosesDueUnpaidOrdersOnly(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	now := e.redisNow()
-	due := e.orders("due", 1200, now.Add(-time.Second))
-	paid := e.orders("paid", 100, now.Add(-time.Second))
-	future := e.orders("future", 50, now.Add(time.Hour))
-	if _, err := e.db.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no LIKE 'paid-%'"); err != nil {
+	now := e.RedisNow()
+	due := e.Orders("due", 1200, now.Add(-time.Second))
+	paid := e.Orders("paid", 100, now.Add(-time.Second))
+	future := e.Orders("future", 50, now.Add(time.Hour))
+	if _, err := e.DB.Exec("UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no LIKE 'paid-%'"); err != nil {
 		t.Fatal(err)
 	}
-	e.enqueue(due, now.Add(-time.Second))
-	e.enqueue(paid, now.Add(-time.Second))
-	e.enqueue(future, now.Add(time.Hour))
+	e.Enqueue(due, now.Add(-time.Second))
+	e.Enqueue(paid, now.Add(-time.Second))
+	e.Enqueue(future, now.Add(time.Hour))
 
 	c := e.consumer(Config{BatchSize: 100, Workers: 3})
 	stop := runConsumer(t, c)
 	eventually(t, "due entries settled", 30*time.Second, func() bool {
-		return e.card(e.keys.Queue) == int64(len(future)) && e.held() == 0
+		return e.card(e.Keys.Queue) == int64(len(future)) && e.held() == 0
 	})
 	stop()
-	got := e.statusCounts()
+	got := e.StatusCounts()
 	if got["closed"] != len(due) || got["paid"] != len(paid) || got["pending"] != len(future) {
 		t.Fatalf("statuses %v, want closed %d, paid %d, pending %d", got, len(due), len(paid), len(future))
 	}
@@ -45,7 +45,7 @@ func TestRunClosesDueUnpaidOrdersOnly(t *testing.T) {
 		t.Errorf("skipped{settled} %v, want %d", v, len(paid))
 	}
 	var early int
-	if err := e.db.Get(&early, "SELECT count(*) FROM orders WHERE closed_at < expires_at"); err != nil || early != 0 {
+	if err := e.DB.Get(&early, "SELECT count(*) FROM orders WHERE closed_at < expires_at"); err != nil || early != 0 {
 		t.Errorf("%d orders closed before their deadline (err %v)", early, err)
 	}
 	if v := testutil.ToFloat64(e.m.Inflight); v != 0 {
@@ -59,7 +59,7 @@ func TestScannerWakesForAPublishedEarlierDeadline(t *testing.T) {
 	// A long scan interval and no head check: only the wake-up can make the
 	// close prompt.
 	c := e.consumer(Config{ScanInterval: time.Hour, HeadCheck: -1})
-	serials := e.orders("wake", 1, time.Now())
+	serials := e.Orders("wake", 1, time.Now())
 	stop := runConsumer(t, c)
 	// Let the scanner go to sleep on an empty queue first.
 	eventually(t, "first scan", 10*time.Second, func() bool { return testutil.ToFloat64(e.m.LastScan) > 0 })
@@ -67,10 +67,10 @@ func TestScannerWakesForAPublishedEarlierDeadline(t *testing.T) {
 	if _, _, err := e.cl.Enqueue(ctx, serials[0], deadline, client.Create); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "order closed after a wake-up", 20*time.Second, func() bool { return e.status(serials[0]) == "closed" })
+	eventually(t, "order closed after a wake-up", 20*time.Second, func() bool { return e.Status(serials[0]) == "closed" })
 	stop()
 	var lateMs float64
-	if err := e.db.Get(&lateMs, "SELECT extract(epoch FROM closed_at - expires_at) * 1000 FROM orders WHERE serial_no = $1", serials[0]); err != nil {
+	if err := e.DB.Get(&lateMs, "SELECT extract(epoch FROM closed_at - expires_at) * 1000 FROM orders WHERE serial_no = $1", serials[0]); err != nil {
 		t.Fatal(err)
 	}
 	if lateMs < 0 {
@@ -82,19 +82,19 @@ func TestScannerWakesForAPublishedEarlierDeadline(t *testing.T) {
 func TestHeadCheckNoticesRawProducers(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	c := e.consumer(Config{ScanInterval: time.Hour, HeadCheck: 20 * time.Millisecond})
-	serials := e.orders("raw", 1, time.Now())
+	serials := e.Orders("raw", 1, time.Now())
 	stop := runConsumer(t, c)
 	eventually(t, "first scan", 10*time.Second, func() bool { return testutil.ToFloat64(e.m.LastScan) > 0 })
-	e.enqueue(serials, time.Now().Add(200*time.Millisecond))
+	e.Enqueue(serials, time.Now().Add(200*time.Millisecond))
 	eventually(t, "raw-ZADD order closed without waiting for the scan interval", 20*time.Second,
-		func() bool { return e.status(serials[0]) == "closed" })
+		func() bool { return e.Status(serials[0]) == "closed" })
 	stop()
 }
 
 func TestOrderWithoutRowIsRetriedThenDeadLettered(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	e.enqueue([]string{"ghost-1"}, e.redisNow().Add(-time.Second))
+	e.Enqueue([]string{"ghost-1"}, e.RedisNow().Add(-time.Second))
 	c := e.consumer(Config{MaxAttempts: 3})
 	for attempt := 1; attempt <= 3; attempt++ {
 		res, err := c.claimBatch(ctx)
@@ -114,7 +114,7 @@ func TestOrderWithoutRowIsRetriedThenDeadLettered(t *testing.T) {
 				t.Fatalf("after attempt %d: retry in %s, want at least half of the first backoff", attempt, d)
 			}
 			// Move the retry time into the past rather than waiting for it.
-			e.rdb.ZAdd(ctx, e.keys.Inflight, redis.Z{Score: 1, Member: "ghost-1"})
+			e.RDB.ZAdd(ctx, e.Keys.Inflight, redis.Z{Score: 1, Member: "ghost-1"})
 			continue
 		}
 		if got.State != client.StateDead || got.Reason != queue.ReasonNotFound || got.Attempts != 3 {
@@ -141,17 +141,17 @@ RETURNING serial_no`
 func TestPermanentErrorIsIsolatedByBisection(t *testing.T) {
 	e := newEnv(t, orders.Statements{Close: poisonClose})
 	ctx := context.Background()
-	now := e.redisNow()
-	good := e.orders("good", 99, now.Add(-time.Second))
-	bad := e.orders("poison", 1, now.Add(-time.Second))
-	e.enqueue(append(append([]string{}, good[:50]...), append(bad, good[50:]...)...), now.Add(-time.Second))
+	now := e.RedisNow()
+	good := e.Orders("good", 99, now.Add(-time.Second))
+	bad := e.Orders("poison", 1, now.Add(-time.Second))
+	e.Enqueue(append(append([]string{}, good[:50]...), append(bad, good[50:]...)...), now.Add(-time.Second))
 	c := e.consumer(Config{BatchSize: 100})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 100 {
 		t.Fatalf("claim: %v, %d items", err, len(res.items))
 	}
 	c.process(ctx, res.items)
-	if got := e.statusCounts(); got["closed"] != 99 || got["pending"] != 1 {
+	if got := e.StatusCounts(); got["closed"] != 99 || got["pending"] != 1 {
 		t.Fatalf("statuses %v, want 99 closed and the poison pending", got)
 	}
 	if v := testutil.ToFloat64(e.m.Closed); v != 99 {
@@ -162,7 +162,7 @@ func TestPermanentErrorIsIsolatedByBisection(t *testing.T) {
 		!strings.Contains(dead.LastError, "division by zero") {
 		t.Fatalf("poison entry %+v (%v), want dead with close_failed and the error", dead, err)
 	}
-	if n := e.held() + e.card(e.keys.Queue); n != 0 {
+	if n := e.held() + e.card(e.Keys.Queue); n != 0 {
 		t.Fatalf("%d entries left in the queue", n)
 	}
 }
@@ -173,10 +173,10 @@ const slowClose = `SELECT s FROM unnest($1::text[]) s WHERE length(s) + (SELECT 
 func TestTransientErrorRetriesWithoutSpendingAnAttempt(t *testing.T) {
 	e := newEnv(t, orders.Statements{Close: slowClose})
 	// The server cuts the statement (57014): the answer is definite.
-	e.store.SetTimeouts(100*time.Millisecond, 25*time.Millisecond)
+	e.Store.SetTimeouts(100*time.Millisecond, 25*time.Millisecond)
 	ctx := context.Background()
-	e.orders("slow", 1, time.Now())
-	e.enqueue([]string{"slow-00000"}, e.redisNow().Add(-time.Second))
+	e.Orders("slow", 1, time.Now())
+	e.Enqueue([]string{"slow-00000"}, e.RedisNow().Add(-time.Second))
 	c := e.consumer(Config{StatementTimeout: 100 * time.Millisecond})
 	res, err := c.claimBatch(ctx)
 	if err != nil || len(res.items) != 1 {
@@ -210,10 +210,10 @@ WHERE length(s) + (SELECT 0 FROM pg_advisory_xact_lock(4242)) < 0`
 func TestShutdownHandsBackUnfinishedClaims(t *testing.T) {
 	e := newEnv(t, orders.Statements{Close: lockedClose})
 	ctx := context.Background()
-	now := e.redisNow()
-	serials := e.orders("drain", 10, now.Add(-time.Second))
-	e.enqueue(serials, now.Add(-time.Second))
-	lock, err := e.db.Conn(ctx)
+	now := e.RedisNow()
+	serials := e.Orders("drain", 10, now.Add(-time.Second))
+	e.Enqueue(serials, now.Add(-time.Second))
+	lock, err := e.DB.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestShutdownHandsBackUnfinishedClaims(t *testing.T) {
 		t.Fatalf("%d entries still leased after shutdown, want all handed back", n)
 	}
 	for _, s := range serials {
-		score, err := e.rdb.ZScore(ctx, e.keys.Queue, s).Result()
+		score, err := e.RDB.ZScore(ctx, e.Keys.Queue, s).Result()
 		if err != nil || int64(score) != queue.DeadlineMillis(now.Add(-time.Second)) {
 			t.Fatalf("%s: score %v (%v), want its true deadline back in the queue", s, int64(score), err)
 		}
@@ -239,16 +239,16 @@ func TestShutdownHandsBackUnfinishedClaims(t *testing.T) {
 func TestStatsCountLeasedEntriesAsOverdue(t *testing.T) {
 	e := newRedisEnv(t)
 	ctx := context.Background()
-	now := e.redisNow()
-	e.enqueue([]string{"s-1", "s-2"}, now.Add(-10*time.Second))
-	e.enqueue([]string{"s-3"}, now.Add(-time.Second))
-	e.enqueue([]string{"s-4"}, now.Add(time.Hour))
+	now := e.RedisNow()
+	e.Enqueue([]string{"s-1", "s-2"}, now.Add(-10*time.Second))
+	e.Enqueue([]string{"s-3"}, now.Add(-time.Second))
+	e.Enqueue([]string{"s-4"}, now.Add(time.Hour))
 	c := e.consumer(Config{BatchSize: 1})
 	if _, err := c.claimBatch(ctx); err != nil { // leases s-1 or s-2
 		t.Fatal(err)
 	}
-	e.rdb.ZAdd(ctx, e.keys.Dead, redis.Z{Score: 1, Member: "d-1"})
-	st, err := queue.ReadStats(ctx, e.rdb, e.keys)
+	e.RDB.ZAdd(ctx, e.Keys.Dead, redis.Z{Score: 1, Member: "d-1"})
+	st, err := queue.ReadStats(ctx, e.RDB, e.Keys)
 	if err != nil {
 		t.Fatal(err)
 	}

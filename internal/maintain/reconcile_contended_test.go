@@ -27,18 +27,18 @@ func TestReconcilerIsolatesAContendedOrder(t *testing.T) {
 		name  string
 		setup func(e *env, serial string)
 	}{
-		{"serialization failure", func(e *env, s string) { e.failClose(s, "40001") }},
-		{"statement timeout", func(e *env, s string) { e.slowCloseOf(s) }},
+		{"serialization failure", func(e *env, s string) { e.FailClose(s, "40001") }},
+		{"statement timeout", func(e *env, s string) { e.SlowCloseOf(s) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, orderStatements())
-			e.store.SetTimeouts(300*time.Millisecond, 50*time.Millisecond)
+			e.Store.SetTimeouts(300*time.Millisecond, 50*time.Millisecond)
 			ctx := context.Background()
-			bad := e.orders("contended", 1, time.Now().Add(-time.Hour))[0]
-			lost := e.orders("lost", 20, time.Now().Add(-10*time.Minute))
+			bad := e.Orders("contended", 1, time.Now().Add(-time.Hour))[0]
+			lost := e.Orders("lost", 20, time.Now().Add(-10*time.Minute))
 			tc.setup(e, bad)
 			core, logs := observer.New(zap.WarnLevel)
-			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 8}, e.rdb, e.store, e.m, zap.New(core))
+			r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 8}, e.RDB, e.Store, e.m, zap.New(core))
 			n, err := r.RunOnce(ctx)
 			if err != nil {
 				t.Fatalf("pass: %v (one order's transient failure must not end the pass)", err)
@@ -46,7 +46,7 @@ func TestReconcilerIsolatesAContendedOrder(t *testing.T) {
 			if n != len(lost) {
 				t.Errorf("the pass closed %d orders, want %d", n, len(lost))
 			}
-			if st := e.status(bad); st != "pending" {
+			if st := e.Status(bad); st != "pending" {
 				t.Errorf("the contended order is %s, want pending", st)
 			}
 			if k := logs.FilterField(zap.String("serial", bad)).Len(); k != 1 {
@@ -61,21 +61,21 @@ func TestReconcilerIsolatesAContendedOrder(t *testing.T) {
 // contended errors were isolated.
 func TestReconcilerEndsThePassWhenEveryRowTimesOut(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	e.store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
+	e.Store.SetTimeouts(100*time.Millisecond, 50*time.Millisecond)
 	ctx := context.Background()
-	lost := e.orders("slow", 64, time.Now().Add(-10*time.Minute))
-	e.slowEveryClose()
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
+	lost := e.Orders("slow", 64, time.Now().Add(-10*time.Minute))
+	e.SlowEveryClose()
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 64}, e.RDB, e.Store, e.m, zap.NewNop())
 	n, err := r.RunOnce(ctx)
 	if err == nil || n != 0 {
 		t.Fatalf("pass = %d, %v; want the pass to end with the timeout", n, err)
 	}
 	// The page's statement, then maxCostly orders alone.
-	if k := e.slowCloses(); k != 1+maxCostly {
+	if k := e.SlowCloses(); k != 1+maxCostly {
 		t.Errorf("%d statements timed out in one pass, want %d", k, 1+maxCostly)
 	}
 	for _, s := range lost {
-		if st := e.status(s); st != "pending" {
+		if st := e.Status(s); st != "pending" {
 			t.Fatalf("%s is %s, want pending", s, st)
 		}
 	}
@@ -96,13 +96,13 @@ func TestReconcilerGetsPastSeveralContendedRows(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, orderStatements())
-			e.store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
+			e.Store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
 			ctx := context.Background()
-			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
-			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
+			lost := e.Orders("lost", 64, time.Now().Add(-time.Hour))
+			behind := e.Orders("behind", 10, time.Now().Add(-30*time.Minute))
 			bad := []string{lost[0], lost[16], lost[32]}
-			e.closeTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
-			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
+			e.CloseTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
+			r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 64}, e.RDB, e.Store, e.m, zap.NewNop())
 			for pass := range tc.passes {
 				n, err := r.RunOnce(ctx)
 				t.Logf("pass %d: closed %d, err %v", pass, n, err)
@@ -112,7 +112,7 @@ func TestReconcilerGetsPastSeveralContendedRows(t *testing.T) {
 				if slices.Contains(bad, s) {
 					want = "pending"
 				}
-				if st := e.status(s); st != want {
+				if st := e.Status(s); st != want {
 					t.Errorf("after %d passes %s is %s, want %s", tc.passes, s, st, want)
 				}
 			}
@@ -135,16 +135,16 @@ func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, orderStatements())
-			e.store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
+			e.Store.SetTimeouts(200*time.Millisecond, 50*time.Millisecond)
 			ctx := context.Background()
-			lost := e.orders("lost", 64, time.Now().Add(-time.Hour))
-			behind := e.orders("behind", 10, time.Now().Add(-30*time.Minute))
+			lost := e.Orders("lost", 64, time.Now().Add(-time.Hour))
+			behind := e.Orders("behind", 10, time.Now().Add(-30*time.Minute))
 			bad := lost[:4]
-			if _, err := e.db.Exec(`CREATE TABLE hot (id int PRIMARY KEY, n int); INSERT INTO hot VALUES (1, 0)`); err != nil {
+			if _, err := e.DB.Exec(`CREATE TABLE hot (id int PRIMARY KEY, n int); INSERT INTO hot VALUES (1, 0)`); err != nil {
 				t.Fatal(err)
 			}
-			e.closeTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
-			holder, err := e.db.BeginTxx(ctx, nil) // holds the hot row (lock variant)
+			e.CloseTrigger("refuse_some", "NEW.serial_no IN ('"+strings.Join(bad, "','")+"')", tc.action)
+			holder, err := e.DB.BeginTxx(ctx, nil) // holds the hot row (lock variant)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -152,7 +152,7 @@ func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
 			if _, err := holder.Exec(`SELECT * FROM hot WHERE id = 1 FOR UPDATE`); err != nil {
 				t.Fatal(err)
 			}
-			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 64}, e.rdb, e.store, e.m, zap.NewNop())
+			r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 64}, e.RDB, e.Store, e.m, zap.NewNop())
 			for pass := range 4 {
 				n, err := r.RunOnce(ctx)
 				t.Logf("pass %d: closed %d, err %v", pass, n, err)
@@ -162,7 +162,7 @@ func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
 				if slices.Contains(bad, s) {
 					want = "pending"
 				}
-				if st := e.status(s); st != want {
+				if st := e.Status(s); st != want {
 					t.Errorf("after 4 passes %s is %s, want %s", s, st, want)
 				}
 			}

@@ -38,21 +38,21 @@ func TestReconcilerDeadlineInsideAPassIsTheDatabases(t *testing.T) {
 			stall(3 * pass)
 		}},
 		{"statement cut while it ran, closing order by order", func(e *env, _ func(time.Duration), contended, slow string) {
-			e.failClose(contended, "40001")
-			e.closeTrigger("slow_close", "NEW.serial_no = '"+slow+"'", "PERFORM pg_sleep(5)")
+			e.FailClose(contended, "40001")
+			e.CloseTrigger("slow_close", "NEW.serial_no = '"+slow+"'", "PERFORM pg_sleep(5)")
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, px := newProxiedEnv(t)
 			ctx := context.Background()
-			lost := e.orders("lost", 12, time.Now().Add(-10*time.Minute))
+			lost := e.Orders("lost", 12, time.Now().Add(-10*time.Minute))
 			contended, slow := lost[2], lost[7]
 			core, logs := observer.New(zap.WarnLevel)
-			r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 16, PassTimeout: pass},
-				e.rdb, e.store, e.m, zap.New(core))
+			r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 16, PassTimeout: pass},
+				e.RDB, e.Store, e.m, zap.New(core))
 			// The pool has its connection before the fault, as a running
 			// daemon's has.
-			if err := e.store.DB().PingContext(ctx); err != nil {
+			if err := e.Store.DB().PingContext(ctx); err != nil {
 				t.Fatal(err)
 			}
 			tc.setup(e, px.Stall, contended, slow)
@@ -74,15 +74,15 @@ func TestReconcilerDeadlineInsideAPassIsTheDatabases(t *testing.T) {
 				t.Errorf(`errors_total{stage="reconcile"} = %v inside the pass, want at most the contended row's`, v)
 			}
 			for _, s := range lost {
-				if st := e.status(s); st != "pending" {
+				if st := e.Status(s); st != "pending" {
 					t.Errorf("%s is %s after a pass that failed, want pending", s, st)
 				}
 			}
 			px.Stall(0)
-			e.db.MustExec(`DROP TRIGGER IF EXISTS slow_close ON orders`)
+			e.DB.MustExec(`DROP TRIGGER IF EXISTS slow_close ON orders`)
 			n, err = r.RunOnce(ctx)
 			want := len(lost)
-			if e.status(contended) == "pending" {
+			if e.Status(contended) == "pending" {
 				want-- // the shop's trigger still refuses it
 			}
 			if err != nil || n != want {

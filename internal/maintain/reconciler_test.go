@@ -25,9 +25,9 @@ import (
 func TestReconcilerYieldsToAnotherReplicaHoldingTheLock(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	e.orders("lost", 3, time.Now().Add(-time.Hour))
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys}, e.rdb, e.store, e.m, zaptest.NewLogger(t))
-	tx, err := e.db.BeginTx(ctx, nil)
+	e.Orders("lost", 3, time.Now().Add(-time.Hour))
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys}, e.RDB, e.Store, e.m, zaptest.NewLogger(t))
+	tx, err := e.DB.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,15 +43,15 @@ func TestReconcilerYieldsToAnotherReplicaHoldingTheLock(t *testing.T) {
 func TestReconcilerWaitsWhileClosingIsPaused(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	lost := e.orders("lost", 3, time.Now().Add(-time.Hour))
-	if err := e.rdb.Set(ctx, e.keys.Paused, "1|PSP outage", 0).Err(); err != nil {
+	lost := e.Orders("lost", 3, time.Now().Add(-time.Hour))
+	if err := e.RDB.Set(ctx, e.Keys.Paused, "1|PSP outage", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys}, e.rdb, e.store, e.m, zaptest.NewLogger(t))
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys}, e.RDB, e.Store, e.m, zaptest.NewLogger(t))
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("closed %d (%v) while paused, want 0", n, err)
 	}
-	e.rdb.Del(ctx, e.keys.Paused)
+	e.RDB.Del(ctx, e.Keys.Paused)
 	if n, err := r.RunOnce(ctx); err != nil || n != len(lost) {
 		t.Fatalf("closed %d (%v) after resume, want %d", n, err, len(lost))
 	}
@@ -64,20 +64,20 @@ func TestReconcilerPagesPastOrdersStillQueued(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	older := time.Now().Add(-2 * time.Hour)
-	queued := e.orders("queued", 12, older) // same deadline: ties need the serial to page
-	e.enqueue(queued, older)
-	lost := e.orders("lost", 1, time.Now().Add(-time.Hour))
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 5},
-		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	queued := e.Orders("queued", 12, older) // same deadline: ties need the serial to page
+	e.Enqueue(queued, older)
+	lost := e.Orders("lost", 1, time.Now().Add(-time.Hour))
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 5},
+		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	n, err := r.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 1 || e.status(lost[0]) != "closed" {
-		t.Fatalf("one pass closed %d, lost order is %s; want it closed behind %d queued orders (page size 5)", n, e.status(lost[0]), len(queued))
+	if n != 1 || e.Status(lost[0]) != "closed" {
+		t.Fatalf("one pass closed %d, lost order is %s; want it closed behind %d queued orders (page size 5)", n, e.Status(lost[0]), len(queued))
 	}
 	for _, s := range queued {
-		if st := e.status(s); st != "pending" {
+		if st := e.Status(s); st != "pending" {
 			t.Fatalf("%s is %s, but it is still queued", s, st)
 		}
 	}
@@ -89,10 +89,10 @@ func TestReconcilerPagesPastOrdersStillQueued(t *testing.T) {
 func TestReconcilerStopsThePassOnATransientError(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	lost := e.orders("lost", 20, time.Now().Add(-10*time.Minute))
-	e.failClose(lost[5], "25006")
+	lost := e.Orders("lost", 20, time.Now().Add(-10*time.Minute))
+	e.FailClose(lost[5], "25006")
 	core, logs := observer.New(zap.WarnLevel)
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 8}, e.rdb, e.store, e.m, zap.New(core))
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 8}, e.RDB, e.Store, e.m, zap.New(core))
 	n, err := r.RunOnce(ctx)
 	if err == nil || !orders.Transient(err) {
 		t.Fatalf("pass = %d, %v; want a transient error", n, err)
@@ -100,7 +100,7 @@ func TestReconcilerStopsThePassOnATransientError(t *testing.T) {
 	if n != 0 {
 		t.Errorf("closed %d before the failing page, want 0 (it is the first page)", n)
 	}
-	if k := e.closeFailures(); k != 1 {
+	if k := e.CloseFailures(); k != 1 {
 		t.Errorf("the failing close ran %d times, want 1 (no bisection on a transient error)", k)
 	}
 	if l := logs.FilterField(zap.String("serial", lost[5])).Len(); l != 0 {
@@ -110,7 +110,7 @@ func TestReconcilerStopsThePassOnATransientError(t *testing.T) {
 		t.Errorf(`errors_total{stage="reconcile"} = %v inside RunOnce, want 0 (Run counts the failed pass)`, v)
 	}
 	for _, s := range lost {
-		if st := e.status(s); st != "pending" {
+		if st := e.Status(s); st != "pending" {
 			t.Errorf("%s is %s after a pass that failed, want pending", s, st)
 		}
 	}
@@ -122,12 +122,12 @@ func TestReconcilerStopsThePassOnATransientError(t *testing.T) {
 func TestReconcilerIsolatesAnOrderWhoseCloseFails(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	poison := e.orders("poison", 1, time.Now().Add(-time.Hour))[0]
-	lost := e.orders("lost", 20, time.Now().Add(-10*time.Minute))
-	e.poisonOrder(poison)
+	poison := e.Orders("poison", 1, time.Now().Add(-time.Hour))[0]
+	lost := e.Orders("lost", 20, time.Now().Add(-10*time.Minute))
+	e.PoisonOrder(poison)
 	core, logs := observer.New(zap.WarnLevel)
 	// Pages of 8: the poison is in the first of three pages.
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: 5 * time.Minute, PageSize: 8}, e.rdb, e.store, e.m, zap.New(core))
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 8}, e.RDB, e.Store, e.m, zap.New(core))
 	n, err := r.RunOnce(ctx)
 	if err != nil {
 		t.Fatalf("first pass: %v (one order's close failing must not fail the pass)", err)
@@ -136,11 +136,11 @@ func TestReconcilerIsolatesAnOrderWhoseCloseFails(t *testing.T) {
 		t.Errorf("first pass closed %d orders, want %d", n, len(lost))
 	}
 	for _, s := range lost {
-		if st := e.status(s); st != "closed" {
+		if st := e.Status(s); st != "closed" {
 			t.Errorf("%s is %s after a pass, want closed", s, st)
 		}
 	}
-	if st := e.status(poison); st != "pending" {
+	if st := e.Status(poison); st != "pending" {
 		t.Errorf("the poisoned order is %s, want pending", st)
 	}
 	reported := func() int {
@@ -160,14 +160,14 @@ func TestReconcilerIsolatesAnOrderWhoseCloseFails(t *testing.T) {
 	}
 	// A later lost order is still reached by a later pass; the poison is
 	// reported again and stops nothing.
-	later := e.orders("later", 3, time.Now().Add(-6*time.Minute))
+	later := e.Orders("later", 3, time.Now().Add(-6*time.Minute))
 	if n, err := r.RunOnce(ctx); err != nil || n != len(later) {
 		t.Fatalf("second pass closed %d (%v), want %d", n, err, len(later))
 	}
 	if k := reported(); k != 2 {
 		t.Errorf("the poisoned order was reported %d times after two passes, want 2", k)
 	}
-	if st := e.status(poison); st != "pending" {
+	if st := e.Status(poison); st != "pending" {
 		t.Errorf("the poisoned order is %s, want pending", st)
 	}
 }
@@ -179,17 +179,17 @@ func TestReconcilerIsolatesAnOrderWhoseCloseFails(t *testing.T) {
 func TestReconcilerFencesSerialsReaddedBeforeCommit(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	all := e.shardKeys(3)
+	all := e.ShardKeys(3)
 	longAgo := time.Now().Add(-time.Hour)
-	lost := e.orders("lost", 10, longAgo)
+	lost := e.Orders("lost", 10, longAgo)
 	readded, leased, sharded := lost[3], lost[7], lost[8]
 	back := []string{readded, leased, sharded}
 	// A poisoned order in the same page is isolated once, not again when the
 	// page is closed a second time.
 	poison := lost[0]
-	e.poisonOrder(poison)
+	e.PoisonOrder(poison)
 	r := NewReconciler(ReconcilerConfig{Keys: all[0], Shards: all[1:], Grace: 5 * time.Minute},
-		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	hooked := 0
 	r.afterClose = func(closed []string) {
 		hooked++
@@ -199,9 +199,9 @@ func TestReconcilerFencesSerialsReaddedBeforeCommit(t *testing.T) {
 		// The checkout reschedules one an hour later (raw ZADD), another
 		// through a shard key; a replica leases a third.
 		later := time.Now().Add(time.Hour)
-		e.zadd(all[0].Queue, []string{readded}, later)
-		e.zadd(all[2].Queue, []string{sharded}, later)
-		if err := e.rdb.HSet(ctx, all[3].Lease, leased, "1|0|r:1|").Err(); err != nil {
+		e.ZAdd(all[0].Queue, []string{readded}, later)
+		e.ZAdd(all[2].Queue, []string{sharded}, later)
+		if err := e.RDB.HSet(ctx, all[3].Lease, leased, "1|0|r:1|").Err(); err != nil {
 			t.Error(err)
 		}
 	}
@@ -213,11 +213,11 @@ func TestReconcilerFencesSerialsReaddedBeforeCommit(t *testing.T) {
 		t.Errorf("the close ran %d times, want 2 (once, then again without what came back)", hooked)
 	}
 	for _, s := range back {
-		if st := e.status(s); st != "pending" {
+		if st := e.Status(s); st != "pending" {
 			t.Errorf("%s is %s: it was back in Redis before the commit, want pending", s, st)
 		}
 	}
-	if st := e.status(poison); st != "pending" {
+	if st := e.Status(poison); st != "pending" {
 		t.Errorf("the poisoned order is %s, want pending", st)
 	}
 	if v := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile)); v != 1 {
@@ -228,8 +228,8 @@ func TestReconcilerFencesSerialsReaddedBeforeCommit(t *testing.T) {
 		t.Errorf("closed %d, want %d (all but the ones back in Redis and the poison)", n, want)
 	}
 	for _, s := range lost {
-		if s != poison && !slices.Contains(back, s) && e.status(s) != "closed" {
-			t.Errorf("%s is %s, want closed", s, e.status(s))
+		if s != poison && !slices.Contains(back, s) && e.Status(s) != "closed" {
+			t.Errorf("%s is %s, want closed", s, e.Status(s))
 		}
 	}
 	if v := testutil.ToFloat64(e.m.Reconciled); v != float64(want) {
@@ -239,24 +239,24 @@ func TestReconcilerFencesSerialsReaddedBeforeCommit(t *testing.T) {
 
 func TestReconcilerLooksInEveryShard(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	all := e.shardKeys(4)
+	all := e.ShardKeys(4)
 	longAgo := time.Now().Add(-time.Hour)
-	lost := e.orders("lost", 30, longAgo)
-	inShard := e.orders("shard", 4, longAgo)
-	inBase := e.orders("base", 2, longAgo)
+	lost := e.Orders("lost", 30, longAgo)
+	inShard := e.Orders("shard", 4, longAgo)
+	inBase := e.Orders("base", 2, longAgo)
 	for i, s := range inShard {
-		e.zadd(all[1+i].Queue, []string{s}, longAgo)
+		e.ZAdd(all[1+i].Queue, []string{s}, longAgo)
 	}
-	e.zadd(all[0].Queue, inBase, longAgo)
+	e.ZAdd(all[0].Queue, inBase, longAgo)
 	// One shard entry is leased: it lives in its lease hash only.
-	if err := e.rdb.ZRem(context.Background(), all[4].Queue, inShard[3]).Err(); err != nil {
+	if err := e.RDB.ZRem(context.Background(), all[4].Queue, inShard[3]).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.rdb.HSet(context.Background(), all[4].Lease, inShard[3], "1|0|r:1|").Err(); err != nil {
+	if err := e.RDB.HSet(context.Background(), all[4].Lease, inShard[3], "1|0|r:1|").Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := NewReconciler(ReconcilerConfig{Keys: all[0], Shards: all[1:], Grace: 5 * time.Minute},
-		e.rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	n, err := r.RunOnce(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +265,7 @@ func TestReconcilerLooksInEveryShard(t *testing.T) {
 		t.Errorf("reconciled %d, want the %d in no key", n, len(lost))
 	}
 	for _, s := range append(inShard, inBase...) {
-		if st := e.status(s); st != "pending" {
+		if st := e.Status(s); st != "pending" {
 			t.Errorf("%s is %s; it is in the queue and must be left to the fast path", s, st)
 		}
 	}
@@ -277,10 +277,10 @@ func TestReconcilerLooksInEveryShard(t *testing.T) {
 func TestReconcilerCommitWithoutAnswerIsCountedInDoubt(t *testing.T) {
 	e := newRedisEnv(t)
 	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
-	e.db = db
-	e.store = orders.NewStore(viaProxy, orders.Statements{})
-	lost := e.orders("lost", 4, time.Now().Add(-time.Hour))
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10}, e.rdb, e.store, e.m, zap.NewNop())
+	e.DB = db
+	e.Store = orders.NewStore(viaProxy, orders.Statements{})
+	lost := e.Orders("lost", 4, time.Now().Add(-time.Hour))
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: time.Minute, PageSize: 10}, e.RDB, e.Store, e.m, zap.NewNop())
 	landed := make(chan struct{})
 	r.afterClose = func(closed []string) {
 		if len(closed) == 0 {
@@ -303,7 +303,7 @@ func TestReconcilerCommitWithoutAnswerIsCountedInDoubt(t *testing.T) {
 	n, err := r.RunOnce(ctx)
 	<-landed
 	for _, s := range lost {
-		if st := e.status(s); st != "closed" {
+		if st := e.Status(s); st != "closed" {
 			t.Fatalf("%s is %s: the commit did not land, the test proved nothing", s, st)
 		}
 	}
@@ -367,25 +367,25 @@ func (h *afterZMScore) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 func TestAdversaryReconcilerClosesARescheduleAckedBeforeItsClose(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	s := e.orders("rec-resched", 1, time.Now().Add(-time.Hour))[0]
-	later := e.redisNow().Add(time.Hour)
+	s := e.Orders("rec-resched", 1, time.Now().Add(-time.Hour))[0]
+	later := e.RedisNow().Add(time.Hour)
 
-	rdb := redis.NewClient(e.rdb.Options())
+	rdb := redis.NewClient(e.RDB.Options())
 	t.Cleanup(func() { rdb.Close() })
 	rdb.AddHook(&afterZMScore{f: func() {
 		// The producer's write, acknowledged before the close statement.
-		e.enqueue([]string{s}, later)
+		e.Enqueue([]string{s}, later)
 	}})
-	r := NewReconciler(ReconcilerConfig{Keys: e.keys, Grace: time.Minute, PageSize: 10},
-		rdb, e.store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: time.Minute, PageSize: 10},
+		rdb, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 	n, err := r.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sc, err := e.rdb.ZScore(ctx, e.keys.Queue, s).Result(); err != nil || int64(sc) != queue.DeadlineMillis(later) {
+	if sc, err := e.RDB.ZScore(ctx, e.Keys.Queue, s).Result(); err != nil || int64(sc) != queue.DeadlineMillis(later) {
 		t.Fatalf("the producer's write did not happen (%v, %v): the hook never fired", sc, err)
 	}
-	if st := e.status(s); st != "pending" {
+	if st := e.Status(s); st != "pending" {
 		t.Fatalf("reconciler closed %d; %s is %s: closed an hour before the deadline a producer "+
 			"wrote (ZADD acknowledged before the close statement began)", n, s, st)
 	}

@@ -19,19 +19,19 @@ func TestRelayDeletesOutboxRowsOnlyAfterTheXAdd(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	for i := range 3 {
-		if _, err := e.db.Exec("INSERT INTO "+orders.OutboxTable+" (serial_no, reason) VALUES ($1, 'timeout')", fmt.Sprint("rl-", i)); err != nil {
+		if _, err := e.DB.Exec("INSERT INTO "+orders.OutboxTable+" (serial_no, reason) VALUES ($1, 'timeout')", fmt.Sprint("rl-", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	outbox := func() int {
 		var n int
-		if err := e.db.Get(&n, "SELECT count(*) FROM "+orders.OutboxTable); err != nil {
+		if err := e.DB.Get(&n, "SELECT count(*) FROM "+orders.OutboxTable); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	r := NewRelay(RelayConfig{Keys: e.keys, MaxLen: 1000}, e.db, e.rdb, e.m.EventsRelayed, zaptest.NewLogger(t))
-	if err := e.rdb.Set(ctx, e.keys.Events, "not a stream", 0).Err(); err != nil {
+	r := NewRelay(RelayConfig{Keys: e.Keys, MaxLen: 1000}, e.DB, e.RDB, e.m.EventsRelayed, zaptest.NewLogger(t))
+	if err := e.RDB.Set(ctx, e.Keys.Events, "not a stream", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := r.RunOnce(ctx); err == nil || n != 0 {
@@ -40,13 +40,13 @@ func TestRelayDeletesOutboxRowsOnlyAfterTheXAdd(t *testing.T) {
 	if n := outbox(); n != 3 {
 		t.Fatalf("%d outbox rows after a failed XADD, want 3", n)
 	}
-	if err := e.rdb.Del(ctx, e.keys.Events).Err(); err != nil {
+	if err := e.RDB.Del(ctx, e.Keys.Events).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := r.RunOnce(ctx); err != nil || n != 3 {
 		t.Fatalf("pass: %d, %v; want 3", n, err)
 	}
-	msgs, err := e.rdb.XRange(ctx, e.keys.Events, "-", "+").Result()
+	msgs, err := e.RDB.XRange(ctx, e.Keys.Events, "-", "+").Result()
 	if err != nil || len(msgs) != 3 {
 		t.Fatalf("stream: %d events (%v), want 3", len(msgs), err)
 	}
