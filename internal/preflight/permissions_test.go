@@ -651,3 +651,121 @@ func TestWatchPermissionsSaysRedisIsDownAndGoesOnWhenItAnswers(t *testing.T) {
 		t.Errorf("dependency_up{redis} = %v after the check got its answers, want 1", v)
 	}
 }
+
+// clusterUser gives every node of c user orderdelay (password pw) with
+// README's least user's rules and then extra.
+func clusterUser(t *testing.T, c *testenv.Cluster, extra ...string) *redis.ClusterClient {
+	t.Helper()
+	_, user := readmePermissions(t)
+	rules := strings.Fields(strings.Replace(user, ">PASSWORD", ">pw", 1))[1:] // orderdelay on >pw ...
+	ctx := context.Background()
+	for _, a := range c.Addrs {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		err := n.Do(ctx, append([]any{"acl", "setuser"}, toAny(append(rules, extra...))...)...).Err()
+		n.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	o, err := redis.ParseClusterURL(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Username, o.Password = "orderdelay", "pw"
+	rdb := redis.NewClusterClient(o)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// rejectedCalls is how many commands the nodes of c refused since their
+// last CONFIG RESETSTAT, by command (INFO commandstats).
+func rejectedCalls(t *testing.T, c *testenv.Cluster, reset bool) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]int{}
+	stat := regexp.MustCompile(`(?m)^cmdstat_([^:]+):.*rejected_calls=(\d+)`)
+	for _, a := range c.Addrs {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		if reset {
+			n.ConfigResetStat(ctx)
+		} else {
+			s, err := n.Info(ctx, "commandstats").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range stat.FindAllStringSubmatch(s, -1) {
+				if k, _ := strconv.Atoi(m[2]); k > 0 {
+					out[m[1]] += k
+				}
+			}
+		}
+		n.Close()
+	}
+	return out
+}
+
+// TestPermissionsAskWhatTheClusterClientSends: on Redis Cluster, go-redis
+// sends commands of its own besides CLUSTER SLOTS: COMMAND, the command
+// table it routes by (refused, it asks again before every command it
+// routes: three refused round trips per command, under one lock for the
+// whole client, and a line on stderr each), and ASKING, before a command
+// that a slot's migration redirected with -ASK (refused, the command
+// fails). So a user that passes the check with no warning, as README's
+// least user does, must be able to send them; one refused them is warned
+// about.
+func TestPermissionsAskWhatTheClusterClientSends(t *testing.T) {
+	c := testenv.PrivateCluster(t)
+	ctx := context.Background()
+
+	rdb := clusterUser(t, c, "-command", "-asking")
+	err, logs, gauge := permissions(t, rdb)
+	ws := warnings(logs)
+	if err != nil || gauge != 1 || len(ws) != 2 || !strings.Contains(ws[0].Message+ws[1].Message, "COMMAND") ||
+		!strings.Contains(ws[0].Message+ws[1].Message, "ASKING") {
+		t.Errorf("a user refused COMMAND and ASKING: %v, warnings %v, gauge %v; want nil, a warning naming each, gauge 1", err, ws, gauge)
+	}
+
+	rdb = clusterUser(t, c)
+	err, logs, gauge = permissions(t, rdb)
+	if err != nil || len(warnings(logs)) != 0 || gauge != 0 {
+		t.Fatalf("README's least user: %v, warnings %v, gauge %v; want nil, none, 0", err, warnings(logs), gauge)
+	}
+	dead := queue.NewKeys(queue.DefaultKey).Dead
+	rejectedCalls(t, c, true)
+	for range 20 {
+		if err := rdb.ZScore(ctx, dead, "m").Err(); err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+	}
+	if r := rejectedCalls(t, c, false); len(r) > 0 {
+		t.Errorf("README's least user passed the check, yet the nodes refused the cluster client %v for 20 ZSCOREs", r)
+	}
+
+	// The queue's slot migrates: the node that has it answers -ASK for a
+	// key it no longer holds, and the client sends ASKING to the other.
+	src, err := c.NodeFor(ctx, dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := c.Addrs[0]
+	if dst == src {
+		dst = c.Addrs[1]
+	}
+	id := func(a string) string {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		defer n.Close()
+		return n.ClusterMyID(ctx).Val()
+	}
+	slot := queue.HashSlot(queue.DefaultKey)
+	for _, s := range [][]any{{dst, "importing", id(src)}, {src, "migrating", id(dst)}} {
+		n := redis.NewClient(&redis.Options{Addr: s[0].(string)})
+		err := n.Do(ctx, "cluster", "setslot", slot, s[1], s[2]).Err()
+		n.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.ZAdd(ctx, dead, redis.Z{Score: 1, Member: "m"}).Err(); err != nil {
+		t.Errorf("README's least user passed the check, yet a ZADD while the queue's slot migrates: %v", err)
+	}
+}
