@@ -351,8 +351,8 @@ func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues []q
 // about, and set the redis_permissions warning gauge. A server that cannot
 // say (older than 7.0, a user without ACL DRYRUN or ACL WHOAMI, an answer
 // that is not one) is warned about once and the check skipped: nil. Any
-// other error means Redis could not be asked (unreachable, loading): try
-// again.
+// other error means Redis could not be asked (unreachable, loading, the
+// login refused): try again.
 func Permissions(ctx context.Context, rdb redis.UniversalClient, queues []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
 	nodes, err := masters(ctx, rdb)
 	if err != nil {
@@ -533,13 +533,16 @@ func unknownCommand(err error) bool {
 }
 
 // transient: the server could not be asked, or asks to be asked later;
-// any other answer is the server's word.
+// any other answer is the server's word. A login the server refuses
+// (WRONGPASS: a password rotated on one side first, a user not created
+// yet or disabled; NOAUTH) is no answer either: nothing can be asked
+// until it works, and then the check must run.
 func transient(err error) bool {
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return true // the network, a timeout, a closed client
 	}
-	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "MOVED", "ASK"} {
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "MOVED", "ASK", "WRONGPASS", "NOAUTH"} {
 		if redis.HasErrorPrefix(err, p) {
 			return true
 		}

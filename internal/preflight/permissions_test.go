@@ -769,3 +769,65 @@ func TestPermissionsAskWhatTheClusterClientSends(t *testing.T) {
 		t.Errorf("README's least user passed the check, yet a ZADD while the queue's slot migrates: %v", err)
 	}
 }
+
+// TestWatchPermissionsWaitsForTheLogin: a server that refuses the
+// daemon's login — WRONGPASS (a password rotated on one side first, a
+// user not created yet or disabled), NOAUTH — cannot be asked either. That
+// is not a server that cannot say (which skips the check for good): the
+// check waits, saying Redis is down, asks once the login works, and then
+// finds what the user may not run.
+func TestWatchPermissionsWaitsForTheLogin(t *testing.T) {
+	keys := []queue.Keys{queue.NewKeys("q")}
+	t.Run("wrongpass", func(t *testing.T) {
+		admin, addr := testenv.PrivateRedis(t)
+		ctx := context.Background()
+		if err := admin.Do(ctx, "acl", "setuser", "od", "on", ">old", "~*", "&*", "+@all", "-hdel").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: addr, Username: "od", Password: "new", MaxRetries: -1})
+		defer rdb.Close()
+		m := metrics.New(prometheus.NewRegistry(), "t", "t")
+		core, logs := observer.New(zap.WarnLevel)
+		done := make(chan error, 1)
+		go func() { done <- WatchPermissions(ctx, rdb, keys, m, zap.New(core)) }()
+		testenv.WaitFor(t, "a retry warning, or the check's end", time.Minute, func() bool {
+			return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0 || len(done) > 0
+		})
+		select {
+		case err := <-done:
+			t.Fatalf("WatchPermissions: %v while the server refuses the login (logs %v); want it to wait for the login", err, logs.All())
+		default:
+		}
+		if v := testutil.ToFloat64(m.DependencyUp.WithLabelValues(metrics.DepRedis)); v != 0 {
+			t.Errorf("dependency_up{redis} = %v while the server refuses the login, want 0", v)
+		}
+		if err := admin.Do(ctx, "acl", "setuser", "od", ">new").Err(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if pe := (*PermissionError)(nil); !errors.As(err, &pe) || !strings.Contains(err.Error(), "HDEL") {
+				t.Fatalf("WatchPermissions once the login works: %v, want a *PermissionError naming HDEL", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("WatchPermissions did not return within a minute of the login working")
+		}
+	})
+	t.Run("noauth", func(t *testing.T) {
+		rdb, _ := testenv.PrivateRedis(t)
+		rdb.AddHook(replyHook{"acl whoami": proto("NOAUTH Authentication required.")})
+		ctx, cancel := context.WithCancel(context.Background())
+		core, logs := observer.New(zap.WarnLevel)
+		done := make(chan error, 1)
+		go func() {
+			done <- WatchPermissions(ctx, rdb, keys, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
+		}()
+		testenv.WaitFor(t, "a retry warning, or the check's end", time.Minute, func() bool {
+			return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0 || len(done) > 0
+		})
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("WatchPermissions: %v, want it to retry until ctx ends (context.Canceled)", err)
+		}
+	})
+}
