@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,5 +66,41 @@ func TestDaemonStartsWithoutObject(t *testing.T) {
 		t.Fatalf("the daemon stopped: %v", d.err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("the daemon never started")
+	}
+}
+
+// TestDaemonChecksTheDefaultKeyOfATaskQueueWithItsOwnKey: a task queue the
+// queues file gives a key of its own still has the daemon read and clear
+// the meta hash and legacy name mark at its name's default key
+// ({delaytask:NAME}:meta, {delaytask:NAME}:name: tasks.WriteMeta,
+// dropLegacyNames). A user granted only the queue's own keys passed the
+// check, and then every meta pass failed there — before the meta of the
+// queues after it in the file, whose durable flag and cap producers'
+// scripts obey, was written. The check asks about those keys too.
+func TestDaemonChecksTheDefaultKeyOfATaskQueueWithItsOwnKey(t *testing.T) {
+	q, own := queue.DefaultKey, "custom:jobs"
+	url, _ := redisUser(t, "resetkeys", "resetchannels", "+@all",
+		"~"+q, "~{"+q+"}:*", "&{"+q+"}:wake", "~"+own, "~{"+own+"}:*", "&{"+own+"}:wake",
+		"~delaytask:more", "~{delaytask:more}:*", "&{delaytask:more}:wake")
+	_, dsn := testenv.Postgres(t)
+	file := filepath.Join(t.TempDir(), "queues.yaml")
+	yaml := "queues:\n  - name: jobs\n    key: '" + own + "'\n    action: {type: poll}\n" +
+		"  - name: more\n    max_pending: 5\n    action: {type: poll}\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := daemonConfig(t, queue.NewKeys(q), dsn, map[string]string{"ORDERDELAY_REDIS_URL": url, "ORDERDELAY_QUEUES_FILE": file})
+	up := make(chan struct{})
+	d := startDaemon(t, cfg, daemonOptions{started: signalStarted(up)})
+	select {
+	case <-d.done:
+	case <-up:
+		t.Fatal("the daemon started its work")
+	case <-time.After(60 * time.Second):
+		t.Fatal("the daemon still runs a minute after its start")
+	}
+	meta := queue.NewKeys(queue.TaskQueueKey("jobs")).Meta
+	if ue := (usageError{}); !errors.As(d.err, &ue) || !strings.Contains(d.err.Error(), meta) {
+		t.Fatalf("runDaemon: %v, want a configuration error (exit 2) naming %s", d.err, meta)
 	}
 }

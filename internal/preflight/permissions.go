@@ -322,11 +322,11 @@ func few(items []string, what string) string {
 // again with an exponential backoff capped at DefaultRedisRetry, as the
 // database's check does, so a blip at start-up holds the consumers for
 // well under a second after Redis is back.
-func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
+func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues, defaults []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
 	b := backoff.NewExponentialBackOff()
 	b.MaxInterval = DefaultRedisRetry
 	for {
-		err := Permissions(ctx, rdb, queues, m, log)
+		err := Permissions(ctx, rdb, queues, defaults, m, log)
 		if pe := (*PermissionError)(nil); err == nil || errors.As(err, &pe) {
 			m.SetUp(metrics.DepRedis, true)
 			return err
@@ -345,7 +345,10 @@ func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues []q
 
 // Permissions asks, with ACL DRYRUN, whether the user the daemon logged in
 // as (ACL WHOAMI) may run each of commands on each key and wake channel of
-// queues, on every master of a cluster. Commands the daemon needs that
+// queues, on every master of a cluster — and, for defaults, the keys at the
+// default key (queue.TaskQueueKey) of each task queue that the queues file
+// gives a key of its own, on the two keys the daemon touches there (see
+// atDefaultKey). Commands the daemon needs that
 // are refused, or unknown to the server (renamed away with rename-command),
 // are returned as a *PermissionError; refused optional ones are warned
 // about, and set the redis_permissions warning gauge. A server that cannot
@@ -353,13 +356,13 @@ func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues []q
 // that is not one) is warned about once and the check skipped: nil. Any
 // other error means Redis could not be asked (unreachable, loading, the
 // login refused): try again.
-func Permissions(ctx context.Context, rdb redis.UniversalClient, queues []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
+func Permissions(ctx context.Context, rdb redis.UniversalClient, queues, defaults []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
 	nodes, err := masters(ctx, rdb)
 	if err != nil {
 		return err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
-	probes := dryRuns(queues, cluster)
+	probes := dryRuns(queues, defaults, cluster)
 	var refused []Refusal
 	for _, n := range nodes {
 		rs, skip, err := checkNode(ctx, n, probes)
@@ -427,8 +430,22 @@ type probe struct {
 	args    []any // after ACL DRYRUN <user>
 }
 
-// dryRuns lists the dry runs of commands on queues' keys.
-func dryRuns(queues []queue.Keys, cluster bool) []probe {
+// atDefaultKey is what the daemon sends to the default key of a task queue
+// that the queues file gives a key of its own: package tasks reads the
+// name in its meta hash and removes it if it is the queue's (WriteMeta),
+// and reads and deletes its legacy name mark (dropLegacyNames). Refused,
+// the meta pass stops there, before the meta hashes of the queues after
+// it — their durable flag and cap, which producers' scripts obey.
+var atDefaultKey = map[string]func(queue.Keys) string{
+	"HGET": func(k queue.Keys) string { return k.Meta },
+	"HDEL": func(k queue.Keys) string { return k.Meta },
+	"GET":  func(k queue.Keys) string { return k.Name },
+	"DEL":  func(k queue.Keys) string { return k.Name },
+}
+
+// dryRuns lists the dry runs of commands on queues' keys, and on the keys
+// of defaults that atDefaultKey names.
+func dryRuns(queues, defaults []queue.Keys, cluster bool) []probe {
 	var out []probe
 	add := func(c *Command, target string) {
 		args := make([]any, 0, 2+len(c.Args))
@@ -455,6 +472,14 @@ func dryRuns(queues []queue.Keys, cluster bool) []probe {
 			for _, k := range queues {
 				for _, key := range targets(k)[c.On] {
 					if !seen[key] {
+						seen[key] = true
+						add(c, key)
+					}
+				}
+			}
+			if at := atDefaultKey[c.Name]; at != nil {
+				for _, k := range defaults {
+					if key := at(k); !seen[key] {
 						seen[key] = true
 						add(c, key)
 					}

@@ -248,7 +248,7 @@ func permissions(t *testing.T, rdb redis.UniversalClient) (error, *observer.Obse
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	keys := append([]queue.Keys{queue.NewKeys(queue.DefaultKey)}, queue.ShardKeys(queue.DefaultKey, 2)...)
-	err := Permissions(ctx, rdb, keys, m, zap.New(core))
+	err := Permissions(ctx, rdb, keys, nil, m, zap.New(core))
 	return err, logs, warning(m, metrics.CheckRedisPermissions)
 }
 
@@ -494,7 +494,7 @@ func TestWatchPermissionsRetriesUnreachableRedis(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- WatchPermissions(ctx, rdb, []queue.Keys{queue.NewKeys("q")}, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
+		done <- WatchPermissions(ctx, rdb, []queue.Keys{queue.NewKeys("q")}, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
 	}()
 	testenv.WaitFor(t, "a retry warning", time.Minute, func() bool {
 		return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0
@@ -619,7 +619,7 @@ func TestWatchPermissionsSaysRedisIsDownAndGoesOnWhenItAnswers(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	done := make(chan error, 1)
 	go func() {
-		done <- WatchPermissions(context.Background(), rdb, []queue.Keys{queue.NewKeys("q")}, m, zap.New(core))
+		done <- WatchPermissions(context.Background(), rdb, []queue.Keys{queue.NewKeys("q")}, nil, m, zap.New(core))
 	}()
 	retries := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("not checked yet; retrying").All() }
 	testenv.WaitFor(t, "two retry warnings", time.Minute, func() bool { return len(retries()) >= 2 })
@@ -789,7 +789,7 @@ func TestWatchPermissionsWaitsForTheLogin(t *testing.T) {
 		m := metrics.New(prometheus.NewRegistry(), "t", "t")
 		core, logs := observer.New(zap.WarnLevel)
 		done := make(chan error, 1)
-		go func() { done <- WatchPermissions(ctx, rdb, keys, m, zap.New(core)) }()
+		go func() { done <- WatchPermissions(ctx, rdb, keys, nil, m, zap.New(core)) }()
 		testenv.WaitFor(t, "a retry warning, or the check's end", time.Minute, func() bool {
 			return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0 || len(done) > 0
 		})
@@ -820,7 +820,7 @@ func TestWatchPermissionsWaitsForTheLogin(t *testing.T) {
 		core, logs := observer.New(zap.WarnLevel)
 		done := make(chan error, 1)
 		go func() {
-			done <- WatchPermissions(ctx, rdb, keys, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
+			done <- WatchPermissions(ctx, rdb, keys, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
 		}()
 		testenv.WaitFor(t, "a retry warning, or the check's end", time.Minute, func() bool {
 			return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0 || len(done) > 0
