@@ -86,6 +86,8 @@ const (
 		"(up to 2.6x the Redis time per claimed order; BENCHMARKS.md)"
 	costSubscribe = "no wake-ups: an earlier deadline written through the API or the client waits for the head check " +
 		"(about 350 ms) or the next scan, and a waiting poll for its recheck"
+	costUnsubscribe = "the long polls' subscription stays subscribed to a task queue's wake channel once none of its polls waits " +
+		"(while polls of another queue still wait): its wake-ups keep coming and are dropped"
 	costCommand = "go-redis's cluster client, refused the command table it routes by, asks for it again before every command: " +
 		"three more round trips per command, one command at a time for the whole client (2,000 ZSCOREs from 8 goroutines took 7.5x as long " +
 		"in a test), and a line on stderr for each"
@@ -151,6 +153,7 @@ var commands = []Command{
 	// The wake channel.
 	{Name: "PUBLISH", On: Channel, Args: []string{keyArg, "0"}},                       // script; resume
 	{Name: "SUBSCRIBE", On: Channel, Args: []string{keyArg}, Optional: costSubscribe}, // the scanners, waiting polls
+	{Name: "UNSUBSCRIBE", Optional: costUnsubscribe},                                  // waiting polls, one queue's last done
 
 	// Keyless.
 	{Name: "TIME"}, // script; the Redis clock

@@ -131,15 +131,17 @@ func TestCommandsCoverTheDirectCalls(t *testing.T) {
 		"Get": "GET", "HDel": "HDEL", "HGet": "HGET", "HMGet": "HMGET", "HSet": "HSET", "Info": "INFO",
 		"Ping": "PING", "Pipelined": "", "Publish": "PUBLISH", "ScriptLoad": "SCRIPT LOAD",
 		"SetNX":     "SETNX", // with no expiry, as the pause sets it
-		"Subscribe": "SUBSCRIBE", "Time": "TIME",
+		"Subscribe": "SUBSCRIBE", "Unsubscribe": "UNSUBSCRIBE", "Time": "TIME",
 		"XAdd": "XADD", "XInfoGroups": "XINFO GROUPS", "XPendingExt": "XPENDING",
 		"ZAdd": "ZADD", "ZCard": "ZCARD", "ZRange": "ZRANGE", "ZRangeArgsWithScores": "ZRANGE",
 		"ZRangeWithScores": "ZRANGE", "ZScore": "ZSCORE",
 	}
 	methods := map[string]bool{"Subscribe": true} // UniversalClient's, not Cmdable's
-	ct := reflect.TypeFor[redis.Cmdable]()
-	for i := range ct.NumMethod() {
-		methods[ct.Method(i).Name] = true
+	// Cmdable's, and a subscription's (PubSub: Subscribe, Unsubscribe, Ping, ...).
+	for _, ct := range []reflect.Type{reflect.TypeFor[redis.Cmdable](), reflect.TypeFor[*redis.PubSub]()} {
+		for i := range ct.NumMethod() {
+			methods[ct.Method(i).Name] = true
+		}
 	}
 	// Methods of other types that share a name with one of go-redis's.
 	for _, other := range []string{
