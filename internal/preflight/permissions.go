@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -39,7 +40,9 @@ import (
 // Each command is asked about on every key of the kind it works on (a
 // superset of the keys it is sent to: HDEL on every hash of every queue),
 // and the scripts' EVALSHA and EVAL on every key, since Redis checks a
-// script's KEYS too.
+// script's KEYS too — one by one, and all the keys of each queue together,
+// since Redis allows a command only if one of the user's selectors allows
+// all of its keys.
 
 // keyArg stands for the key (or channel) a command is asked about.
 const keyArg = "<key>"
@@ -431,6 +434,9 @@ type probe struct {
 	target  string
 	channel bool
 	args    []any // after ACL DRYRUN <user>
+	// together: a script's dry run on every key of the queue target at
+	// once (see dryRuns).
+	together bool
 }
 
 // atDefaultKey is what the daemon sends to the default key of a task queue
@@ -488,9 +494,39 @@ func dryRuns(queues, defaults []queue.Keys, cluster bool) []probe {
 					}
 				}
 			}
+			if c.On == AnyKey {
+				// Redis allows a command only if one selector (the
+				// user's root permissions or one in parentheses) allows
+				// all its keys: a script gets a queue's keys together,
+				// so it is asked about them together too.
+				for _, k := range queues {
+					keys := targets(k)[AnyKey]
+					args := append(strings.Fields(c.Name), c.Args[0], strconv.Itoa(len(keys)))
+					out = append(out, probe{cmd: c, target: k.Queue, together: true, args: toArgs(append(args, keys...))})
+				}
+			}
 		}
 	}
 	return out
+}
+
+func toArgs(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// refusedKey is the key a refusal's reason names ("... to access the 'k'
+// key"), or "".
+func refusedKey(reason string) string {
+	_, rest, ok := strings.Cut(reason, "to access the '")
+	if !ok {
+		return ""
+	}
+	key, _, _ := strings.Cut(rest, "' key")
+	return key
 }
 
 // dryRunChunk is how many dry runs go in one pipeline.
@@ -530,10 +566,22 @@ func checkNode(ctx context.Context, n redis.UniversalClient, probes []probe) (re
 				if !ok {
 					return nil, fmt.Sprintf("%s answered %#v, neither OK nor a refusal", asked, v), nil
 				}
-				if s != "OK" {
-					refused = append(refused, Refusal{User: user, Command: pr.cmd.Name, Target: pr.target, Channel: pr.channel,
-						Denied: denied(s), Reason: s})
+				if s == "OK" {
+					break
 				}
+				r := Refusal{User: user, Command: pr.cmd.Name, Target: pr.target, Channel: pr.channel, Denied: denied(s), Reason: s}
+				if pr.together {
+					// Refused together, though maybe allowed one by one.
+					key := refusedKey(s)
+					if slices.ContainsFunc(refused, func(o Refusal) bool { return o.Command == r.Command && o.Target == key }) {
+						break // that key is refused on its own already
+					}
+					if key != "" {
+						r.Target = key + " (with the other keys of " + pr.target +
+							": one selector of the user must allow all the keys a script gets)"
+					}
+				}
+				refused = append(refused, r)
 			case transient(err):
 				return nil, "", fmt.Errorf("redis %s: %w", asked, err)
 			case unknownCommand(err):

@@ -833,3 +833,22 @@ func TestWatchPermissionsWaitsForTheLogin(t *testing.T) {
 		}
 	})
 }
+
+// TestPermissionsRefuseKeysSplitAcrossSelectors: Redis 7 allows a command
+// only if one selector (the user's root permissions, or one in
+// parentheses) allows all of its keys. A user whose root patterns cover
+// the companions and a selector the queue key passed a check that asked a
+// script's EVALSHA about one key at a time, yet every script, which gets
+// them together, is refused.
+func TestPermissionsRefuseKeysSplitAcrossSelectors(t *testing.T) {
+	q := queue.DefaultKey
+	rdb, _ := aclServer(t, nil, "resetkeys", "&*", "+@all", "~{"+q+"}:*", "~"+q+"#*", "~{"+q+"#*", "(~"+q+" +@all)")
+	k := queue.NewKeys(q)
+	if err := rdb.Eval(context.Background(), "return 1", []string{k.Queue, k.Inflight}).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("a script on %s and %s: %v; want NOPERM (the test's premise)", k.Queue, k.Inflight, err)
+	}
+	err, _, _ := permissions(t, rdb)
+	if pe := (*PermissionError)(nil); !errors.As(err, &pe) || !strings.Contains(err.Error(), "EVALSHA") {
+		t.Fatalf("Permissions: %v, want a *PermissionError naming EVALSHA", err)
+	}
+}
