@@ -328,11 +328,11 @@ func few(items []string, what string) string {
 // again with an exponential backoff capped at DefaultRedisRetry, as the
 // database's check does, so a blip at start-up holds the consumers for
 // well under a second after Redis is back.
-func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues, defaults []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
+func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues Queues, m *metrics.Metrics, log *zap.Logger) error {
 	b := backoff.NewExponentialBackOff()
 	b.MaxInterval = DefaultRedisRetry
 	for {
-		err := Permissions(ctx, rdb, queues, defaults, m, log)
+		err := Permissions(ctx, rdb, queues, m, log)
 		if pe := (*PermissionError)(nil); err == nil || errors.As(err, &pe) {
 			m.SetUp(metrics.DepRedis, true)
 			return err
@@ -349,12 +349,28 @@ func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues, de
 	}
 }
 
+// Queues are what the daemon's configuration has it send commands on.
+type Queues struct {
+	// Orders are the order queue and its shards. Their list and stream
+	// keys are never written (those are task queues' actions), so no list
+	// or stream command is asked about on them — but XADD on the first
+	// one's events stream when CloseEvents is set (the close-event relay).
+	Orders      []queue.Keys
+	CloseEvents bool
+	// Tasks are the task queues: every command, on every key.
+	Tasks []queue.Keys
+	// Defaults are the keys at the default key (queue.TaskQueueKey) of
+	// each task queue that the queues file gives a key of its own: only
+	// the commands the daemon sends there (atDefaultKey).
+	Defaults []queue.Keys
+}
+
+func (q Queues) count() int { return len(q.Orders) + len(q.Tasks) }
+
 // Permissions asks, with ACL DRYRUN, whether the user the daemon logged in
 // as (ACL WHOAMI) may run each of commands on each key and wake channel of
-// queues, on every master of a cluster — and, for defaults, the keys at the
-// default key (queue.TaskQueueKey) of each task queue that the queues file
-// gives a key of its own, on the two keys the daemon touches there (see
-// atDefaultKey). Commands the daemon needs that
+// queues that it sends it on (see Queues), on every master of a cluster.
+// Commands the daemon needs that
 // are refused, or unknown to the server (renamed away with rename-command),
 // are returned as a *PermissionError; refused optional ones are warned
 // about, and set the redis_permissions warning gauge. A server that cannot
@@ -362,13 +378,13 @@ func WatchPermissions(ctx context.Context, rdb redis.UniversalClient, queues, de
 // that is not one) is warned about once and the check skipped: nil. Any
 // other error means Redis could not be asked (unreachable, loading, the
 // login refused): try again.
-func Permissions(ctx context.Context, rdb redis.UniversalClient, queues, defaults []queue.Keys, m *metrics.Metrics, log *zap.Logger) error {
+func Permissions(ctx context.Context, rdb redis.UniversalClient, queues Queues, m *metrics.Metrics, log *zap.Logger) error {
 	nodes, err := masters(ctx, rdb)
 	if err != nil {
 		return err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
-	probes := dryRuns(queues, defaults, cluster)
+	probes := dryRuns(queues, cluster)
 	var refused []Refusal
 	for _, n := range nodes {
 		rs, skip, err := checkNode(ctx, n, probes)
@@ -414,7 +430,7 @@ func Permissions(ctx context.Context, rdb redis.UniversalClient, queues, default
 	m.Warn(metrics.CheckRedisPermissions, len(optional) > 0)
 	if len(optional) == 0 {
 		log.Info("redis permissions checked: the daemon's user may run every command it sends on every key of its queues",
-			zap.Int("commands", len(commands)), zap.Int("queues", len(queues)), zap.Int("dry_runs", len(probes)))
+			zap.Int("commands", len(commands)), zap.Int("queues", queues.count()), zap.Int("dry_runs", len(probes)))
 	}
 	return nil
 }
@@ -452,9 +468,36 @@ var atDefaultKey = map[string]func(queue.Keys) string{
 	"DEL":  func(k queue.Keys) string { return k.Name },
 }
 
-// dryRuns lists the dry runs of commands on queues' keys, and on the keys
-// of defaults that atDefaultKey names.
-func dryRuns(queues, defaults []queue.Keys, cluster bool) []probe {
+// orderTargets are the keys of an order queue k (or shard) by what the
+// commands are asked about: targets without the lists and streams, but
+// the events stream when the relay publishes on it (events).
+func orderTargets(k queue.Keys, events bool) map[Target][]string {
+	t := targets(k)
+	delete(t, Lists)
+	delete(t, Streams)
+	if events {
+		t[Streams] = []string{k.Events}
+	}
+	return t
+}
+
+// dryRuns lists the dry runs of commands on the keys of queues: on an order
+// queue's, of the commands it is sent (orderTargets; of the stream
+// commands, XADD only); on a task queue's, of all of them; on a default
+// key's, of those atDefaultKey names.
+func dryRuns(queues Queues, cluster bool) []probe {
+	type on struct {
+		keys  queue.Keys
+		ts    map[Target][]string
+		order bool
+	}
+	var all []on
+	for i, k := range queues.Orders {
+		all = append(all, on{k, orderTargets(k, queues.CloseEvents && i == 0), true})
+	}
+	for _, k := range queues.Tasks {
+		all = append(all, on{k, targets(k), false})
+	}
 	var out []probe
 	add := func(c *Command, target string) {
 		args := make([]any, 0, 2+len(c.Args))
@@ -478,8 +521,11 @@ func dryRuns(queues, defaults []queue.Keys, cluster bool) []probe {
 			add(c, "")
 		default:
 			seen := map[string]bool{}
-			for _, k := range queues {
-				for _, key := range targets(k)[c.On] {
+			for _, q := range all {
+				if q.order && c.On == Streams && c.Name != "XADD" {
+					continue
+				}
+				for _, key := range q.ts[c.On] {
 					if !seen[key] {
 						seen[key] = true
 						add(c, key)
@@ -487,7 +533,7 @@ func dryRuns(queues, defaults []queue.Keys, cluster bool) []probe {
 				}
 			}
 			if at := atDefaultKey[c.Name]; at != nil {
-				for _, k := range defaults {
+				for _, k := range queues.Defaults {
 					if key := at(k); !seen[key] {
 						seen[key] = true
 						add(c, key)
@@ -499,8 +545,9 @@ func dryRuns(queues, defaults []queue.Keys, cluster bool) []probe {
 				// user's root permissions or one in parentheses) allows
 				// all its keys: a script gets a queue's keys together,
 				// so it is asked about them together too.
-				for _, k := range queues {
-					keys := targets(k)[AnyKey]
+				for _, q := range all {
+					k := q.keys
+					keys := q.ts[AnyKey]
 					args := append(strings.Fields(c.Name), c.Args[0], strconv.Itoa(len(keys)))
 					out = append(out, probe{cmd: c, target: k.Queue, together: true, args: toArgs(append(args, keys...))})
 				}

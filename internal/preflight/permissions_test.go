@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/orderdelay/orderdelay/internal/metrics"
@@ -250,7 +251,7 @@ func permissions(t *testing.T, rdb redis.UniversalClient) (error, *observer.Obse
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	keys := append([]queue.Keys{queue.NewKeys(queue.DefaultKey)}, queue.ShardKeys(queue.DefaultKey, 2)...)
-	err := Permissions(ctx, rdb, keys, nil, m, zap.New(core))
+	err := Permissions(ctx, rdb, Queues{Orders: keys}, m, zap.New(core))
 	return err, logs, warning(m, metrics.CheckRedisPermissions)
 }
 
@@ -496,7 +497,7 @@ func TestWatchPermissionsRetriesUnreachableRedis(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- WatchPermissions(ctx, rdb, []queue.Keys{queue.NewKeys("q")}, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
+		done <- WatchPermissions(ctx, rdb, Queues{Orders: []queue.Keys{queue.NewKeys("q")}}, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
 	}()
 	testenv.WaitFor(t, "a retry warning", time.Minute, func() bool {
 		return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0
@@ -621,7 +622,7 @@ func TestWatchPermissionsSaysRedisIsDownAndGoesOnWhenItAnswers(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	done := make(chan error, 1)
 	go func() {
-		done <- WatchPermissions(context.Background(), rdb, []queue.Keys{queue.NewKeys("q")}, nil, m, zap.New(core))
+		done <- WatchPermissions(context.Background(), rdb, Queues{Orders: []queue.Keys{queue.NewKeys("q")}}, m, zap.New(core))
 	}()
 	retries := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("not checked yet; retrying").All() }
 	testenv.WaitFor(t, "two retry warnings", time.Minute, func() bool { return len(retries()) >= 2 })
@@ -791,7 +792,7 @@ func TestWatchPermissionsWaitsForTheLogin(t *testing.T) {
 		m := metrics.New(prometheus.NewRegistry(), "t", "t")
 		core, logs := observer.New(zap.WarnLevel)
 		done := make(chan error, 1)
-		go func() { done <- WatchPermissions(ctx, rdb, keys, nil, m, zap.New(core)) }()
+		go func() { done <- WatchPermissions(ctx, rdb, Queues{Orders: keys}, m, zap.New(core)) }()
 		testenv.WaitFor(t, "a retry warning, or the check's end", time.Minute, func() bool {
 			return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0 || len(done) > 0
 		})
@@ -822,7 +823,7 @@ func TestWatchPermissionsWaitsForTheLogin(t *testing.T) {
 		core, logs := observer.New(zap.WarnLevel)
 		done := make(chan error, 1)
 		go func() {
-			done <- WatchPermissions(ctx, rdb, keys, nil, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
+			done <- WatchPermissions(ctx, rdb, Queues{Orders: keys}, metrics.New(prometheus.NewRegistry(), "t", "t"), zap.New(core))
 		}()
 		testenv.WaitFor(t, "a retry warning, or the check's end", time.Minute, func() bool {
 			return logs.FilterMessageSnippet("not checked yet; retrying").Len() > 0 || len(done) > 0
@@ -851,4 +852,49 @@ func TestPermissionsRefuseKeysSplitAcrossSelectors(t *testing.T) {
 	if pe := (*PermissionError)(nil); !errors.As(err, &pe) || !strings.Contains(err.Error(), "EVALSHA") {
 		t.Fatalf("Permissions: %v, want a *PermissionError naming EVALSHA", err)
 	}
+}
+
+// TestPermissionsAskOnlyWhatTheConfigurationUses: an order queue alone
+// sends no list or stream command (those are the task queues' actions and
+// the close-event relay's XADD), so a least-privilege user without them
+// that closes orders fine is not refused; the same user is refused once
+// task queues are configured, and one without XADD once close events are.
+func TestPermissionsAskOnlyWhatTheConfigurationUses(t *testing.T) {
+	orders := append([]queue.Keys{queue.NewKeys(queue.DefaultKey)}, queue.ShardKeys(queue.DefaultKey, 2)...)
+	task := queue.NewKeys(queue.TaskQueueKey("mail"))
+	ask := func(t *testing.T, rdb redis.UniversalClient, q Queues) error {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return Permissions(ctx, rdb, q, metrics.New(prometheus.NewRegistry(), "t", "t"), zaptest.NewLogger(t))
+	}
+	refused := func(t *testing.T, err error, want string) {
+		t.Helper()
+		var pe *PermissionError
+		if !errors.As(err, &pe) {
+			t.Fatalf("Permissions: %v, want a *PermissionError naming %s", err, want)
+		}
+		found := false
+		for _, r := range pe.Refusals {
+			found = found || r.Command == want
+		}
+		if !found {
+			t.Errorf("refusals %+v do not name %s", pe.Refusals, want)
+		}
+	}
+	t.Run("no lists, no streams", func(t *testing.T) {
+		rdb, _ := aclServer(t, nil, "~*", "&*", "+@all", "-@list", "-@stream")
+		if err := ask(t, rdb, Queues{Orders: orders}); err != nil {
+			t.Errorf("order queue alone: %v, want nil", err)
+		}
+		refused(t, ask(t, rdb, Queues{Orders: orders, Tasks: []queue.Keys{task}}), "LPUSH")
+		refused(t, ask(t, rdb, Queues{Orders: orders, CloseEvents: true}), "XADD")
+	})
+	t.Run("no XADD", func(t *testing.T) {
+		rdb, _ := aclServer(t, nil, "~*", "&*", "+@all", "-xadd")
+		if err := ask(t, rdb, Queues{Orders: orders}); err != nil {
+			t.Errorf("order queue without close events: %v, want nil", err)
+		}
+		refused(t, ask(t, rdb, Queues{Orders: orders, CloseEvents: true}), "XADD")
+	})
 }
