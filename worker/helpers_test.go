@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/queue"
@@ -16,14 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-func TestMain(m *testing.M) {
-	// No goroutine of a Worker outlives Run (handlers abandoned at a
-	// shutdown timeout end when the tests release them).
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
-}
+// No goroutine of a Worker outlives Run (handlers abandoned at a
+// shutdown timeout end when the tests release them).
+func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
 
 // env is one test's queue on the shared Redis.
 type env struct {
