@@ -1,12 +1,15 @@
-// Package orders owns everything orderdelay does in PostgreSQL: the
-// reference schema (embedded, versioned migrations), the three statements
-// that close, look up and find overdue orders (defaults for the reference
-// schema, replaceable by configuration and verified at start), and the
-// classification of database errors into transient and permanent. The
-// operator's tools (internal/admin) run its statements on the reference
-// schema too (tools.go: ExtendPending, PendingPage, GetRow), and the
-// reconciler and the durable task loader (internal/tasks) steer their
+// Package orders owns what orderdelay does in PostgreSQL with orders, and
+// what every part of it shares there: the reference schema (embedded,
+// versioned migrations, the durable task tier's table among them), the
+// three statements that close, look up and find overdue orders (defaults
+// for the reference schema, replaceable by configuration and verified at
+// start), and the classification of database errors into transient and
+// permanent. The operator's tools (internal/admin) run its statements on
+// the reference schema too (tools.go: ExtendPending, PendingPage,
+// GetRow), and the reconciler and the durable task loader steer their
 // transactions with its helpers (tx.go: the advisory lock, savepoints).
+// The durable tier's own statements on orderdelay_tasks, and a task
+// queue's SQL action, are package tasks'.
 //
 // The SQL decides. Closing is one set-based, conditional statement, so an
 // order paid a microsecond earlier is never closed and a close that runs
