@@ -56,12 +56,8 @@ type Janitor struct {
 
 // NewJanitor returns a Janitor over the queue of tools.
 func NewJanitor(cfg JanitorConfig, tools *admin.Tools, log *zap.Logger) *Janitor {
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultJanitorInterval
-	}
-	if cfg.PassTimeout <= 0 {
-		cfg.PassTimeout = DefaultJanitorPassTimeout
-	}
+	cfg.Interval = orDefault(cfg.Interval, DefaultJanitorInterval)
+	cfg.PassTimeout = orDefault(cfg.PassTimeout, DefaultJanitorPassTimeout)
 	j := &Janitor{cfg: cfg, tools: tools, log: log}
 	j.loop = Loop{Interval: cfg.Interval, Spread: 10, PassTimeout: cfg.PassTimeout,
 		Failed: func(err error) { j.log.Debug("dead-letter purge failed; retrying later", zap.Error(err)) }}

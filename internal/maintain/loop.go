@@ -73,3 +73,12 @@ func (l Loop) Run(ctx context.Context, pass func(context.Context) (more bool, er
 		}
 	}
 }
+
+// orDefault is v, or d when v is not above zero: a service config's zero
+// values take the package's defaults.
+func orDefault[T int | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
+}

@@ -101,18 +101,10 @@ const (
 
 // NewReconciler returns a Reconciler.
 func NewReconciler(cfg ReconcilerConfig, rdb redis.UniversalClient, store *orders.Store, m *metrics.Metrics, log *zap.Logger) *Reconciler {
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultReconcileInterval
-	}
-	if cfg.Grace <= 0 {
-		cfg.Grace = DefaultReconcileGrace
-	}
-	if cfg.PageSize <= 0 {
-		cfg.PageSize = DefaultReconcilePage
-	}
-	if cfg.PassTimeout <= 0 {
-		cfg.PassTimeout = DefaultReconcilePassTimeout
-	}
+	cfg.Interval = orDefault(cfg.Interval, DefaultReconcileInterval)
+	cfg.Grace = orDefault(cfg.Grace, DefaultReconcileGrace)
+	cfg.PageSize = orDefault(cfg.PageSize, DefaultReconcilePage)
+	cfg.PassTimeout = orDefault(cfg.PassTimeout, DefaultReconcilePassTimeout)
 	h := fnv.New64a()
 	h.Write([]byte("orderdelay reconcile " + cfg.Keys.Queue))
 	r := &Reconciler{cfg: cfg, rdb: rdb, store: store, m: m, log: log, lock: int64(h.Sum64()), now: time.Now}

@@ -51,18 +51,10 @@ type Relay struct {
 
 // NewRelay returns a Relay; relayed counts the events it publishes.
 func NewRelay(cfg RelayConfig, db *sqlx.DB, rdb redis.UniversalClient, relayed prometheus.Counter, log *zap.Logger) *Relay {
-	if cfg.Page <= 0 {
-		cfg.Page = DefaultRelayPage
-	}
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultRelayInterval
-	}
-	if cfg.Retry <= 0 {
-		cfg.Retry = DefaultRelayRetry
-	}
-	if cfg.PassTimeout <= 0 {
-		cfg.PassTimeout = DefaultRelayPassTimeout
-	}
+	cfg.Page = orDefault(cfg.Page, DefaultRelayPage)
+	cfg.Interval = orDefault(cfg.Interval, DefaultRelayInterval)
+	cfg.Retry = orDefault(cfg.Retry, DefaultRelayRetry)
+	cfg.PassTimeout = orDefault(cfg.PassTimeout, DefaultRelayPassTimeout)
 	r := &Relay{cfg: cfg, db: db, store: queue.NewStore(rdb, cfg.Keys), relayed: relayed, log: log}
 	r.loop = Loop{Interval: cfg.Interval, Retry: cfg.Retry, PassTimeout: cfg.PassTimeout,
 		Failed: func(err error) { r.log.Warn("close-event relay failed; retrying", zap.Error(err)) }}
