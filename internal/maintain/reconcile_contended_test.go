@@ -2,6 +2,7 @@ package maintain
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -107,15 +108,7 @@ func TestReconcilerGetsPastSeveralContendedRows(t *testing.T) {
 				n, err := r.RunOnce(ctx)
 				t.Logf("pass %d: closed %d, err %v", pass, n, err)
 			}
-			for _, s := range append(append([]string{}, lost...), behind...) {
-				want := "closed"
-				if slices.Contains(bad, s) {
-					want = "pending"
-				}
-				if st := e.Status(s); st != want {
-					t.Errorf("after %d passes %s is %s, want %s", tc.passes, s, st, want)
-				}
-			}
+			e.wantClosedBut(fmt.Sprintf("after %d passes", tc.passes), bad, lost, behind)
 		})
 	}
 }
@@ -157,15 +150,7 @@ func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
 				n, err := r.RunOnce(ctx)
 				t.Logf("pass %d: closed %d, err %v", pass, n, err)
 			}
-			for _, s := range append(append([]string{}, lost...), behind...) {
-				want := "closed"
-				if slices.Contains(bad, s) {
-					want = "pending"
-				}
-				if st := e.Status(s); st != want {
-					t.Errorf("after 4 passes %s is %s, want %s", s, st, want)
-				}
-			}
+			e.wantClosedBut("after 4 passes", bad, lost, behind)
 			// Once their time is up they are tried again (and still fail).
 			r.now = func() time.Time { return time.Now().Add(time.Hour) }
 			before := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageReconcile))
@@ -176,5 +161,22 @@ func TestReconcilerGetsPastRowsThatAlwaysCostATimeout(t *testing.T) {
 				t.Errorf("the skipped orders were not tried again once their time was up")
 			}
 		})
+	}
+}
+
+// wantClosedBut checks that every order of the groups is closed, but those
+// of bad, which are still pending; when says after what.
+func (e *env) wantClosedBut(when string, bad []string, groups ...[]string) {
+	e.T.Helper()
+	for _, g := range groups {
+		for _, s := range g {
+			want := "closed"
+			if slices.Contains(bad, s) {
+				want = "pending"
+			}
+			if st := e.Status(s); st != want {
+				e.T.Errorf("%s %s is %s, want %s", when, s, st, want)
+			}
+		}
 	}
 }
