@@ -572,18 +572,20 @@ func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, batch boo
 	if err != nil {
 		return claimResult{}, err
 	}
+	CountClaim(c.m, c.log, raw)
 	res := fromStore(raw, tok)
-	countClaim(c.m, c.log, res)
 	c.m.Inflight.Add(float64(len(res.items)))
 	return res, nil
 }
 
-// countClaim accounts for what a claim of the scan loop did (a poll's is
-// counted by tasks.PollStore).
-func countClaim(m *metrics.Metrics, log *zap.Logger, res claimResult) {
-	m.Claimed.Add(float64(len(res.items)))
-	m.Reclaimed.Add(float64(res.reclaimed))
-	for reason, n := range res.dead {
+// CountClaim accounts for what a claim did: the entries it leased, those
+// re-claimed after a replica's lease expired, and the malformed ones it
+// dead-lettered (logged). The scan loop counts its claims so, and a poll
+// its (tasks.PollStore, which also counts what the poll buried).
+func CountClaim(m *metrics.Metrics, log *zap.Logger, r queue.ClaimResult) {
+	m.Claimed.Add(float64(len(r.Items)))
+	m.Reclaimed.Add(float64(r.Reclaimed))
+	for reason, n := range r.Dead {
 		m.DeadLettered.WithLabelValues(reason).Add(float64(n))
 		log.Warn("dead-lettered malformed entries", zap.String("reason", reason), zap.Int("count", n))
 	}

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/orderdelay/orderdelay/internal/consumer"
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
@@ -41,12 +42,7 @@ func PollStore(ctx context.Context, st *queue.Store, a queue.PollArgs, m *metric
 
 // countPollClaim accounts for one claim of a poll.
 func countPollClaim(m *metrics.Metrics, log *zap.Logger, c queue.PollClaim) {
-	m.Claimed.Add(float64(len(c.Items)))
-	m.Reclaimed.Add(float64(c.Reclaimed))
-	for reason, n := range c.Dead {
-		m.DeadLettered.WithLabelValues(reason).Add(float64(n))
-		log.Warn("dead-lettered malformed entries", zap.String("reason", reason), zap.Int("count", n))
-	}
+	consumer.CountClaim(m, log, c.ClaimResult)
 	if c.Over == 0 {
 		return
 	}
