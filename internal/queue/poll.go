@@ -115,7 +115,6 @@ func (s *Store) PollTasks(ctx context.Context, a PollArgs) (Polled, error) {
 		}
 		if len(give) > 0 {
 			p.Token = tok
-			var err error
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pollBookkeepingTimeout)
 			p.Tasks, err = s.ReadTasks(rctx, give)
 			cancel()
