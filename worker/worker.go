@@ -583,6 +583,5 @@ func lastError(err error) string {
 	return s
 }
 
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
-}
+// jitter spreads a poll interval over ±20%, so workers do not poll in step.
+func jitter(d time.Duration) time.Duration { return lifecycle.Jitter(d, 5) }
