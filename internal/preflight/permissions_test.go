@@ -226,20 +226,12 @@ func aclServer(t *testing.T, serverArgs []string, rules ...string) (*redis.Clien
 	t.Helper()
 	admin, addr := testenv.PrivateRedisWith(t, nil, serverArgs...)
 	ctx := context.Background()
-	if err := admin.Do(ctx, append([]any{"acl", "setuser", "od", "on", ">pw"}, toAny(rules)...)...).Err(); err != nil {
+	if err := admin.Do(ctx, append([]any{"acl", "setuser", "od", "on", ">pw"}, toArgs(rules)...)...).Err(); err != nil {
 		t.Fatalf("ACL SETUSER od %v: %v", rules, err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, Username: "od", Password: "pw"})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb, addr
-}
-
-func toAny(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
 }
 
 // permissions runs Permissions on the order queue key and two shards,
@@ -664,7 +656,7 @@ func clusterUser(t *testing.T, c *testenv.Cluster, extra ...string) *redis.Clust
 	ctx := context.Background()
 	for _, a := range c.Addrs {
 		n := redis.NewClient(&redis.Options{Addr: a})
-		err := n.Do(ctx, append([]any{"acl", "setuser"}, toAny(append(rules, extra...))...)...).Err()
+		err := n.Do(ctx, append([]any{"acl", "setuser"}, toArgs(append(rules, extra...))...)...).Err()
 		n.Close()
 		if err != nil {
 			t.Fatal(err)
