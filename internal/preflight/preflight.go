@@ -14,7 +14,8 @@
 // that is refused, on any of them, or renamed away (rename-command) is
 // fatal (*PermissionError: exit 2) — a script that meets one halfway keeps
 // the writes it made before. One it can do without (OBJECT, which the
-// claim asks with pcall; SUBSCRIBE; INFO and CONFIG GET) is warned about
+// claim asks with pcall; SUBSCRIBE and UNSUBSCRIBE; INFO and CONFIG GET;
+// on Redis Cluster COMMAND and ASKING) is warned about
 // (redis_permissions). A server that cannot say — before 7.0, a user
 // without ACL DRYRUN or ACL WHOAMI, an answer the check does not know — is
 // warned about once and the check skipped.
