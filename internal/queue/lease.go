@@ -322,6 +322,9 @@ local exp = {}
 -- expired batch whose token its old record still carries (an inflight
 -- entry beside a batch lease: no script writes one, a foreign write can).
 local took = {}
+-- batchWrites: the expired batches step 1b took members of, each with the
+-- members left in it, rewritten only once the new leases are written.
+local batchWrites, nbw = {}, 0
 if infHead and infHead <= now then
   exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 end
@@ -390,12 +393,7 @@ if batch and n < limit and not full and batHead and batHead <= now then
       end
     end
     if #stale > 0 then bulk('HDEL', KEYS[4], stale) end
-    if #rest == 0 then
-      redis.call('ZREM', KEYS[9], t)
-      redis.call('HDEL', KEYS[10], t, '#' .. t, '<' .. t)
-    else
-      redis.call('HSET', KEYS[10], t, table.concat(rest, '\n'), '#' .. t, #rest)
-    end
+    nbw = nbw + 1; batchWrites[nbw] = {t, rest}
   end
 end
 
@@ -405,6 +403,9 @@ end
 -- cost of a backlog drain, so the common case is kept to table stores
 -- and one string concatenation per entry (BenchmarkDrainScripts).
 local room = limit - n
+-- over: the leases step 2 takes over, with their records; nrem: the queue
+-- entries it handled.
+local over, overRecs, nrem = {}, {}, 0
 if room > 0 and not full and qHead and qHead <= cutoff then
   changed = true
   local due = redis.call('ZRANGE', KEYS[1], '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
@@ -420,12 +421,11 @@ if room > 0 and not full and qHead and qHead <= cutoff then
   -- checked in full.
   local printable = string.find(table.concat(list), '^[\32-\126]*$') ~= nil
   local floor = math.floor
-  local over, overRecs = {}, {}
   local zsfx = '|0' .. sfx
   -- The entries handled (leased or buried) are the first nrem of the
   -- queue key by rank: ZRANGE from -inf starts at rank 0, and nothing
-  -- below changes the queue key before they are removed.
-  local nrem = 0
+  -- changes the queue key before they are removed (among the writes at
+  -- the end).
   for i = 1, #list do
     local s, raw = list[i], due[2 * i]
     local d = tonumber(raw)
@@ -461,46 +461,42 @@ if room > 0 and not full and qHead and qHead <= cutoff then
     end
     nrem = i
   end
-  if nrem > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, nrem - 1) end
-  -- Leases this claim takes over (a producer wrote the serial into the
-  -- queue key while another claim held it): that claim's batch no longer
-  -- holds them, and their per-member entries go.
-  if #over > 0 then
-    local per = {}
-    for i = 1, #over do
-      local _, _, tok = parse(overRecs[i])
-      if tok then per[tok] = (per[tok] or 0) + 1 end
-    end
-    for tok, k in pairs(per) do release(KEYS[9], KEYS[10], tok, k) end
-    if batch then
-      bulk('ZREM', KEYS[2], over)
-      bulk('ZREM', KEYS[3], over)
-    end
-  end
 end
 
 -- 3. deadlines too far ahead never become due: dead-letter them now
 local far = redis.call('ZRANGE', KEYS[1], '(' .. maxScore, '+inf', 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+local farList = {}
 if #far > 0 then
   changed = true
-  local rem = {}
   for i = 1, #far, 2 do
-    rem[#rem+1] = far[i]
+    farList[#farList+1] = far[i]
     bury(far[i], 'score_out_of_range', far[i+1])
   end
-  bulk('ZREM', KEYS[1], rem)
 end
 
--- A buried queue entry is the producer's latest write: a lease or backoff
--- of the same serial from before it must not close the order at its old
--- deadline (the holder's fence sees its token gone). Buried serials are
--- queue entries, never leased above in this call.
-if #buried > 0 then drop(buried, hmget(KEYS[4], buried)) end
-if #unmember > 0 then
-  bulk('ZREM', KEYS[2], unmember)
-  bulk('ZREM', KEYS[3], unmember)
+-- The writes. A script's writes stay when a later command fails (an ACL
+-- tightened while the daemon runs refuses one), so they go in an order
+-- where a failure at any command leaves every entry where a claim finds
+-- it: first the places entries move to (dead letters, the new batch or
+-- per-member entries, then the lease records, which make the new batch
+-- theirs), and only then the removals from the places they leave (the
+-- queue key, expired batches, per-member entries). Until the records are
+-- written the old places are the judge; after, both hold an entry and
+-- the next claim takes it over. The writes above are removals of leases
+-- whose serials the queue key still holds, and step 1's releases of the
+-- per-member entries it re-leases (still in {queue}:inflight).
+if #deadArgs > 0 then
+  bulk('ZADD', KEYS[5], deadArgs)
+  bulk('HSET', KEYS[6], deadInfoArgs)
 end
 if n > 0 then
+  if batch then
+    redis.call('ZADD', KEYS[9], expiry, token)
+    redis.call('HSET', KEYS[10], token, table.concat(members, '\n'), '#' .. token, #members, '<' .. token, oldest)
+  else
+    bulk('ZADD', KEYS[2], inflightArgs)
+    bulk('ZADD', KEYS[3], deadlineArgs)
+  end
   -- Redis keeps a hash of up to hash-max-listpack-entries fields (512 by
   -- default) as a listpack (a ziplist before 7.0), where each field a
   -- command names is found by a scan of the whole hash: a batch of 500
@@ -518,17 +514,44 @@ if n > 0 then
   if wide then redis.call('HSET', KEYS[4], '\0', string.rep('-', 1024)) end
   bulk('HSET', KEYS[4], leaseArgs)
   if wide then redis.call('HDEL', KEYS[4], '\0') end
-  if batch then
-    redis.call('ZADD', KEYS[9], expiry, token)
-    redis.call('HSET', KEYS[10], token, table.concat(members, '\n'), '#' .. token, #members, '<' .. token, oldest)
+end
+-- Step 1b's batches: those it emptied go, the others keep the members
+-- there was no room for.
+for i = 1, nbw do
+  local t, rest = batchWrites[i][1], batchWrites[i][2]
+  if #rest == 0 then
+    redis.call('ZREM', KEYS[9], t)
+    redis.call('HDEL', KEYS[10], t, '#' .. t, '<' .. t)
   else
-    bulk('ZADD', KEYS[2], inflightArgs)
-    bulk('ZADD', KEYS[3], deadlineArgs)
+    redis.call('HSET', KEYS[10], t, table.concat(rest, '\n'), '#' .. t, #rest)
   end
 end
-if #deadArgs > 0 then
-  bulk('ZADD', KEYS[5], deadArgs)
-  bulk('HSET', KEYS[6], deadInfoArgs)
+if nrem > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, nrem - 1) end
+-- Leases this claim takes over (a producer wrote the serial into the
+-- queue key while another claim held it): that claim's batch no longer
+-- holds them, and their per-member entries go.
+if #over > 0 then
+  local per = {}
+  for i = 1, #over do
+    local _, _, tok = parse(overRecs[i])
+    if tok then per[tok] = (per[tok] or 0) + 1 end
+  end
+  for tok, k in pairs(per) do release(KEYS[9], KEYS[10], tok, k) end
+  if batch then
+    bulk('ZREM', KEYS[2], over)
+    bulk('ZREM', KEYS[3], over)
+  end
+end
+if #farList > 0 then bulk('ZREM', KEYS[1], farList) end
+-- A buried queue entry is the producer's latest write: a lease or backoff
+-- of the same serial from before it must not close the order at its old
+-- deadline (the holder's fence sees its token gone). Buried serials are
+-- queue entries, never leased above in this call, so the records just
+-- written are not theirs.
+if #buried > 0 then drop(buried, hmget(KEYS[4], buried)) end
+if #unmember > 0 then
+  bulk('ZREM', KEYS[2], unmember)
+  bulk('ZREM', KEYS[3], unmember)
 end
 
 if not changed then return {now, answer(qHead), earlier(infHead, batHead), claimed, dead, 0, fresh} end
