@@ -405,7 +405,8 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 				return
 			}
 			c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
-			c.m.SetUp(metrics.DepRedis, false)
+			// A refusal is Redis answering: no outage to report.
+			c.m.SetUp(metrics.DepRedis, c.refused(err))
 			d := redisBack.NextBackOff()
 			c.log.Warn("claim failed; backing off", zap.Error(err), zap.Duration("retry_in", d))
 			if !lifecycle.Sleep(ctx, d) {
@@ -534,7 +535,7 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 				// Redis went away while the scanner slept: say so now,
 				// not at the next claim (at most one error per head check).
 				c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
-				c.m.SetUp(metrics.DepRedis, false)
+				c.m.SetUp(metrics.DepRedis, c.refused(err))
 				continue
 			}
 			if !found {
@@ -547,6 +548,24 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 			}
 		}
 	}
+}
+
+// refused reports whether err is Redis refusing the daemon's user a
+// command (queue.IsRefused: an ACL changed while the daemon runs, which
+// the start-up check could not see), and if so says so where an operator
+// looks: an error in the log naming the fix, and
+// orderdelay_config_warning{check="redis_permissions"}. Nothing is lost
+// (every script writes where an entry goes before removing it from where
+// it was); the work waits, retried, until the ACL is mended.
+func (c *Consumer) refused(err error) bool {
+	if !queue.IsRefused(err) {
+		return false
+	}
+	c.m.Warn(metrics.CheckRedisPermissions, true)
+	c.log.Error("redis refused a command the daemon needs: its user lacks a permission (was the ACL changed while the daemon runs?); "+
+		"nothing is lost and the work is retried, but no order closes until the user may run every command the daemon needs (README: Redis permissions)",
+		zap.Error(err))
+	return true
 }
 
 // jitter spreads d by ±20% so replicas do not poll in lockstep.

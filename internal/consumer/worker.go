@@ -366,6 +366,7 @@ func (c *Consumer) unavailableFrom(workCtx context.Context, items []item, err er
 	if down {
 		c.m.SetUp(metrics.DepPostgres, false)
 	}
+	c.refused(err) // the fence's script, refused
 	d := c.pgBackoff()
 	rd := d
 	if notBefore > 0 {
@@ -689,6 +690,7 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 		n, err := c.q.Finish(ctx, tok, serials, payloads)
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			c.refused(err)
 			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
 				zap.Int("orders", len(serials)), zap.Error(err))
 		} else if n < len(serials) {
@@ -712,6 +714,7 @@ func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reaso
 		res, err := c.q.Retry(ctx, queue.RetryArgs{Token: tok, Serials: serials, Delay: delay, Spend: spend, LastError: reason})
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			c.refused(err)
 			c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
 			continue
@@ -735,6 +738,7 @@ func (h orderHandler) bury(items []item, reason, lastErr string) {
 		n, err := c.q.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: true})
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			c.refused(err)
 			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
 				zap.Int("orders", len(serials)), zap.Error(err))
 			continue

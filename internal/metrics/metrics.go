@@ -153,7 +153,7 @@ func New(reg prometheus.Registerer, version, revision string) *Metrics {
 		}),
 		ConfigWarning: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "orderdelay_config_warning",
-			Help: "1 when a start-up check found a risky setup (see the log line), else 0.",
+			Help: "1 when a start-up check found a risky setup (see the log line), or for redis_permissions when Redis refused the daemon's user a command while it runs; else 0.",
 		}, []string{"check"}),
 	}
 	for _, c := range ConfigChecks {

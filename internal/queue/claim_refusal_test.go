@@ -80,6 +80,9 @@ func TestClaimRefusedAnyCommandLosesNoEntry(t *testing.T) {
 				}
 				_, err = queue.NewStore(claimer, k).Claim(ctx, queue.ClaimArgs{Limit: 100, Lease: time.Millisecond, Token: "t:2", Batch: batch})
 				t.Logf("refused claim: %v", err)
+				if err != nil && !queue.IsRefused(err) {
+					t.Errorf("IsRefused(%v) = false for an ACL refusal", err)
+				}
 				if err := admin.Do(ctx, "ACL", "SETUSER", "claimer", "+"+cmd).Err(); err != nil {
 					t.Fatal(err)
 				}
@@ -189,4 +192,36 @@ func leaseState(t *testing.T, rdb *redis.Client, k queue.Keys, s string) string 
 		fmt.Fprintf(&b, " %q=%q", f, lists[f])
 	}
 	return fmt.Sprintf("record %q, batches %v, batch hash:%s", rec, toks, b.String())
+}
+
+// IsRefused tells an ACL refusal, from a command or from a script, from
+// Redis's other errors.
+func TestIsRefused(t *testing.T) {
+	admin, addr := testenv.PrivateRedis(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "ro", "on", ">pw", "~*", "+@all", "-hset").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ro := redis.NewClient(&redis.Options{Addr: addr, Username: "ro", Password: "pw"})
+	t.Cleanup(func() { ro.Close() })
+	if err := admin.Set(ctx, "str", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what string
+		err  error
+		want bool
+	}{
+		{"a refused command", ro.HSet(ctx, "h", "f", "v").Err(), true},
+		{"a refused command in a script", ro.Eval(ctx, "return redis.call('HSET', KEYS[1], 'f', 'v')", []string{"h"}).Err(), true},
+		{"a key of the wrong type", admin.HSet(ctx, "str", "f", "v").Err(), false},
+		{"a script's own error", admin.Eval(ctx, "return redis.error_reply('boom')", nil).Err(), false},
+		{"no such key", admin.Get(ctx, "absent").Err(), false},
+		{"a deadline", context.DeadlineExceeded, false},
+		{"nil", nil, false},
+	} {
+		if got := queue.IsRefused(tc.err); got != tc.want {
+			t.Errorf("%s: IsRefused(%v) = %v, want %v", tc.what, tc.err, got, tc.want)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +42,20 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 
 // ErrReply is wrapped by the errors of a script reply of the wrong shape.
 var ErrReply = errors.New("unexpected reply")
+
+// IsRefused reports whether err is Redis refusing the connection's user a
+// command or key (its ACL): NOPERM from a command, or the error a script
+// gets when it calls a command its user may not run ("The user executing
+// the script can't run this command or subcommand", 6.2 to 7.x). Redis
+// answered: it is no outage, and no retry mends it until an operator
+// changes the ACL.
+func IsRefused(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "can't run this command")
+}
 
 // luaNowMS is the Lua function now_ms(): Redis's clock in integer
 // milliseconds.

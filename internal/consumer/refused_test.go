@@ -1,0 +1,112 @@
+package consumer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/orderdelay/orderdelay/internal/metrics"
+	"github.com/orderdelay/orderdelay/internal/orders"
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// refusedEnv is an env on a private Redis whose consumer runs as the user
+// "od", whose ACL the test changes while it runs, and the admin client
+// (the default user) that changes it.
+func refusedEnv(t *testing.T) (e *env, od *redis.Client) {
+	t.Helper()
+	admin, addr := testenv.PrivateRedis(t)
+	keys := queue.NewKeys("refused:order")
+	e = &env{Env: testenv.Env{T: t, RDB: admin, Keys: keys}, m: metrics.New(prometheus.NewRegistry(), "test", "test")}
+	e.Postgres(orders.Statements{})
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "od", "on", ">pw", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	od = redis.NewClient(&redis.Options{Addr: addr, Username: "od", Password: "pw"})
+	t.Cleanup(func() { od.Close() })
+	return e, od
+}
+
+func (e *env) acl(rules ...string) {
+	e.T.Helper()
+	args := append([]any{"ACL", "SETUSER", "od"}, toAny(rules)...)
+	if err := e.RDB.Do(context.Background(), args...).Err(); err != nil {
+		e.T.Fatal(err)
+	}
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// An ACL tightened while the daemon runs refuses the claim (HSET) or the
+// finish (HDEL): Redis answered, so dependency_up{redis} stays 1; the
+// refusal is counted and raises config_warning{redis_permissions}; no
+// order is lost or closed twice, and once the ACL is mended every order
+// closes and the queue's keys empty.
+func TestRefusedCommandWarnsLosesNothingAndRecovers(t *testing.T) {
+	for _, cmd := range []string{"hset", "hdel"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e, od := refusedEnv(t)
+			cfg := Config{Keys: e.Keys, Workers: 1, BatchSize: 50, Lease: time.Second, StatementTimeout: 500 * time.Millisecond,
+				HeadCheck: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}
+			c, err := New(cfg, od, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel+1)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			past := e.RedisNow().Add(-time.Second)
+			e.acl("-" + cmd)
+			serials := e.Orders("r", 30, past)
+			e.Enqueue(serials, past)
+			runConsumer(t, c)
+
+			eventually(t, "the refusal counted and warned", 30*time.Second, func() bool {
+				errs := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClaim)) +
+					testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageRemove))
+				return errs > 0 && testutil.ToFloat64(e.m.ConfigWarning.WithLabelValues(metrics.CheckRedisPermissions)) == 1
+			})
+			if up := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepRedis)); up != 1 {
+				t.Errorf("dependency_up{redis} = %v while Redis answers with refusals, want 1", up)
+			}
+			// Every order is still where a claim finds it, or closed (a
+			// refused finish comes after the close committed).
+			for _, s := range serials {
+				if e.Status(s) == "closed" {
+					continue
+				}
+				inQueue := e.RDB.ZScore(context.Background(), e.Keys.Queue, s).Err() == nil
+				inLease := e.RDB.HExists(context.Background(), e.Keys.Lease, s).Val()
+				if !inQueue && !inLease {
+					t.Errorf("%s: pending, and neither in the queue key nor leased", s)
+				}
+			}
+
+			e.acl("+" + cmd)
+			eventually(t, "every order closed and the queue's keys empty", 60*time.Second, func() bool {
+				if e.StatusCounts()["closed"] != len(serials) {
+					return false
+				}
+				for _, k := range []string{e.Keys.Queue, e.Keys.Inflight, e.Keys.Leases} {
+					if e.card(k) != 0 {
+						return false
+					}
+				}
+				return e.RDB.HLen(context.Background(), e.Keys.Lease).Val() == 0
+			})
+			if n := testutil.ToFloat64(e.m.Closed); n != float64(len(serials)) {
+				t.Errorf("closed_total = %v, want %d (each order once)", n, len(serials))
+			}
+		})
+	}
+}
