@@ -1,0 +1,200 @@
+package queue_test
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+)
+
+// Test-only copies of claimScript for the adversary tests: the body that
+// ships (read from lease.go and checked against claimScript's SHA1) and
+// the body before the write reorder (testdata/claim_before_reorder.lua,
+// from ac7bab9, the parent of the reorder c557894), each with every redis.call and redis.pcall sent
+// through a hook that
+//
+//   - answers TIME with ARGV[10] (Unix ms) when it is above 0, so two
+//     copies run on identical states end in identical states;
+//   - counts the calls and fails the ARGV[11]-th (0: none), as a refused
+//     command does: an error for redis.call (the script ends, its writes
+//     so far stay), an error reply for redis.pcall (the script goes on);
+//   - logs each call ("cmd arg1 arg2") to KEYS[11] when given.
+//
+// The copies are textual: helpers and body are the shipped text with
+// "redis.call(" and "redis.pcall(" replaced by the hook.
+
+const claimHookPrologue = `
+local __now, __failat, __n = tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0, 0
+local function __hook(cmd, a, b)
+  __n = __n + 1
+  if KEYS[11] then redis.call('RPUSH', KEYS[11], string.lower(cmd) .. ' ' .. tostring(a) .. ' ' .. tostring(b)) end
+  return __failat > 0 and __n == __failat
+end
+local function __call(cmd, ...)
+  local a, b = ...
+  if __hook(cmd, a, b) then error({err = 'ERR adversary: call ' .. __n .. ' (' .. cmd .. ') refused'}) end
+  if __now > 0 and string.upper(cmd) == 'TIME' then
+    return {string.format('%d', math.floor(__now / 1000)), string.format('%d', (__now % 1000) * 1000)}
+  end
+  return redis.call(cmd, ...)
+end
+local function __pcall(cmd, ...)
+  local a, b = ...
+  if __hook(cmd, a, b) then return {err = 'ERR adversary: call ' .. __n .. ' (' .. cmd .. ') refused'} end
+  return redis.pcall(cmd, ...)
+end
+`
+
+const claimScriptMarker = "var claimScript = redis.NewScript(luaValidSerial + luaHelpers + `"
+
+// shippedClaimBody is claimScript's body as lease.go has it, checked
+// against the compiled script's SHA1.
+func shippedClaimBody(t testing.TB) string {
+	t.Helper()
+	src, err := os.ReadFile("lease.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(src)
+	i := strings.Index(s, claimScriptMarker)
+	if i < 0 {
+		t.Fatalf("lease.go: no %q", claimScriptMarker)
+	}
+	s = s[i+len(claimScriptMarker):]
+	j := strings.Index(s, "`)")
+	if j < 0 {
+		t.Fatal("lease.go: claimScript has no end")
+	}
+	body := s[:j]
+	sum := sha1.Sum([]byte(queue.LuaValidSerial + queue.LuaHelpers + body))
+	if got := hex.EncodeToString(sum[:]); got != queue.ClaimScriptHash() {
+		t.Fatalf("claimScript read from lease.go hashes to %s, the compiled one to %s", got, queue.ClaimScriptHash())
+	}
+	return body
+}
+
+// claimBodyBeforeReorder is claimScript's body on main before the reorder.
+func claimBodyBeforeReorder(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/claim_before_reorder.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// hookedClaim is a copy of claimScript with the hook.
+func hookedClaim(body string) string {
+	src := queue.LuaValidSerial + queue.LuaHelpers + body
+	src = strings.ReplaceAll(src, "redis.call(", "__call(")
+	src = strings.ReplaceAll(src, "redis.pcall(", "__pcall(")
+	return claimHookPrologue + src
+}
+
+func claimKeyList(k queue.Keys) []string {
+	return []string{k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Dead, k.DeadInfo, k.Paused, k.Payload, k.Leases, k.LeaseBatch}
+}
+
+// evalHookedClaim runs a hooked copy as Store.Claim runs claimScript, on
+// Redis's clock now (Unix ms), failing its failAt-th call (0: none) and
+// logging its calls to logKey (empty: no log).
+func evalHookedClaim(ctx context.Context, rdb redis.Scripter, src string, k queue.Keys, logKey string, a queue.ClaimArgs, now int64, failAt int) (any, error) {
+	keys := claimKeyList(k)
+	if logKey != "" {
+		keys = append(keys, logKey)
+	}
+	b := func(v bool) string {
+		if v {
+			return "1"
+		}
+		return "0"
+	}
+	return rdb.Eval(ctx, src, keys,
+		a.Limit, a.Lease.Milliseconds(), a.Token, queue.MaxAhead.Milliseconds(), a.CloseDelay.Milliseconds(),
+		b(a.CountRedeliveries), a.MaxBytes, a.Overhead, b(a.Batch), now, failAt).Result()
+}
+
+// keyDump is one key's content, in the order Redis returns it.
+type keyDump struct {
+	Type, Enc string
+	Z         []redis.Z
+	H         []string // field, value, ... (HGETALL order)
+	S         string
+}
+
+// queueKeyNames names the keys a claim touches, by role.
+func queueKeyNames(k queue.Keys) [][2]string {
+	return [][2]string{{"queue", k.Queue}, {"inflight", k.Inflight}, {"deadlines", k.Deadlines}, {"lease", k.Lease},
+		{"dead", k.Dead}, {"deadinfo", k.DeadInfo}, {"paused", k.Paused}, {"payload", k.Payload},
+		{"leases", k.Leases}, {"leasebatch", k.LeaseBatch}}
+}
+
+func dumpQueueKeys(t testing.TB, rdb *redis.Client, k queue.Keys) map[string]keyDump {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]keyDump{}
+	for _, kn := range queueKeyNames(k) {
+		var d keyDump
+		var err error
+		if d.Type, err = rdb.Type(ctx, kn[1]).Result(); err != nil {
+			t.Fatal(err)
+		}
+		if d.Type != "none" {
+			d.Enc, _ = rdb.ObjectEncoding(ctx, kn[1]).Result()
+		}
+		switch d.Type {
+		case "zset":
+			d.Z, err = rdb.ZRangeWithScores(ctx, kn[1], 0, -1).Result()
+		case "hash":
+			// HSCAN returns a listpack whole, in its order, in one call.
+			var cur uint64
+			for {
+				var part []string
+				part, cur, err = rdb.HScan(ctx, kn[1], cur, "*", 100000).Result()
+				d.H = append(d.H, part...)
+				if err != nil || cur == 0 {
+					break
+				}
+			}
+		case "string":
+			d.S, err = rdb.Get(ctx, kn[1]).Result()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[kn[0]] = d
+	}
+	return out
+}
+
+// callLog is a hooked run's calls: each command and its first argument
+// (the key, for all but TIME).
+func callLog(t *testing.T, rdb *redis.Client, key string) [][2]string {
+	t.Helper()
+	l, err := rdb.LRange(context.Background(), key, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][2]string, len(l))
+	for i, c := range l {
+		f := strings.SplitN(c, " ", 3)
+		out[i] = [2]string{f[0], f[1]}
+	}
+	return out
+}
+
+// roleOf names a key of k by its role ("lease", "queue", ...).
+func roleOf(k queue.Keys, key string) string {
+	for _, kn := range queueKeyNames(k) {
+		if kn[1] == key {
+			return kn[0]
+		}
+	}
+	return key
+}
