@@ -280,8 +280,22 @@ local function lease(s, d, a, rec)
     nia = nia + 1; inflightArgs[nia] = s; deadlineArgs[nia] = s
   end
 end
+-- rewritten holds the expired batches step 1b rewrites (their counts are
+-- set whole at the end, so no release of this claim applies to them).
+local rewritten = {}
+-- releaseAll takes per[tok] members off each batch tok of per. A count
+-- is taken down only after the records stop carrying the token: a script
+-- stopped between the two (a command refused) leaves a count too high,
+-- which the next claim of the batch mends (it reads the list and the
+-- records), never one too low, which would drop a batch that still holds
+-- members.
+local function releaseAll(per)
+  for tok, k in pairs(per) do
+    if not rewritten[tok] then release(KEYS[9], KEYS[10], tok, k) end
+  end
+end
 -- drop forgets the leases of serials (records read already: recs[i] is
--- list[i]'s): records, per-member entries, and their batches' counts.
+-- list[i]'s): records, per-member entries, then their batches' counts.
 local function drop(list, recs)
   if #list == 0 then return end
   local per = {}
@@ -289,10 +303,10 @@ local function drop(list, recs)
     local _, _, tok = parse(recs[i] or nil)
     if tok then per[tok] = (per[tok] or 0) + 1 end
   end
-  for tok, k in pairs(per) do release(KEYS[9], KEYS[10], tok, k) end
+  bulk('HDEL', KEYS[4], list)
   bulk('ZREM', KEYS[2], list)
   bulk('ZREM', KEYS[3], list)
-  bulk('HDEL', KEYS[4], list)
+  releaseAll(per)
 end
 local function hmget(key, list)
   local out = {}
@@ -325,6 +339,9 @@ local took = {}
 -- batchWrites: the expired batches step 1b took members of, each with the
 -- members left in it, rewritten only once the new leases are written.
 local batchWrites, nbw = {}, 0
+-- released counts, by token, the members step 1 re-leases: their old
+-- batches' counts go down once the new records are written.
+local released = {}
 if infHead and infHead <= now then
   exp = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 end
@@ -347,7 +364,7 @@ if #exp > 0 then
       if tok and tok ~= '-' then again = 1 end
       a = a or 0
       if again == 1 and ARGV[6] == '1' then a = a + 1 end
-      if tok then release(KEYS[9], KEYS[10], tok, 1) end
+      if tok then released[tok] = (released[tok] or 0) + 1 end
       lease(s, d, a)
       if batch then unmember[#unmember+1] = s; took[s] = true end
       claimed[#claimed+1] = s; claimed[#claimed+1] = d
@@ -386,14 +403,22 @@ if batch and n < limit and not full and batHead and batHead <= now then
           rest[#rest+1] = s
         else
           local d, a = parse(recs[i])
-          lease(s, d, a or 0)
-          claimed[#claimed+1] = s; claimed[#claimed+1] = d
-          claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 1
+          if d then
+            lease(s, d, a or 0)
+            claimed[#claimed+1] = s; claimed[#claimed+1] = d
+            claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 1
+          else
+            -- A record without a numeric deadline (no script writes one):
+            -- the order's deadline is unknown, so it is not closed but
+            -- dead-lettered for an operator, and the queue goes on.
+            bury(s, 'malformed', string.match(recs[i], '^[^|]*'))
+          end
         end
       end
     end
     if #stale > 0 then bulk('HDEL', KEYS[4], stale) end
     nbw = nbw + 1; batchWrites[nbw] = {t, rest}
+    rewritten[t] = true
   end
 end
 
@@ -477,18 +502,27 @@ end
 -- The writes. A script's writes stay when a later command fails (an ACL
 -- tightened while the daemon runs refuses one), so they go in an order
 -- where a failure at any command leaves every entry where a claim finds
--- it: first the places entries move to (dead letters, the new batch or
--- per-member entries, then the lease records, which make the new batch
--- theirs), and only then the removals from the places they leave (the
--- queue key, expired batches, per-member entries). Until the records are
--- written the old places are the judge; after, both hold an entry and
--- the next claim takes it over. The writes above are removals of leases
--- whose serials the queue key still holds, and step 1's releases of the
--- per-member entries it re-leases (still in {queue}:inflight).
+-- it and no lease a fence would accept that it should not: first the
+-- dead letters and the end of the buried serials' old leases, then the
+-- places leased entries move to (the new batch or per-member entries,
+-- then the lease records, which make the new batch theirs), and only
+-- then the removals from the places they leave (expired batches, the
+-- queue key, per-member entries) and the old batches' counts. Until the
+-- records are written the old places are the judge; after, both hold an
+-- entry and the next claim takes it over. The writes above are removals
+-- of leases whose serials the queue key still holds (step 1's and 1b's
+-- stale ones), records first.
 if #deadArgs > 0 then
   bulk('ZADD', KEYS[5], deadArgs)
   bulk('HSET', KEYS[6], deadInfoArgs)
 end
+-- A buried entry is the producer's latest write (or, from step 1b, a
+-- record without a deadline): a lease or backoff of the same serial from
+-- before it must not close the order at its old deadline (the holder's
+-- fence sees its token gone), and goes before the entry leaves the queue
+-- key. Buried serials are never leased in this call, so the records
+-- written below are not theirs.
+if #buried > 0 then drop(buried, hmget(KEYS[4], buried)) end
 if n > 0 then
   if batch then
     redis.call('ZADD', KEYS[9], expiry, token)
@@ -516,7 +550,7 @@ if n > 0 then
   if wide then redis.call('HDEL', KEYS[4], '\0') end
 end
 -- Step 1b's batches: those it emptied go, the others keep the members
--- there was no room for.
+-- there was no room for, counted whole.
 for i = 1, nbw do
   local t, rest = batchWrites[i][1], batchWrites[i][2]
   if #rest == 0 then
@@ -526,6 +560,8 @@ for i = 1, nbw do
     redis.call('HSET', KEYS[10], t, table.concat(rest, '\n'), '#' .. t, #rest)
   end
 end
+-- Step 1's members left their old batches.
+releaseAll(released)
 if nrem > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, nrem - 1) end
 -- Leases this claim takes over (a producer wrote the serial into the
 -- queue key while another claim held it): that claim's batch no longer
@@ -536,19 +572,13 @@ if #over > 0 then
     local _, _, tok = parse(overRecs[i])
     if tok then per[tok] = (per[tok] or 0) + 1 end
   end
-  for tok, k in pairs(per) do release(KEYS[9], KEYS[10], tok, k) end
   if batch then
     bulk('ZREM', KEYS[2], over)
     bulk('ZREM', KEYS[3], over)
   end
+  releaseAll(per)
 end
 if #farList > 0 then bulk('ZREM', KEYS[1], farList) end
--- A buried queue entry is the producer's latest write: a lease or backoff
--- of the same serial from before it must not close the order at its old
--- deadline (the holder's fence sees its token gone). Buried serials are
--- queue entries, never leased above in this call, so the records just
--- written are not theirs.
-if #buried > 0 then drop(buried, hmget(KEYS[4], buried)) end
 if #unmember > 0 then
   bulk('ZREM', KEYS[2], unmember)
   bulk('ZREM', KEYS[3], unmember)
