@@ -133,16 +133,26 @@ end
 local function carries(rec, needle)
   return rec and string.find(rec, needle, 1, true) ~= nil
 end
--- release takes k members off the batch lease token (leases: the batch
--- expiries, info: the batch records) and drops the batch with the last
--- one. It reports whether token is a batch lease's (false: a per-member
--- lease, a backoff, a task's).
-local function release(leases, info, token, k)
-  if redis.call('HEXISTS', info, '#' .. token) == 0 then return false end
+-- unlease takes k members off the batch lease token (leases: the batch
+-- expiries, info: the batch records), which must be one (release asks),
+-- and drops the batch with the last one. A script that moves members out
+-- of a batch calls it last, once their new place is written: its writes
+-- stay when a later command fails, and a batch dropped while members
+-- still carry its token leaves them in no place a claim reads (a count
+-- too high only keeps the batch until it expires: the claim that re-takes
+-- it finds none of its members and drops it).
+local function unlease(leases, info, token, k)
   if k > 0 and redis.call('HINCRBY', info, '#' .. token, -k) <= 0 then
     redis.call('ZREM', leases, token)
     redis.call('HDEL', info, token, '#' .. token, '<' .. token)
   end
+end
+-- release is unlease for a token that may not be a batch lease's. It
+-- reports whether token is one (false: a per-member lease, a backoff, a
+-- task's).
+local function release(leases, info, token, k)
+  if redis.call('HEXISTS', info, '#' .. token) == 0 then return false end
+  unlease(leases, info, token, k)
   return true
 end
 `
@@ -785,17 +795,23 @@ func RetryScriptHash() string { return retryScript.Hash() }
 //
 // Compare-and-set as finishScript. Returns {number moved, retry time on
 // Redis's clock in ms}, so the scanner wakes for it on the same clock.
+//
+// A command refused mid-script (an ACL tightened at runtime) leaves the
+// writes before it: each entry's backoff is written before its record
+// stops carrying the batch's token, and the batch lets go of its members
+// last (see unlease), so every entry is in its batch or its backoff.
 var retryScript = redis.NewScript(luaHelpers + `
 local at = now_ms() + tonumber(ARGV[2])
 local spend = tonumber(ARGV[3])
 local err = string.gsub(ARGV[4], '|', '/')
 local mine = owned(KEYS[2], ARGV[1], 5)
-local batch = release(KEYS[4], KEYS[5], ARGV[1], #mine)
+local batch = redis.call('HEXISTS', KEYS[5], '#' .. ARGV[1]) == 1
 for _, e in ipairs(mine) do
-  redis.call('HSET', KEYS[2], e[1], e[2] .. '|' .. (e[3] + spend) .. '|-|' .. err)
   redis.call('ZADD', KEYS[1], at, e[1])
   if batch then redis.call('ZADD', KEYS[3], e[2], e[1]) end
+  redis.call('HSET', KEYS[2], e[1], e[2] .. '|' .. (e[3] + spend) .. '|-|' .. err)
 end
+if batch then unlease(KEYS[4], KEYS[5], ARGV[1], #mine) end
 return {#mine, at}
 `)
 

@@ -1,0 +1,212 @@
+package queue_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// A script's writes stay when a later command of it fails, and Redis
+// refuses a command mid-script when an ACL tightened while the daemon runs
+// no longer allows it (the start-up permission check cannot see that), or
+// a key holds a foreign type. These tests refuse, in turn, each command a
+// script sends after its first write, on a private server, and ask
+// whether every entry the script was moving is still somewhere a claim, a
+// recovery or an operator finds it: the scripts write the new place before
+// they clear the old one, so the old place stays the judge until the new
+// one is written.
+
+type refusalEnv struct {
+	t   *testing.T
+	ctx context.Context
+	rdb *redis.Client
+	k   queue.Keys
+	st  *queue.Store
+}
+
+func newRefusalEnv(t *testing.T) *refusalEnv {
+	t.Helper()
+	rdb, _ := testenv.PrivateRedis(t) // its ACL is changed by refused
+	k := queue.NewKeys("refuse:q")
+	return &refusalEnv{t: t, ctx: context.Background(), rdb: rdb, k: k, st: queue.NewStore(rdb, k)}
+}
+
+// refused runs f while the server refuses cmd to the default user, lets
+// it run cmd again, and requires f to have met the refusal.
+func (e *refusalEnv) refused(cmd string, f func() error) {
+	e.t.Helper()
+	if err := e.rdb.Do(e.ctx, "ACL", "SETUSER", "default", "-"+cmd).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	err := f()
+	if err := e.rdb.Do(e.ctx, "ACL", "SETUSER", "default", "+"+cmd).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	// Redis 7.0 says "can't run this command"; later versions, NOPERM.
+	if err == nil || !strings.Contains(err.Error(), "NOPERM") && !strings.Contains(err.Error(), "can't run this command") {
+		e.t.Fatalf("refused %s: %v; want the script to meet the refusal", cmd, err)
+	}
+}
+
+// due adds serials to the queue key, due a minute ago (one ms apart).
+func (e *refusalEnv) due(serials ...string) {
+	e.t.Helper()
+	now, err := e.st.Now(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	base := queue.DeadlineMillis(now.Add(-time.Minute))
+	zs := make([]redis.Z, len(serials))
+	for i, s := range serials {
+		zs[i] = redis.Z{Score: float64(base + int64(i)), Member: s}
+	}
+	if err := e.rdb.ZAdd(e.ctx, e.k.Queue, zs...).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// claim leases every due entry under token, as one batch or per member.
+func (e *refusalEnv) claim(token string, batch bool, want int) queue.ClaimResult {
+	e.t.Helper()
+	res, err := e.st.Claim(e.ctx, queue.ClaimArgs{Limit: 100, Lease: time.Minute, Token: token, Batch: batch})
+	if err != nil || len(res.Items) != want {
+		e.t.Fatalf("claim: %d items, %v; want %d", len(res.Items), err, want)
+	}
+	return res
+}
+
+// where says where serial is for a claim, a recovery or an operator to
+// find it: the queue key; {q}:inflight (per-member leases and backoffs:
+// the claim re-takes them when they expire); a batch lease the claim
+// re-takes when it expires (its token in {q}:leases, the serial in its
+// member list, its lease record carrying the token); the dead-letter set;
+// a stream entry or ready-list item; a reliable list's taken item that
+// its recovery returns ({q}:unacked and {q}:taken). "" is nowhere: a
+// lease record alone is found by no claim, and the reconciler takes it for
+// a lease and leaves the order alone.
+func (e *refusalEnv) where(s string) string {
+	e.t.Helper()
+	k := e.k
+	has := func(key string) bool {
+		err := e.rdb.ZScore(e.ctx, key, s).Err()
+		if err != nil && err != redis.Nil {
+			e.t.Fatal(err)
+		}
+		return err == nil
+	}
+	switch {
+	case has(k.Queue):
+		return "queue"
+	case has(k.Inflight):
+		return "inflight"
+	case has(k.Dead):
+		return "dead"
+	}
+	if rec, err := e.rdb.HGet(e.ctx, k.Lease, s).Result(); err == nil {
+		if r, ok := queue.ParseLeaseRecord(rec); ok && e.rdb.ZScore(e.ctx, k.Leases, r.Token).Err() == nil {
+			list, _ := e.rdb.HGet(e.ctx, k.LeaseBatch, r.Token).Result()
+			if slices.Contains(strings.Split(list, "\n"), s) {
+				return "batch " + r.Token
+			}
+		}
+	}
+	if has(k.Unacked) && e.rdb.HExists(e.ctx, k.Taken, s).Val() {
+		return "taken"
+	}
+	items, _ := e.rdb.LRange(e.ctx, k.Ready, 0, -1).Result()
+	for _, it := range items {
+		if strings.Contains(it, `"id":"`+s+`"`) {
+			return "ready"
+		}
+	}
+	ents, _ := e.rdb.XRange(e.ctx, k.Stream, "-", "+").Result()
+	for _, x := range ents {
+		if x.Values["id"] == s {
+			return "stream"
+		}
+	}
+	return ""
+}
+
+// check requires every serial to be somewhere (where), and every batch
+// lease to count at least the members whose records carry its token: a
+// count below them drops the batch while members still carry it (the
+// holder's last finish, retry or hand-back of the count's members), and
+// a member left so is in no place a claim reads.
+func (e *refusalEnv) check(what string, serials ...string) {
+	e.t.Helper()
+	for _, s := range serials {
+		if w := e.where(s); w == "" {
+			rec, _ := e.rdb.HGet(e.ctx, e.k.Lease, s).Result()
+			e.t.Errorf("%s: %s is in no place a claim or recovery finds it (lease record %q)", what, s, rec)
+		}
+	}
+	toks, err := e.rdb.ZRange(e.ctx, e.k.Leases, 0, -1).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	recs, err := e.rdb.HGetAll(e.ctx, e.k.Lease).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, tok := range toks {
+		carry := 0
+		for _, rec := range recs {
+			if r, ok := queue.ParseLeaseRecord(rec); ok && r.Token == tok {
+				carry++
+			}
+		}
+		n, _ := strconv.Atoi(e.rdb.HGet(e.ctx, e.k.LeaseBatch, "#"+tok).Val())
+		if n < carry {
+			e.t.Errorf("%s: batch %s counts %d members, %d records carry its token", what, tok, n, carry)
+		}
+	}
+}
+
+func serials(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	return out
+}
+
+func leaseMode(batch bool) string {
+	if batch {
+		return "batch"
+	}
+	return "per-member"
+}
+
+// A retry whose backoff writes are refused keeps each entry in its lease
+// (a batch's members in their batch) or in its backoff.
+func TestRefusedRetryKeepsEveryEntry(t *testing.T) {
+	for _, batch := range []bool{true, false} {
+		cmds := []string{"hset", "zadd"} // a per-member lease is no batch to release
+		if batch {
+			cmds = append(cmds, "hdel", "zrem", "hincrby")
+		}
+		for _, cmd := range cmds {
+			t.Run(leaseMode(batch)+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				ss := serials("R", 3)
+				e.due(ss...)
+				e.claim("r:1", batch, 3)
+				e.refused(cmd, func() error {
+					_, err := e.st.Retry(e.ctx, queue.RetryArgs{Token: "r:1", Serials: ss, Delay: time.Minute, Spend: true, LastError: "boom"})
+					return err
+				})
+				e.check("retry refused "+cmd, ss...)
+			})
+		}
+	}
+}
