@@ -935,20 +935,24 @@ func (s *Store) Later(ctx context.Context, closeDelay time.Duration, serials []s
 // Compare-and-set as finishScript. The dead-letter record keeps reason,
 // attempts (including the one that failed), deadline and last error.
 // Returns the number moved.
+//
+// Each entry is dead-lettered before its lease goes, and the batch lets
+// go of its members last (see unlease): a command refused mid-script (an
+// ACL tightened at runtime) leaves every entry leased or dead-lettered.
 var buryScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local err = string.gsub(ARGV[3], '|', '/')
 local run = tonumber(ARGV[4])
 local mine = owned(KEYS[3], ARGV[1], 5)
-release(KEYS[6], KEYS[7], ARGV[1], #mine)
 for _, e in ipairs(mine) do
   local s = e[1]
+  redis.call('ZADD', KEYS[4], now, s)
+  redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. (e[3] + run) .. '|' .. e[2] .. '|' .. err)
   redis.call('HDEL', KEYS[3], s)
   redis.call('ZREM', KEYS[1], s)
   redis.call('ZREM', KEYS[2], s)
-  redis.call('ZADD', KEYS[4], now, s)
-  redis.call('HSET', KEYS[5], s, ARGV[2] .. '|' .. (e[3] + run) .. '|' .. e[2] .. '|' .. err)
 end
+release(KEYS[6], KEYS[7], ARGV[1], #mine)
 return #mine
 `)
 

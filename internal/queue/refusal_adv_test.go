@@ -210,3 +210,27 @@ func TestRefusedRetryKeepsEveryEntry(t *testing.T) {
 		}
 	}
 }
+
+// A dead-lettering whose writes are refused keeps each entry leased, or
+// dead-letters it.
+func TestRefusedBuryKeepsEveryEntry(t *testing.T) {
+	for _, batch := range []bool{true, false} {
+		cmds := []string{"zadd", "hset", "hdel", "zrem"}
+		if batch {
+			cmds = append(cmds, "hincrby")
+		}
+		for _, cmd := range cmds {
+			t.Run(leaseMode(batch)+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				ss := serials("B", 3)
+				e.due(ss...)
+				e.claim("b:1", batch, 3)
+				e.refused(cmd, func() error {
+					_, err := e.st.Bury(e.ctx, queue.BuryArgs{Token: "b:1", Serials: ss, Reason: queue.ReasonFailed, LastError: "boom", CountRun: true})
+					return err
+				})
+				e.check("bury refused "+cmd, ss...)
+			})
+		}
+	}
+}
