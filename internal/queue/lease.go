@@ -986,16 +986,21 @@ func (s *Store) Bury(ctx context.Context, a BuryArgs) (int, error) {
 //
 // Compare-and-set as finishScript; ZADD NX keeps an entry a producer wrote
 // meanwhile. Returns the number handed back.
+//
+// Each entry is in the queue key before its lease goes, and the batch
+// lets go of its members last (see unlease): a command refused
+// mid-script (an ACL tightened at runtime) leaves every entry leased or
+// queued (or both: the claim drops such a stale lease).
 var handBackScript = redis.NewScript(luaHelpers + `
 local mine = owned(KEYS[4], ARGV[1], 2)
-release(KEYS[5], KEYS[6], ARGV[1], #mine)
 for _, e in ipairs(mine) do
   local s = e[1]
+  redis.call('ZADD', KEYS[1], 'NX', e[2], s)
   redis.call('HDEL', KEYS[4], s)
   redis.call('ZREM', KEYS[2], s)
   redis.call('ZREM', KEYS[3], s)
-  redis.call('ZADD', KEYS[1], 'NX', e[2], s)
 end
+release(KEYS[5], KEYS[6], ARGV[1], #mine)
 return #mine
 `)
 

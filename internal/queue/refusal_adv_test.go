@@ -234,3 +234,27 @@ func TestRefusedBuryKeepsEveryEntry(t *testing.T) {
 		}
 	}
 }
+
+// A hand-back whose writes are refused keeps each entry leased, or puts it
+// back into the queue key.
+func TestRefusedHandBackKeepsEveryEntry(t *testing.T) {
+	for _, batch := range []bool{true, false} {
+		cmds := []string{"zadd", "hdel", "zrem"}
+		if batch {
+			cmds = append(cmds, "hincrby")
+		}
+		for _, cmd := range cmds {
+			t.Run(leaseMode(batch)+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				ss := serials("H", 3)
+				e.due(ss...)
+				e.claim("h:1", batch, 3)
+				e.refused(cmd, func() error {
+					_, err := e.st.HandBack(e.ctx, "h:1", ss)
+					return err
+				})
+				e.check("hand-back refused "+cmd, ss...)
+			})
+		}
+	}
+}
