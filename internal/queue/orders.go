@@ -59,6 +59,14 @@ const maxPerCall = 1000
 // new deadline is kept; a batch lease (see claimScript) holds
 // one member fewer. The script publishes the earliest written deadline
 // when it is earlier than the queue's head, so sleeping daemons wake up.
+//
+// A script's writes stay when a later command fails (an ACL tightened at
+// runtime refuses one), so the queue key is written before any lease is
+// dropped, and each lease record before its batch counts it out: a
+// refusal leaves a moved entry in its lease, or in the queue key and its
+// lease (the state a raw ZADD makes: the claim drops the stale lease, the
+// holder's fence sees the new deadline), never in neither, and never a
+// batch counting fewer members than carry its token.
 var enqueueScript = redis.NewScript(luaUnbatch + `
 local mode = ARGV[1]
 local n = (#ARGV - 1) / 2
@@ -80,7 +88,7 @@ end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local headScore = head[2] and tonumber(head[2]) or nil
 local earliest = nil
-local out, zadd, seen = {}, {}, {}
+local out, zadd, seen, drops = {}, {}, {}, {}
 for i = 1, n do
   local s = members[i]
   local d = tonumber(ARGV[2 * i + 1])
@@ -97,12 +105,7 @@ for i = 1, n do
   if not cur then
     res = 1
   elseif (mode == 'set' and d ~= cur) or (mode == 'later' and d > cur) then
-    if leased then
-      unbatch(KEYS[6], KEYS[7], recs[i])
-      redis.call('HDEL', KEYS[2], s)
-      redis.call('ZREM', KEYS[3], s)
-      redis.call('ZREM', KEYS[4], s)
-    end
+    if leased then drops[#drops + 1] = i end
     res = 2
   else
     d = cur
@@ -117,6 +120,15 @@ for i = 1, n do
 end
 for i = 1, #zadd, 1000 do
   redis.call('ZADD', KEYS[1], unpack(zadd, i, math.min(i + 999, #zadd)))
+end
+-- The leases of the entries moved go once the queue key holds them, each
+-- record before its batch counts it out (see the doc comment).
+for _, i in ipairs(drops) do
+  local s = members[i]
+  redis.call('HDEL', KEYS[2], s)
+  unbatch(KEYS[6], KEYS[7], recs[i])
+  redis.call('ZREM', KEYS[3], s)
+  redis.call('ZREM', KEYS[4], s)
 end
 if mode ~= 'adopt' and earliest ~= nil and (headScore == nil or earliest < headScore) then
   redis.call('PUBLISH', KEYS[5], earliest)

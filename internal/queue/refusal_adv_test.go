@@ -258,3 +258,42 @@ func TestRefusedHandBackKeepsEveryEntry(t *testing.T) {
 		}
 	}
 }
+
+// A producer's reschedule of held entries whose writes are refused keeps
+// each where it was (leased, backing off) or puts it into the queue key
+// at its new deadline: the lease is dropped only once the queue key holds
+// it.
+func TestRefusedRescheduleKeepsEveryEntry(t *testing.T) {
+	for _, held := range []string{"batch of 1", "batch of 2", "backoff"} {
+		cmds := []string{"zadd", "hdel", "zrem"}
+		if held != "backoff" {
+			cmds = append(cmds, "hincrby")
+		}
+		for _, cmd := range cmds {
+			t.Run(held+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				n := 2
+				if held == "batch of 1" {
+					n = 1
+				}
+				ss := serials("E", n)
+				e.due(ss...)
+				res := e.claim("e:1", held != "backoff", n)
+				if held == "backoff" {
+					if r, err := e.st.Retry(e.ctx, queue.RetryArgs{Token: "e:1", Serials: ss, Delay: time.Minute}); err != nil || r.Moved != n {
+						t.Fatalf("retry: %+v, %v", r, err)
+					}
+				}
+				items := make([]queue.EnqueueItem, n)
+				for i, it := range res.Items {
+					items[i] = queue.EnqueueItem{Serial: it.Serial, Deadline: it.Deadline + 1} // still due
+				}
+				e.refused(cmd, func() error {
+					_, err := e.st.Enqueue(e.ctx, queue.ModeReschedule, items)
+					return err
+				})
+				e.check("reschedule refused "+cmd, ss...)
+			})
+		}
+	}
+}
