@@ -340,10 +340,17 @@ func parseMillis(s string) (time.Time, error) {
 //
 // Returns 1 if something was removed, else 0. A replica closing the order
 // right now finishes its close (the SQL decides) but cannot re-add it.
+//
+// The lease record goes before its batch counts it out: a script's
+// writes stay when a later command fails (an ACL tightened at runtime),
+// and a batch counting fewer members than carry its token is dropped by
+// the holder's settle of the others while one still carries it, in no
+// place a claim reads.
 var cancelScript = redis.NewScript(luaUnbatch + `
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
-unbatch(KEYS[5], KEYS[6], redis.call('HGET', KEYS[2], ARGV[1]))
+local rec = redis.call('HGET', KEYS[2], ARGV[1])
 n = n + redis.call('HDEL', KEYS[2], ARGV[1])
+unbatch(KEYS[5], KEYS[6], rec)
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 if n > 0 then return 1 end

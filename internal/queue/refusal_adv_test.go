@@ -297,3 +297,27 @@ func TestRefusedRescheduleKeepsEveryEntry(t *testing.T) {
 		}
 	}
 }
+
+// A cancel refused before it dropped the lease record leaves the batch
+// counting that member: the holder's finish of it must not drop the batch
+// under the members it still holds.
+func TestRefusedCancelKeepsTheBatchCount(t *testing.T) {
+	for _, cmd := range []string{"hdel", "hexists", "hincrby"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			ss := serials("C", 2)
+			e.due(ss...)
+			e.claim("c:1", true, 2)
+			e.refused(cmd, func() error {
+				_, err := e.st.Cancel(e.ctx, ss[0])
+				return err
+			})
+			e.check("cancel refused "+cmd, ss[1])
+			// The cancel failed; its order is still the holder's to close.
+			if _, err := e.st.Finish(e.ctx, "c:1", ss[:1], false); err != nil {
+				t.Fatal(err)
+			}
+			e.check("finish after the refused cancel", ss[1])
+		})
+	}
+}
