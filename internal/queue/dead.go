@@ -90,14 +90,20 @@ func (s *Store) Dead(ctx context.Context, limit int64) ([]DeadEntry, error) {
 //
 // ZADD NX keeps an entry a producer wrote meanwhile. Returns the number
 // moved.
+//
+// An entry is queued before its dead letter goes: a script's writes stay
+// when a later command fails (an ACL tightened at runtime), so a refusal
+// leaves it dead-lettered, queued, or both (a later requeue of it is
+// harmless: the close statement decides), never neither.
 var requeueScript = redis.NewScript(luaNowMS + `
 local now = now_ms()
 local n = 0
 for i = 1, #ARGV do
   local s = ARGV[i]
-  if redis.call('ZREM', KEYS[2], s) == 1 then
-    redis.call('HDEL', KEYS[3], s)
+  if redis.call('ZSCORE', KEYS[2], s) then
     redis.call('ZADD', KEYS[1], 'NX', now, s)
+    redis.call('HDEL', KEYS[3], s)
+    redis.call('ZREM', KEYS[2], s)
     n = n + 1
   end
 end

@@ -321,3 +321,24 @@ func TestRefusedCancelKeepsTheBatchCount(t *testing.T) {
 		})
 	}
 }
+
+// A requeue of dead letters whose writes are refused keeps each in the
+// dead-letter set or puts it into the queue key.
+func TestRefusedRequeueKeepsEveryDeadLetter(t *testing.T) {
+	for _, cmd := range []string{"zadd", "hdel", "zrem"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			ss := serials("D", 3)
+			e.due(ss...)
+			e.claim("d:1", true, 3)
+			if n, err := e.st.Bury(e.ctx, queue.BuryArgs{Token: "d:1", Serials: ss, Reason: queue.ReasonFailed, CountRun: true}); err != nil || n != 3 {
+				t.Fatalf("bury: %d, %v", n, err)
+			}
+			e.refused(cmd, func() error {
+				_, err := e.st.Requeue(e.ctx, ss...)
+				return err
+			})
+			e.check("requeue refused "+cmd, ss...)
+		})
+	}
+}
