@@ -342,3 +342,65 @@ func TestRefusedRequeueKeepsEveryDeadLetter(t *testing.T) {
 		})
 	}
 }
+
+// putTasks adds tasks due a minute ago, each with payload {"n":i}.
+func (e *refusalEnv) putTasks(ids ...string) {
+	e.t.Helper()
+	now, err := e.st.Now(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for i, id := range ids {
+		p, err := e.st.PutTask(e.ctx, queue.ModeCreate, queue.WriterClient, queue.TaskWrite{ID: id,
+			DeadlineMS: queue.DeadlineMillis(now.Add(-time.Minute)) + int64(i), Payload: fmt.Sprintf(`{"n":%d}`, i)})
+		if err != nil || p.Result != queue.ResultCreated {
+			e.t.Fatalf("put %s: %+v, %v", id, p, err)
+		}
+	}
+}
+
+// poll leases every due task under a poll's token.
+func (e *refusalEnv) poll(want int) string {
+	e.t.Helper()
+	p, err := e.st.PollTasks(e.ctx, queue.PollArgs{Limit: 100, Lease: time.Minute, MaxAttempts: 10})
+	if err != nil || len(p.Tasks) != want {
+		e.t.Fatalf("poll: %d tasks, %v; want %d", len(p.Tasks), err, want)
+	}
+	return p.Token
+}
+
+// payloads requires each queued, leased or dead task to have its payload
+// (a dead letter keeps it for a requeue).
+func (e *refusalEnv) payloads(what string, want map[string]string) {
+	e.t.Helper()
+	for id, p := range want {
+		switch e.where(id) {
+		case "queue", "inflight", "dead":
+			if got, _ := e.st.Payload(e.ctx, id); got != p {
+				e.t.Errorf("%s: %s (%s) has payload %q, want %q", what, id, e.where(id), got, p)
+			}
+		}
+	}
+}
+
+// A requeue of dead tasks whose writes are refused keeps each in the
+// dead-letter set or puts it into the queue key, with its payload.
+func TestRefusedRequeueTasksKeepsEveryDeadLetter(t *testing.T) {
+	for _, cmd := range []string{"zadd", "hdel", "zrem"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			ids := serials("T", 3)
+			e.putTasks(ids...)
+			tok := e.poll(3)
+			if n, err := e.st.BuryTasks(e.ctx, tok, queue.ReasonFailed, "boom", ids); err != nil || n != 3 {
+				t.Fatalf("bury: %d, %v", n, err)
+			}
+			e.refused(cmd, func() error {
+				_, err := e.st.RequeueTasks(e.ctx, ids)
+				return err
+			})
+			e.check("requeue tasks refused "+cmd, ids...)
+			e.payloads("requeue tasks refused "+cmd, map[string]string{"T-0": `{"n":0}`, "T-1": `{"n":1}`, "T-2": `{"n":2}`})
+		})
+	}
+}

@@ -136,6 +136,11 @@ const (
 // alone: dead-lettering cleared the dead item's, so a count there belongs
 // to a newer item of the id waiting in the ready list. Returns per id 1
 // (requeued), 2 (live) or 0 (no dead letter).
+//
+// A task is queued before its dead letter goes: a script's writes stay
+// when a later command fails (an ACL tightened at runtime), so a refusal
+// leaves it dead-lettered, queued, or both (a later requeue of it finds
+// it live and leaves both alone), never neither; its payload stays.
 var requeueTasksScript = redis.NewScript(luaNowMS + `
 local now = now_ms()
 local out, n = {}, 0
@@ -147,9 +152,9 @@ for i = 1, #ARGV do
       or redis.call('HEXISTS', KEYS[5], id) == 1 then
     out[i] = 2
   else
-    redis.call('ZREM', KEYS[3], id)
-    redis.call('HDEL', KEYS[4], id)
     redis.call('ZADD', KEYS[1], now, id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('ZREM', KEYS[3], id)
     out[i] = 1
     n = n + 1
   end
