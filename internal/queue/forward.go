@@ -10,7 +10,10 @@ import (
 
 // forwardScript moves due tasks into the queue's stream or ready list in
 // one atomic step: a task is either still queued or delivered, never both
-// and never neither.
+// and never neither — but for a command refused mid-script (an ACL
+// tightened at runtime: a script's writes before it stay), which can
+// leave a task delivered and still queued, to be delivered again (at
+// least once, as ever), never in neither.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:payload  KEYS[3] -> {queue}:paused
 //	KEYS[4] -> {queue}:stream or {queue}:ready
@@ -104,15 +107,17 @@ local due = {}
 if take > 0 then
   due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, take, 'WITHSCORES')
 end
+-- Each task is delivered (or dead-lettered) before it leaves the queue
+-- key, and its payload goes after that (see the doc comment).
 for i = 1, #due, 2 do
   local id, d = due[i], tonumber(due[i+1])
-  redis.call('ZREM', KEYS[1], id)
   local payload = redis.call('HGET', KEYS[2], id) or 'null'
   if not valid_serial(id) or d ~= math.floor(d) or d < 946684800000 then
     local reason = 'malformed'
     if valid_serial(id) and d == math.floor(d) then reason = 'score_out_of_range' end
     redis.call('ZADD', KEYS[5], now, id)
     redis.call('HSET', KEYS[6], id, reason .. '|0|' .. due[i+1] .. '|')
+    redis.call('ZREM', KEYS[1], id)
     dead[#dead+1] = id; dead[#dead+1] = reason
   else
     if ARGV[1] == 'stream' then
@@ -121,6 +126,7 @@ for i = 1, #due, 2 do
     else
       redis.call('LPUSH', KEYS[4], '{"id":' .. cjson.encode(id) .. ',"deadline_ms":' .. d .. ',"payload":' .. payload .. '}')
     end
+    redis.call('ZREM', KEYS[1], id)
     if not redis.call('ZSCORE', KEYS[5], id) then redis.call('HDEL', KEYS[2], id) end
     n = n + 1
     late[n] = now - d

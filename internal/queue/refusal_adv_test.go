@@ -404,3 +404,28 @@ func TestRefusedRequeueTasksKeepsEveryDeadLetter(t *testing.T) {
 		})
 	}
 }
+
+// A forward whose writes are refused keeps each due task in the queue key
+// or delivers it (a malformed one: dead-letters it).
+func TestRefusedForwardKeepsEveryTask(t *testing.T) {
+	for _, kind := range []string{"stream", "list"} {
+		target := map[string]string{"stream": "xadd", "list": "lpush"}[kind]
+		for _, cmd := range []string{target, "hget", "zrem", "hdel", "zscore", "zadd"} {
+			t.Run(kind+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				ids := serials("F", 3)
+				e.putTasks(ids...)
+				// A raw producer's score that is no integer: dead-lettered.
+				if err := e.rdb.ZAdd(e.ctx, e.k.Queue, redis.Z{Score: 1.7e12 + 0.5, Member: "F-bad"}).Err(); err != nil {
+					t.Fatal(err)
+				}
+				e.refused(cmd, func() error {
+					_, err := e.st.Forward(e.ctx, queue.ForwardArgs{Kind: kind, Limit: 10, MaxLen: 1000, Queue: "refuse:q"})
+					return err
+				})
+				e.check("forward refused "+cmd, append(ids, "F-bad")...)
+				e.payloads("forward refused "+cmd, map[string]string{"F-0": `{"n":0}`, "F-1": `{"n":1}`, "F-2": `{"n":2}`})
+			})
+		}
+	}
+}
