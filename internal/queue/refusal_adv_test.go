@@ -429,3 +429,39 @@ func TestRefusedForwardKeepsEveryTask(t *testing.T) {
 		}
 	}
 }
+
+// A dead-lettering of exhausted stream entries whose writes are refused
+// keeps each entry pending in its group, or dead-letters its task with
+// its payload.
+func TestRefusedStreamBuryKeepsTheEntry(t *testing.T) {
+	for _, cmd := range []string{"zadd", "hset", "hsetnx", "xrange", "xack"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			id, err := e.rdb.XAdd(e.ctx, &redis.XAddArgs{Stream: e.k.Stream, Values: []any{"id", "S-1", "deadline", "1700000000000", "payload", `{"n":1}`}}).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.rdb.XGroupCreate(e.ctx, e.k.Stream, "g", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.rdb.XReadGroup(e.ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{e.k.Stream, ">"}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			e.refused(cmd, func() error {
+				_, err := e.st.BuryStreamEntries(e.ctx, "g", 0, 1, []string{id})
+				return err
+			})
+			pend, err := e.st.StreamPending(e.ctx, "g", 0, "-", 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dead := e.rdb.ZScore(e.ctx, e.k.Dead, "S-1").Err() == nil
+			if len(pend) == 0 && !dead {
+				t.Errorf("stream bury refused %s: S-1's entry was acknowledged and its task not dead-lettered", cmd)
+			}
+			if p, _ := e.st.Payload(e.ctx, "S-1"); len(pend) == 0 && p != `{"n":1}` {
+				t.Errorf("stream bury refused %s: S-1 acknowledged, dead-lettered with payload %q, want its entry's", cmd, p)
+			}
+		})
+	}
+}

@@ -66,6 +66,12 @@ func (s *Store) StreamPending(ctx context.Context, group string, idle time.Durat
 //
 // Returns {dead-lettered, acknowledged without a task (the entry was
 // trimmed from the stream or has no id field)}.
+//
+// The entry is acknowledged last, once its task is dead-lettered with its
+// payload: a script's writes stay when a later command fails (an ACL
+// tightened at runtime), so a refusal leaves it pending (the next pass
+// dead-letters it again, which changes nothing but the time), never
+// acknowledged with its task nowhere.
 var streamBuryScript = redis.NewScript(luaNowMS + `
 local now = now_ms()
 local group = string.gsub(ARGV[1], '|', '/')
@@ -76,7 +82,6 @@ for i = 4, #ARGV do
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[2], eid, eid, 1)
   if p[1] and tonumber(p[1][4]) >= maxAttempts then
     local count = tonumber(p[1][4])
-    redis.call('XACK', KEYS[1], ARGV[1], eid)
     local e = redis.call('XRANGE', KEYS[1], eid, eid)
     local id, d, payload
     if e[1] then
@@ -96,6 +101,7 @@ for i = 4, #ARGV do
     else
       gone = gone + 1
     end
+    redis.call('XACK', KEYS[1], ARGV[1], eid)
   end
 end
 return {buried, gone}
