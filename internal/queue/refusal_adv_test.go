@@ -465,3 +465,46 @@ func TestRefusedStreamBuryKeepsTheEntry(t *testing.T) {
 		})
 	}
 }
+
+// A put whose writes are refused keeps the task where it was (leased) or
+// queues it, and a retry of the put, once the refusal is lifted, leaves it
+// with the put's payload.
+func TestRefusedPutTaskKeepsTheTaskAndItsPayload(t *testing.T) {
+	for _, held := range []string{"new", "queued", "leased"} {
+		// Only a leased task has a lease to drop; a put publishes a deadline
+		// earlier than the queue's head (the moved task is behind its own).
+		cmds := map[string][]string{"new": {"zadd", "hset", "zrange", "publish"}, "queued": {"zadd", "hset", "zrange"},
+			"leased": {"zadd", "hset", "zrange", "hdel", "zrem", "publish"}}[held]
+		for _, cmd := range cmds {
+			t.Run(held+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				now, err := e.st.Now(e.ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mode := queue.ModeReschedule
+				if held == "new" {
+					mode = queue.ModeCreate
+				} else {
+					e.putTasks("P-0")
+				}
+				if held == "leased" {
+					e.poll(1)
+				}
+				put := queue.TaskWrite{ID: "P-0", DeadlineMS: queue.DeadlineMillis(now.Add(-time.Second)), Payload: `{"v":2}`}
+				e.refused(cmd, func() error {
+					_, err := e.st.PutTask(e.ctx, mode, queue.WriterClient, put)
+					return err
+				})
+				if held != "new" {
+					e.check("put refused "+cmd, "P-0")
+				}
+				if _, err := e.st.PutTask(e.ctx, mode, queue.WriterClient, put); err != nil {
+					t.Fatal(err)
+				}
+				e.check("put retried after refused "+cmd, "P-0")
+				e.payloads("put retried after refused "+cmd, map[string]string{"P-0": `{"v":2}`})
+			})
+		}
+	}
+}

@@ -61,6 +61,13 @@ var ErrDurable = errors.New("durable queue")
 // cap). An unchanged task keeps its payload too. A task that exists
 // (queued, leased or backing off) is never refused for the cap, so an
 // idempotent retry or a reschedule always goes through.
+//
+// A script's writes stay when a later command fails (an ACL tightened at
+// runtime refuses one), so the payload is written first, then the queue
+// key, and a lease is dropped last: a refusal leaves the task where it
+// was (perhaps with the new payload) or queued, never in neither, and
+// never queued without the put's payload — which a retry of the put would
+// not mend once the deadline is the put's (unchanged: it writes nothing).
 var putTaskScript = redis.NewScript(`
 local meta = redis.call('HMGET', KEYS[7], 'durable', 'max_pending')
 if meta[1] == '1' and ARGV[5] ~= 'durable' then return {-1, 0} end
@@ -79,17 +86,17 @@ if not cur then
   res = 1
 elseif (mode == 'set' and d ~= cur) or (mode == 'later' and d > cur) then
   res = 2
-  if leased then
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZREM', KEYS[3], id)
-    redis.call('ZREM', KEYS[4], id)
-  end
 else
   return {0, cur}
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-redis.call('ZADD', KEYS[1], d, id)
 redis.call('HSET', KEYS[6], id, ARGV[4])
+redis.call('ZADD', KEYS[1], d, id)
+if leased then
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+end
 if not head[2] or d < tonumber(head[2]) then redis.call('PUBLISH', KEYS[5], d) end
 return {res, d}
 `)
