@@ -508,3 +508,21 @@ func TestRefusedPutTaskKeepsTheTaskAndItsPayload(t *testing.T) {
 		}
 	}
 }
+
+// A hand-back of never-started polled tasks whose writes are refused keeps
+// each leased or puts it back into the queue key.
+func TestRefusedReleaseTasksKeepsEveryTask(t *testing.T) {
+	for _, cmd := range []string{"zadd", "hdel", "zrem"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			ids := serials("L", 3)
+			e.putTasks(ids...)
+			tok := e.poll(3)
+			e.refused(cmd, func() error {
+				_, err := e.st.ReleaseTasks(e.ctx, tok, ids)
+				return err
+			})
+			e.check("release refused "+cmd, ids...)
+		})
+	}
+}

@@ -85,6 +85,11 @@ return {now, out}
 // attempts survive (and a last error, though a claim clears it): the next claim, by a poll or a worker,
 // takes it at once without counting an attempt. Returns the number handed
 // back.
+//
+// A task goes back into the queue key before its lease goes: a script's
+// writes stay when a later command fails (an ACL tightened at runtime),
+// so a refusal leaves it leased or queued (or both: the claim drops the
+// stale lease), never in neither.
 var releaseScript = redis.NewScript(luaHelpers + `
 local now = now_ms()
 local n = 0
@@ -92,10 +97,10 @@ for _, e in ipairs(owned(KEYS[4], ARGV[1], 2)) do
   local s, d, a = e[1], e[2], e[3]
   local _, _, _, err = parse(redis.call('HGET', KEYS[4], s))
   if a == 0 and (err == nil or err == '') then
+    redis.call('ZADD', KEYS[1], 'NX', d, s)
     redis.call('HDEL', KEYS[4], s)
     redis.call('ZREM', KEYS[2], s)
     redis.call('ZREM', KEYS[3], s)
-    redis.call('ZADD', KEYS[1], 'NX', d, s)
   else
     redis.call('HSET', KEYS[4], s, d .. '|' .. a .. '|-|' .. (err or ''))
     redis.call('ZADD', KEYS[2], now, s)
