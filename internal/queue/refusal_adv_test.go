@@ -526,3 +526,23 @@ func TestRefusedReleaseTasksKeepsEveryTask(t *testing.T) {
 		})
 	}
 }
+
+// A take from a reliable list whose writes are refused keeps the item in
+// the ready list or takes it whole (what recovery returns: {q}:unacked and
+// {q}:taken).
+func TestRefusedTakeKeepsTheItem(t *testing.T) {
+	for _, cmd := range []string{"time", "zadd", "hset", "hincrby", "lmove"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			e.putTasks("K-0")
+			if res, err := e.st.Forward(e.ctx, queue.ForwardArgs{Kind: "list", Limit: 10, Queue: "refuse:q", Reliable: true, AckTimeout: time.Minute, MaxAttempts: 3}); err != nil || res.Forwarded != 1 {
+				t.Fatalf("forward: %+v, %v", res, err)
+			}
+			e.refused(cmd, func() error {
+				_, err := e.st.Take(e.ctx)
+				return err
+			})
+			e.check("take refused "+cmd, "K-0")
+		})
+	}
+}

@@ -288,17 +288,25 @@ var ErrNothingToTake = errors.New("nothing to take")
 // empty or holds only items whose ids are taken. The id is read without
 // decoding the payload (see luaSplitListItem); an item of another
 // shape is keyed by its whole body.
+//
+// The records recovery goes by ({queue}:unacked first, then
+// {queue}:taken) are written before the item leaves the ready list: a
+// script's writes stay when a later command fails (an ACL tightened at
+// runtime), so a refusal leaves the item in the ready list (perhaps
+// recorded as taken: recovery then returns a second copy, delivered at
+// least once as ever), never in the processing list with nothing to
+// recover it by.
 var takeScript = redis.NewScript(luaSplitListItem + `
 for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
   local item = redis.call('LINDEX', KEYS[1], -1)
   local id = split_item(item) or item
   if redis.call('HEXISTS', KEYS[4], id) == 0 then
-    redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
     local now = redis.call('TIME')
     local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     redis.call('ZADD', KEYS[3], at, id)
     redis.call('HSET', KEYS[4], id, item)
     local n = redis.call('HINCRBY', KEYS[5], id, 1)
+    redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
     return {item, n}
   end
   redis.call('LMOVE', KEYS[1], KEYS[1], 'RIGHT', 'LEFT')
