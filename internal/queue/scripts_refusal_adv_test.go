@@ -18,7 +18,6 @@ import (
 // other key: no claim finds them, and the reconciler leaves a serial with
 // a record alone. (The consumer's refusal log says "nothing is lost".)
 func TestAdvLeaseScriptsRefusedAfterReleaseLoseTheBatch(t *testing.T) {
-	advRepro(t, "retry, bury and hand-back release the batch before writing where its members go")
 	for _, tc := range []struct {
 		name, refuse string
 		do           func(st *queue.Store, serials []string) error
