@@ -39,13 +39,6 @@ import (
 //     members in it (TestAdvClaimRefusedZremRetriedLosesTheFreshEntriesOfItsBatch;
 //     the random sweep finds the same with a foreign inflight entry).
 
-func advRepro(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("ORDERDELAY_ADV_REPRO") != "1" {
-		t.Skip("fails on c557894 (" + why + "); ORDERDELAY_ADV_REPRO=1 runs it")
-	}
-}
-
 // refusalScenario is a queue state built with the store's own scripts,
 // with every path of the claim, and what the claim under test must keep.
 type refusalScenario struct {
