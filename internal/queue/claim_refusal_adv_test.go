@@ -25,7 +25,7 @@ import (
 // queue key (its holder's fence would accept the serial, and a later
 // re-claim would close it at the old deadline).
 //
-// What fails on c557894 (each skips unless ORDERDELAY_ADV_REPRO=1):
+// What failed on c557894 (fixed in 489861f):
 //
 //   - drop(buried) runs after the removals from the queue key
 //     (ZREMRANGEBYRANK, the far ZREM), so a refusal between them keeps the
