@@ -176,12 +176,15 @@ if #victims < limit and keep > 0 then
     for _, s in ipairs(extra) do victims[#victims+1] = s end
   end
 end
+-- The dead set's entry goes last: a purge stopped by a refused command
+-- leaves the letter where the next purge finds it, never a record no
+-- purge reaches.
 for _, s in ipairs(victims) do
-  redis.call('ZREM', KEYS[1], s)
   redis.call('HDEL', KEYS[2], s)
   if not redis.call('ZSCORE', KEYS[4], s) and redis.call('HEXISTS', KEYS[5], s) == 0 then
     redis.call('HDEL', KEYS[3], s)
   end
+  redis.call('ZREM', KEYS[1], s)
 end
 return #victims
 `)

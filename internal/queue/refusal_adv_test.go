@@ -545,3 +545,40 @@ func TestRefusedTakeKeepsTheItem(t *testing.T) {
 		})
 	}
 }
+
+// A purge of dead letters refused after its first write leaves each
+// letter either gone whole or still in the dead-letter set, where the
+// next purge finds it: never a record without its dead-set entry (an
+// inspect would call the serial dead, and no purge would reach it).
+func TestRefusedPurgeLeavesNoRecordNoPurgeReaches(t *testing.T) {
+	for _, cmd := range []string{"hdel", "zrem", "zscore", "hexists"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			ss := serials("P", 3)
+			e.due(ss...)
+			e.claim("p:1", true, 3)
+			if n, err := e.st.Bury(e.ctx, queue.BuryArgs{Token: "p:1", Serials: ss, Reason: queue.ReasonFailed, CountRun: true}); err != nil || n != 3 {
+				t.Fatalf("bury: %d, %v", n, err)
+			}
+			e.refused(cmd, func() error {
+				_, err := e.st.PurgeDead(e.ctx, time.Nanosecond, 0)
+				return err
+			})
+			for _, s := range ss {
+				inDead := e.rdb.ZScore(e.ctx, e.k.Dead, s).Err() == nil
+				hasInfo := e.rdb.HExists(e.ctx, e.k.DeadInfo, s).Val()
+				if hasInfo && !inDead {
+					t.Errorf("%s: a dead-letter record without its dead-set entry", s)
+				}
+			}
+			if _, err := e.st.PurgeDead(e.ctx, time.Nanosecond, 0); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{e.k.Dead, e.k.DeadInfo} {
+				if n := e.rdb.Exists(e.ctx, k).Val(); n != 0 {
+					t.Errorf("%s left after the purge once the ACL is mended", k)
+				}
+			}
+		})
+	}
+}
