@@ -110,6 +110,11 @@ func StartDaemon(t testing.TB, env []string, args ...string) *Daemon {
 // Log is everything the daemon printed so far.
 func (d *Daemon) Log() string { return d.log.String() }
 
+// Pid is the process's id: the daemon names itself by it (the replica
+// name in its lease tokens and its PostgreSQL application_name,
+// "orderdelay/<host>/<pid>").
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
 // Done is closed once the process has exited.
 func (d *Daemon) Done() <-chan struct{} { return d.done }
 
