@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -75,83 +74,129 @@ func (s *leaseCheckStore) staleSerials() []string {
 	return slices.Clone(s.stale)
 }
 
-func TestAdvStallClaimHeardAfterItsLeaseIsNotActedOn(t *testing.T) {
-	if os.Getenv("ORDERDELAY_ADV_REPRO") != "1" {
-		t.Skip("reproducer of an open defect (branch redis-stall): a claim whose reply comes after its lease expired is still " +
-			"processed — the batch's deadline counts from the reply's arrival, not from the claim — so replica A runs its close " +
-			"over orders replica B has re-claimed (the fence and the SQL keep it from closing twice). ORDERDELAY_ADV_REPRO=1 runs it")
-	}
+// stallEnv is an env with replica A behind a proxy (Redis's replies to it
+// can be held) and B on the test's own connection, both with a 1 s lease.
+type stallEnv struct {
+	*env
+	px    *testenv.Proxy
+	cfg   Config
+	b     *Consumer
+	mA    *metrics.Metrics
+	store *leaseCheckStore // A's
+}
+
+func newStallEnv(t *testing.T) *stallEnv {
+	t.Helper()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	const lease = time.Second
-	cfg := Config{Lease: lease, StatementTimeout: 200 * time.Millisecond, DrainTimeout: 200 * time.Millisecond}
+	cfg := Config{Lease: time.Second, StatementTimeout: 200 * time.Millisecond, DrainTimeout: 200 * time.Millisecond}
 	b := e.consumer(withOwner(cfg, "B"))
 	// The claim script is loaded (nothing is queued yet), so A's claim
 	// runs at its first EVALSHA.
 	if _, err := b.claimBatch(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// A reaches Redis through a proxy and waits up to a minute for a
-	// reply; its connection is made before the stall.
-	px := testenv.NewProxy(t, e.RDB.Options().Addr)
+	return &stallEnv{env: e, px: testenv.NewProxy(t, e.RDB.Options().Addr), cfg: cfg, b: b,
+		mA: metrics.New(prometheus.NewRegistry(), "test", "test"), store: &leaseCheckStore{Store: e.Store, e: e, owner: "A"}}
+}
+
+// replicaA is A: it reaches Redis through the proxy and waits up to a
+// minute for a reply. Its connection is made at once, before any stall,
+// so its first claim goes out on it.
+func (s *stallEnv) replicaA(t *testing.T) *Consumer {
+	t.Helper()
 	o, err := redis.ParseURL(testenv.RedisURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.Addr, o.ReadTimeout = px.Addr(), time.Minute
+	o.Addr, o.ReadTimeout = s.px.Addr(), time.Minute
 	rdbA := redis.NewClient(o)
 	t.Cleanup(func() { rdbA.Close() })
-	if err := rdbA.Ping(ctx).Err(); err != nil {
+	if err := rdbA.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	past := e.RedisNow().Add(-time.Second)
-	serials := e.Orders("heardlate", 5, past)
-	e.Enqueue(serials, past)
-
-	px.Stall(time.Minute) // ended below
-	mA := metrics.New(prometheus.NewRegistry(), "test", "test")
-	store := &leaseCheckStore{Store: e.Store, e: e, owner: "A"}
-	cfgA := withOwner(cfg, "A")
-	cfgA.Keys, cfgA.HeadCheck, cfgA.SharedWake = e.Keys, 20*time.Millisecond, true // no subscription: its reply is held too
-	a, err := New(cfgA, rdbA, store, mA, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	cfg := withOwner(s.cfg, "A")
+	cfg.Keys, cfg.HeadCheck, cfg.SharedWake = s.Keys, 20*time.Millisecond, true // no subscription: its reply would be held too
+	a, err := New(cfg, rdbA, s.store, s.mA, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a
+}
+
+// leasedTo reports whether every serial's lease record carries a token of
+// owner's.
+func (s *stallEnv) leasedTo(t *testing.T, owner string, serials []string) bool {
+	t.Helper()
+	recs, ok, err := s.st.LeaseRecords(context.Background(), serials)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range recs {
+		if !ok[i] || !strings.HasPrefix(recs[i].Token, owner+":") {
+			return false
+		}
+	}
+	return true
+}
+
+func TestAdvStallClaimHeardAfterItsLeaseIsNotActedOn(t *testing.T) {
+	s := newStallEnv(t)
+	a := s.replicaA(t)
+	past := s.RedisNow().Add(-time.Second)
+	serials := s.Orders("heardlate", 5, past)
+	s.Enqueue(serials, past)
+
+	s.px.Stall(time.Minute) // ended below
 	stopA := runConsumer(t, a)
-	eventually(t, "A's claim run by Redis, its reply held", 10*time.Second, func() bool {
-		recs, ok, err := e.st.LeaseRecords(ctx, serials)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range recs {
-			if !ok[i] || !strings.HasPrefix(recs[i].Token, "A:") {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "A's claim run by Redis, its reply held", 10*time.Second, func() bool { return s.leasedTo(t, "A", serials) })
 	// A's lease expires; B re-claims and closes the orders.
-	stopB := runConsumer(t, b)
+	stopB := runConsumer(t, s.b)
 	eventually(t, "B closes the orders once A's lease expired", 30*time.Second, func() bool {
-		return testutil.ToFloat64(e.m.Closed) == float64(len(serials))
+		return testutil.ToFloat64(s.m.Closed) == float64(len(serials))
 	})
 	stopB()
-	px.Stall(0)
+	s.px.Stall(0)
 	eventually(t, "A hears its claim and is done with it", 30*time.Second, func() bool {
-		return testutil.ToFloat64(mA.Claimed) == float64(len(serials)) && testutil.ToFloat64(mA.Inflight) == 0
+		return testutil.ToFloat64(s.mA.Claimed) == float64(len(serials)) && testutil.ToFloat64(s.mA.Inflight) == 0
 	})
 	stopA()
-	if stale := store.staleSerials(); len(stale) > 0 {
+	if stale := s.store.staleSerials(); len(stale) > 0 {
 		t.Errorf("A began closing %v, which it held under no live lease: it acted on a claim it heard of only after the "+
 			"claim's lease expired (and B had re-claimed and closed them)", stale)
 	}
-	for _, s := range serials {
-		if st := e.Status(s); st != "closed" {
-			t.Errorf("%s is %s, want closed (by B)", s, st)
+	for _, sn := range serials {
+		if st := s.Status(sn); st != "closed" {
+			t.Errorf("%s is %s, want closed (by B)", sn, st)
 		}
 	}
-	if v := testutil.ToFloat64(mA.Closed); v != 0 {
+	if v := testutil.ToFloat64(s.mA.Closed); v != 0 {
 		t.Errorf("A counted %v closes of orders B closed", v)
+	}
+	s.assertNoLeaseKeys(t)
+}
+
+// A reply held for less than the batch's time is acted on, in what is left
+// of it: A closes the orders, under its live lease.
+func TestAdvStallClaimHeardLateWithinItsBatchTimeIsClosed(t *testing.T) {
+	s := newStallEnv(t)
+	a := s.replicaA(t)
+	past := s.RedisNow().Add(-time.Second)
+	serials := s.Orders("heardsoon", 5, past)
+	s.Enqueue(serials, past)
+	batch, _ := a.batchBudget()
+	s.px.Stall(batch / 3) // the proxy ends it
+	runConsumer(t, a)
+	eventually(t, "A closes the orders", 30*time.Second, func() bool {
+		return testutil.ToFloat64(s.mA.Closed) == float64(len(serials))
+	})
+	if stale := s.store.staleSerials(); len(stale) > 0 {
+		t.Errorf("A began closing %v under no live lease", stale)
+	}
+	for _, sn := range serials {
+		if st := s.Status(sn); st != "closed" {
+			t.Errorf("%s is %s, want closed", sn, st)
+		}
 	}
 }
 

@@ -398,6 +398,10 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 			<-sem
 			return
 		}
+		// The lease begins when Redis runs the claim: after this, however
+		// late its reply comes (processClaim counts the batch's time from
+		// here).
+		sent := time.Now()
 		res, err := c.claim(ctx, limit)
 		if err != nil {
 			<-sem
@@ -433,7 +437,7 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				c.process(workCtx, res.items)
+				c.processClaim(workCtx, res.items, sent)
 			}()
 		} else {
 			<-sem

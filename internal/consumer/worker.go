@@ -14,13 +14,34 @@ import (
 	"github.com/orderdelay/orderdelay/internal/queue"
 )
 
-// process closes one claimed batch. workCtx is cancelled only when the drain
-// timeout passes during shutdown. The batch runs under a deadline that ends
-// before its lease does (see batchBudget), so the lease outlives the work.
+// process closes one claimed batch as processClaim does, its claim taken
+// to have been sent now.
 func (c *Consumer) process(workCtx context.Context, items []item) {
+	c.processClaim(workCtx, items, time.Now())
+}
+
+// processClaim closes one claimed batch whose claim was sent at sent.
+// workCtx is cancelled only when the drain timeout passes during shutdown.
+// The batch runs under a deadline that ends before its lease does (see
+// batchBudget), counted from sent — Redis ran the claim, and its lease
+// began, after that — so the lease outlives the work however late the
+// claim's reply came. A reply that came after the batch's whole time
+// (Redis held its answers for most of the lease, or all of it: a stall)
+// is not acted on, since another replica may hold those entries by now:
+// the claim is handed back (a compare-and-set: what another replica took
+// over, or a producer rewrote, stays theirs).
+func (c *Consumer) processClaim(workCtx context.Context, items []item, sent time.Time) {
 	defer c.m.Inflight.Sub(float64(len(items)))
 	batch, stmt := c.batchBudget()
-	ctx, cancel := context.WithTimeout(workCtx, batch)
+	if late := time.Since(sent); late >= batch {
+		c.log.Warn("a claim's reply came after its batch's time, too near the end of its lease (or past it) to act on; "+
+			"handing the claim back. If this repeats, Redis answers more slowly than ORDERDELAY_LEASE allows for",
+			zap.Int("orders", len(items)), zap.Duration("reply_after", late.Round(time.Millisecond)),
+			zap.Duration("batch_time", batch), zap.Duration("lease", c.cfg.Lease))
+		c.handBack(items)
+		return
+	}
+	ctx, cancel := context.WithDeadline(workCtx, sent.Add(batch))
 	defer cancel()
 	c.h.process(workCtx, ctx, stmt, items)
 }
