@@ -13,7 +13,8 @@
 //	                  audit (closed twice? closed early? paid and closed?),
 //	                  and the checkout producer loop
 //	*_test.go         the tests, one file per area (integration, faults,
-//	                  ops, security, tasks, scale, shards, failover, campaign)
+//	                  redis_stall — Redis hanging rather than gone —, ops,
+//	                  security, tasks, scale, shards, failover, campaign)
 //
 // Run them with
 //
