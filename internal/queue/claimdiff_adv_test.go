@@ -297,33 +297,6 @@ func countsConsistent(st claimState) bool {
 	return true
 }
 
-// stateSerials is every member and field name of st that might be a
-// serial.
-func stateSerials(st claimState) []string {
-	set := map[string]bool{}
-	for _, zs := range [][]redis.Z{st.queue, st.inflight, st.deadlines, st.dead} {
-		for _, z := range zs {
-			set[z.Member.(string)] = true
-		}
-	}
-	for _, fv := range st.lease {
-		set[fv[0]] = true
-	}
-	for _, fv := range st.leasebatch {
-		if !strings.HasPrefix(fv[0], "#") && !strings.HasPrefix(fv[0], "<") {
-			for _, m := range strings.Split(fv[1], "\n") {
-				set[m] = true
-			}
-		}
-	}
-	out := make([]string, 0, len(set))
-	for m := range set {
-		out = append(out, m)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // claimDiff lists how two dumps differ.
 func claimDiff(a, b map[string]keyDump) []string {
 	var out []string
@@ -431,7 +404,7 @@ func TestAdvClaimReorderMatchesTheOldScriptWithoutFailures(t *testing.T) {
 				testenv.DeleteQueue(rdb, kb)
 				continue
 			}
-			for _, m := range stateSerials(state) {
+			for _, m := range state.serialsOf() {
 				kept := func(k queue.Keys) bool {
 					return findable(t, rdb, k, m) != "" || rdb.ZScore(ctx, k.Dead, m).Err() == nil
 				}
