@@ -1,0 +1,202 @@
+package queue_test
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/internal/queue"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// Reproducers of what the adversary found in the twelve reordered
+// scripts. A test that fails on the scripts that ship is skipped unless
+// ORDERDELAY_ADV_REPRO=1, and says why.
+
+func advRepro(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("ORDERDELAY_ADV_REPRO") != "1" {
+		t.Skip("fails on the scripts that ship (" + why + "); ORDERDELAY_ADV_REPRO=1 runs it")
+	}
+}
+
+// C1. cancelScript removes the serial from the queue key first and drops
+// its lease record after (HGET, HDEL). The audit's reorder (7413b95) moved
+// the HDEL before the batch count but kept the ZREM first. A producer
+// that rescheduled a leased order with a raw ZADD (an hour ahead) has its
+// deadline in the queue key, and the holder's fence drops the serial
+// because of it. Cancel it with HDEL refused (an ACL tightened at
+// runtime): the ZREM stays, the lease record stays, and the fence — which
+// now sees a record carrying its token and nothing in the queue key —
+// lets the holder close the order an hour before the deadline the
+// producer wrote (and GET reports the lease's old deadline). The
+// every-call sweeps find the same at call 2 (HGET) and 3 (HDEL), batch or
+// per-member lease. Dropping the lease before the ZREM of the queue key
+// (HGET, HDEL, unbatch, ZREMs, ZREM of the queue key last) leaves, when
+// refused, the producer's entry in the queue key with no lease: the fence
+// drops the serial.
+func TestAdvCancelRefusedAfterItsQueueZremKeepsAStaleLease(t *testing.T) {
+	advRepro(t, "C1: a refused cancel removes a producer's later deadline and keeps the lease that predates it")
+	for _, batch := range []bool{true, false} {
+		t.Run(leaseMode(batch), func(t *testing.T) {
+			e := newRefusalEnv(t)
+			e.due("X-0", "X-1")
+			e.claim("c:1", batch, 2)
+			now, err := e.st.Now(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			later := queue.DeadlineMillis(now.Add(time.Hour))
+			if err := e.rdb.ZAdd(e.ctx, e.k.Queue, redis.Z{Score: float64(later), Member: "X-0"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if drop, err := e.st.Fence(e.ctx, "c:1", 0, []string{"X-0"}); err != nil || !slices.Equal(drop, []string{"X-0"}) {
+				t.Fatalf("fence before the cancel: %v, %v; want X-0 dropped (its producer wrote it an hour ahead)", drop, err)
+			}
+			e.refused("hdel", func() error {
+				_, err := e.st.Cancel(e.ctx, "X-0")
+				return err
+			})
+			drop, err := e.st.Fence(e.ctx, "c:1", 0, []string{"X-0"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ent, _, _ := e.st.Get(e.ctx, "X-0")
+			if !slices.Contains(drop, "X-0") {
+				t.Errorf("after the refused cancel the fence of c:1 accepts X-0: its holder closes it now, an hour before the deadline %d its producer wrote (GET says %+v)", later, ent)
+			}
+		})
+	}
+}
+
+// K1. putTaskScript before the reorder dropped a held task's lease only
+// when it moved the task (result 2); the reorder's `if leased` after the
+// ZADD runs for a created one too (result 1): a task whose lease record
+// has no numeric deadline (a foreign write; no script writes one) is
+// "created", and the new put also deletes that record and the task's
+// {q}:inflight and {q}:deadlines entries — three commands the old put did
+// not send, on the put's hot path. Harmless for the contract (the task is
+// queued at the put's deadline either way), but not the old script's
+// state or cost: the only no-failure difference the differential test
+// finds.
+func TestAdvPutTaskDropsAGarbageLeaseTheOldPutKept(t *testing.T) {
+	advRepro(t, "K1: the reordered put deletes a lease record without a numeric deadline that the old put kept")
+	rdb, k0 := testenv.Redis(t)
+	ctx := context.Background()
+	before, after := scriptsBeforeReorder(t), shippedScripts(t)
+	now0, err := queue.NewStore(rdb, k0).Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := queue.DeadlineMillis(now0)
+	state := advCmds{
+		{"HSET", rLease, "T-0", "garbage"},
+		{"ZADD", rInflight, now + 60000, "T-0"},
+		{"ZADD", rDeadlines, now - 1000, "T-0"},
+	}
+	call := advCall{[]string{"queue", "lease", "inflight", "deadlines", "wake", "payload", "meta"}, []any{"set", "T-0", now + 5000, `{"v":1}`, "client"}}
+	ka, kb := queue.NewKeys(k0.Queue+":old"), queue.NewKeys(k0.Queue+":new")
+	state.write(t, rdb, ka)
+	state.write(t, rdb, kb)
+	t.Cleanup(func() { testenv.DeleteQueue(rdb, ka); testenv.DeleteQueue(rdb, kb) })
+	ra := evalHooked(t, rdb, hookScript(before["putTaskScript"]), ka, call.roles, call.args, now, 0)
+	rb := evalHooked(t, rdb, hookScript(after["putTaskScript"]), kb, call.roles, call.args, now, 0)
+	if ra.Err != nil || rb.Err != nil {
+		t.Fatalf("put: %v before, %v after", ra.Err, rb.Err)
+	}
+	if d := dumpDiff(dumpAll(t, rdb, ka, nil), dumpAll(t, rdb, kb, nil)); len(d) > 0 {
+		t.Errorf("the put ends differently after the reorder:\n  %s", strings.Join(d, "\n  "))
+	}
+	if len(rb.Calls) > len(ra.Calls) {
+		t.Errorf("the put sends %d commands after the reorder, %d before (%v, %v)", len(rb.Calls), len(ra.Calls), rb.counts(), ra.counts())
+	}
+}
+
+// D1. retry, bury and hand-back take a batch's count down by #owned,
+// and owned() returns a serial once per mention in ARGV: a call that names
+// a member twice takes the count down twice and drops the batch while
+// another member still carries its token, in no place a claim reads.
+// Store.Retry, Bury and HandBack send distinct serials, so no caller of
+// the store meets it; a raw caller of the scripts (or a future caller
+// that forgets distinct) does. Before the reorder as after: not the
+// reorder's, but the scripts' contract does not say "distinct".
+func TestAdvLeaseScriptsWithARepeatedSerialDropTheBatchUnderItsOtherMembers(t *testing.T) {
+	advRepro(t, "D1: a serial named twice takes the batch count down twice")
+	after := shippedScripts(t)
+	for _, tc := range []struct {
+		v     string
+		roles []string
+		args  []any
+	}{
+		{"retryScript", []string{"inflight", "lease", "deadlines", "leases", "leasebatch"}, []any{"d:1", 1000, 1, "x", "Y-0", "Y-0"}},
+		{"buryScript", []string{"inflight", "deadlines", "lease", "dead", "deadinfo", "leases", "leasebatch"}, []any{"d:1", "close_failed", "x", 1, "Y-0", "Y-0"}},
+		{"handBackScript", []string{"queue", "inflight", "deadlines", "lease", "leases", "leasebatch"}, []any{"d:1", "Y-0", "Y-0"}},
+	} {
+		t.Run(tc.v, func(t *testing.T) {
+			rdb, k := testenv.Redis(t)
+			st := queue.NewStore(rdb, k)
+			ctx := context.Background()
+			base := dueAt(t, st, 0)
+			rdb.ZAdd(ctx, k.Queue, redis.Z{Score: base, Member: "Y-0"}, redis.Z{Score: base + 1, Member: "Y-1"})
+			if r, err := st.Claim(ctx, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "d:1", Batch: true}); err != nil || len(r.Items) != 2 {
+				t.Fatalf("claim: %+v, %v", r, err)
+			}
+			now, _ := st.Now(ctx)
+			if run := evalHooked(t, rdb, hookScript(after[tc.v]), k, tc.roles, tc.args, queue.DeadlineMillis(now), 0); run.Err != nil {
+				t.Fatal(run.Err)
+			}
+			if w := advWhere(t, rdb, k, "Y-1"); len(w) == 0 {
+				rec, _ := rdb.HGet(ctx, k.Lease, "Y-1").Result()
+				t.Errorf("%s naming Y-0 twice: Y-1, still held by d:1 (record %q), is in no place a claim reads", tc.v, rec)
+			}
+		})
+	}
+}
+
+// E1 (holds): a Lua error mid-loop — a record carrying the call's token
+// whose deadline is no number (a foreign write), or a key of the wrong
+// type — used to come after the batch count was taken and earlier
+// entries' leases were dropped (hand-back: record gone, queue ZADD
+// failed: lost). The reordered scripts write the new place first, so the
+// entry that fails keeps its lease and the batch its count.
+func TestAdvReorderedLeaseScriptsFailingMidLoopKeepEveryEntry(t *testing.T) {
+	after := shippedScripts(t)
+	for _, tc := range []struct {
+		v     string
+		roles []string
+		args  []any
+	}{
+		{"retryScript", []string{"inflight", "lease", "deadlines", "leases", "leasebatch"}, []any{"e:1", 1000, 1, "x", "Z-0", "Z-1", "Z-2"}},
+		{"buryScript", []string{"inflight", "deadlines", "lease", "dead", "deadinfo", "leases", "leasebatch"}, []any{"e:1", "close_failed", "x", 1, "Z-0", "Z-1", "Z-2"}},
+		{"handBackScript", []string{"queue", "inflight", "deadlines", "lease", "leases", "leasebatch"}, []any{"e:1", "Z-0", "Z-1", "Z-2"}},
+	} {
+		t.Run(tc.v, func(t *testing.T) {
+			rdb, k := testenv.Redis(t)
+			st := queue.NewStore(rdb, k)
+			ctx := context.Background()
+			base := dueAt(t, st, 0)
+			for i, s := range []string{"Z-0", "Z-1", "Z-2"} {
+				rdb.ZAdd(ctx, k.Queue, redis.Z{Score: base + float64(i), Member: s})
+			}
+			if r, err := st.Claim(ctx, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "e:1", Batch: true}); err != nil || len(r.Items) != 3 {
+				t.Fatalf("claim: %+v, %v", r, err)
+			}
+			rdb.HSet(ctx, k.Lease, "Z-1", "x|0|e:1|") // a foreign write: no number
+			now, _ := st.Now(ctx)
+			run := evalHooked(t, rdb, hookScript(after[tc.v]), k, tc.roles, tc.args, queue.DeadlineMillis(now), 0)
+			if run.Err == nil {
+				t.Fatalf("%s: no Lua error on a record without a deadline; the test no longer reaches the path", tc.v)
+			}
+			for _, s := range []string{"Z-0", "Z-1", "Z-2"} {
+				if len(advWhere(t, rdb, k, s)) == 0 {
+					t.Errorf("%s failing on Z-1 (%v): %s is in no place a claim reads (%s)", tc.v, run.Err, s, leaseState(t, rdb, k, s))
+				}
+			}
+		})
+	}
+}
