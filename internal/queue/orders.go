@@ -347,12 +347,17 @@ func parseMillis(s string) (time.Time, error) {
 // the holder's settle of the others while one still carries it, in no
 // place a claim reads.
 var cancelScript = redis.NewScript(luaUnbatch + `
-local n = redis.call('ZREM', KEYS[1], ARGV[1])
+-- The lease goes first and the queue entry last: a cancel stopped by a
+-- refused command leaves the producer's latest write in the queue key
+-- with no lease from before it (whose holder's fence would then accept
+-- the serial, and close it at the older deadline), and takes the batch's
+-- count down only once the record no longer carries its token.
 local rec = redis.call('HGET', KEYS[2], ARGV[1])
-n = n + redis.call('HDEL', KEYS[2], ARGV[1])
+local n = redis.call('HDEL', KEYS[2], ARGV[1])
 unbatch(KEYS[5], KEYS[6], rec)
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
+n = n + redis.call('ZREM', KEYS[1], ARGV[1])
 if n > 0 then return 1 end
 return 0
 `)

@@ -41,7 +41,6 @@ func advRepro(t *testing.T, why string) {
 // refused, the producer's entry in the queue key with no lease: the fence
 // drops the serial.
 func TestAdvCancelRefusedAfterItsQueueZremKeepsAStaleLease(t *testing.T) {
-	advRepro(t, "C1: a refused cancel removes a producer's later deadline and keeps the lease that predates it")
 	for _, batch := range []bool{true, false} {
 		t.Run(leaseMode(batch), func(t *testing.T) {
 			e := newRefusalEnv(t)
