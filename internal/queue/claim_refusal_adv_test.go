@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -417,15 +416,7 @@ func TestAdvClaimRefusedAtEveryCallOnRandomStates(t *testing.T) {
 	t.Parallel()
 	rdb, k0 := testenv.Redis(t)
 	ctx := context.Background()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("ORDERDELAY_ADV_SEED"); s != "" {
-		fmt.Sscan(s, &seed)
-	}
-	rounds := 20
-	if s := os.Getenv("ORDERDELAY_ADV_ROUNDS"); s != "" {
-		fmt.Sscan(s, &rounds)
-	}
-	t.Logf("seed %d (ORDERDELAY_ADV_SEED=%d replays it), %d rounds", seed, seed, rounds)
+	seed, rounds := advSeedRounds(t, 20, "rounds")
 	shipped := hookedClaim(shippedClaimBody(t))
 	now := queue.DeadlineMillis(time.UnixMilli(int64(dueAt(t, queue.NewStore(rdb, k0), 0))).Add(time.Minute))
 	logKey := k0.Queue + ":calls"

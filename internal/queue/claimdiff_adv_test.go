@@ -355,16 +355,8 @@ func TestAdvClaimReorderMatchesTheOldScriptWithoutFailures(t *testing.T) {
 	t.Parallel()
 	rdb, k0 := testenv.Redis(t)
 	ctx := context.Background()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("ORDERDELAY_ADV_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	rounds := 400
+	seed, rounds := advSeedRounds(t, 400, "rounds")
 	collide := os.Getenv("ORDERDELAY_ADV_COLLIDE") == "1"
-	if s := os.Getenv("ORDERDELAY_ADV_ROUNDS"); s != "" {
-		rounds, _ = strconv.Atoi(s)
-	}
-	t.Logf("seed %d (ORDERDELAY_ADV_SEED=%d replays it), %d rounds", seed, seed, rounds)
 	before, after := hookedClaim(claimBodyBeforeReorder(t)), hookedClaim(shippedClaimBody(t))
 	st := queue.NewStore(rdb, k0)
 	now0, err := st.Now(ctx)

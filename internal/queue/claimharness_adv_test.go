@@ -5,8 +5,10 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -197,4 +199,28 @@ func roleOf(k queue.Keys, key string) string {
 		}
 	}
 	return key
+}
+
+// advSeedRounds is a randomised adversary test's seed and number of
+// rounds: ORDERDELAY_ADV_SEED (decimal) replays a run, ORDERDELAY_ADV_ROUNDS
+// sets the rounds (default def). It logs both, so a failure can be replayed.
+func advSeedRounds(t *testing.T, def int, unit string) (seed uint64, rounds int) {
+	t.Helper()
+	seed, rounds = uint64(time.Now().UnixNano()), def
+	if s := os.Getenv("ORDERDELAY_ADV_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("ORDERDELAY_ADV_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	if s := os.Getenv("ORDERDELAY_ADV_ROUNDS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			t.Fatalf("ORDERDELAY_ADV_ROUNDS=%q: want a positive number", s)
+		}
+		rounds = v
+	}
+	t.Logf("seed %d (ORDERDELAY_ADV_SEED=%d replays it), %d %s", seed, seed, rounds, unit)
+	return seed, rounds
 }

@@ -350,15 +350,7 @@ func TestAdvReorderedScriptsRefusedAtEveryCallOnRandomStates(t *testing.T) {
 	t.Parallel()
 	rdb, k0 := testenv.Redis(t)
 	ctx := context.Background()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("ORDERDELAY_ADV_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	rounds := 15
-	if s := os.Getenv("ORDERDELAY_ADV_ROUNDS"); s != "" {
-		rounds, _ = strconv.Atoi(s)
-	}
-	t.Logf("seed %d (ORDERDELAY_ADV_SEED=%d replays it), %d rounds per script", seed, seed, rounds)
+	seed, rounds := advSeedRounds(t, 15, "rounds per script")
 	after := shippedScripts(t)
 	now0, err := queue.NewStore(rdb, k0).Now(ctx)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -425,16 +424,8 @@ func TestAdvReorderedScriptsMatchTheOldOnesWithoutFailures(t *testing.T) {
 	t.Parallel()
 	rdb, k0 := testenv.Redis(t)
 	ctx := context.Background()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("ORDERDELAY_ADV_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	rounds := 60
-	if s := os.Getenv("ORDERDELAY_ADV_ROUNDS"); s != "" {
-		rounds, _ = strconv.Atoi(s)
-	}
+	seed, rounds := advSeedRounds(t, 60, "rounds per script")
 	repro := os.Getenv("ORDERDELAY_ADV_REPRO") == "1"
-	t.Logf("seed %d (ORDERDELAY_ADV_SEED=%d replays it), %d rounds per script", seed, seed, rounds)
 	before, after := scriptsBeforeReorder(t), shippedScripts(t)
 	now0, err := queue.NewStore(rdb, k0).Now(ctx)
 	if err != nil {
