@@ -350,7 +350,13 @@ func (l *lostCommitAnswer) Settle(ctx context.Context, serials []string, fence o
 				l.px.Stall(3 * time.Second)
 				go func() {
 					defer func() {
-						if l.px.Down(); !l.stayDown {
+						// The cut loses the held answer; ending the stall
+						// with it lets what follows on a new connection (the
+						// store's question, the retry after Up) through at
+						// once, not when the 3 s run out.
+						l.px.Down()
+						l.px.Stall(0)
+						if !l.stayDown {
 							l.px.Up()
 						}
 					}()
