@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"flag"
+	"strconv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -15,4 +17,20 @@ func VerifyNoLeaks(m *testing.M) {
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 	)
+}
+
+// SetDefaultParallel makes n the number of a package's parallel tests that
+// run at once (go test's -parallel, whose default is GOMAXPROCS) unless the
+// command line set -parallel. Call it from TestMain, before m.Run, in a
+// package whose tests mostly wait — on PostgreSQL, on statement timeouts,
+// on leases — so that more of them fit than there are cores.
+func SetDefaultParallel(n int) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", strconv.Itoa(n)) //nolint:errcheck // registered by the testing package
+	}
 }
