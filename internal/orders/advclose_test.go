@@ -62,6 +62,7 @@ func settleWhileHeld(t *testing.T, db *sqlx.DB, s *orders.Store, serials []strin
 // A row another transaction updates (not its status) while the statement
 // waits for it is still pending on its newest version: closed, once.
 func TestAdvSettleRowTouchedWhileWaitingIsClosed(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db, order{"touched", "pending", -time.Minute}, order{"free", "pending", -time.Minute})
 	s := orders.NewStore(db, orders.Statements{})
@@ -85,8 +86,10 @@ func TestAdvSettleRowTouchedWhileWaitingIsClosed(t *testing.T) {
 // in its snapshot. It closes nothing and settles nothing of that serial:
 // Unknown, and the lookup after it sees the new row as it is.
 func TestAdvSettleRowDeletedAndReinsertedWhileWaitingIsUnknown(t *testing.T) {
+	t.Parallel()
 	for _, again := range []string{"pending", "paid", "closed"} {
 		t.Run(again, func(t *testing.T) {
+			t.Parallel()
 			db, _ := testenv.Postgres(t)
 			insert(t, db, order{"phoenix", "pending", -time.Minute}, order{"free", "pending", -time.Minute})
 			s := orders.NewStore(db, orders.Statements{})
@@ -121,6 +124,7 @@ func TestAdvSettleRowDeletedAndReinsertedWhileWaitingIsUnknown(t *testing.T) {
 // survives the finish, which is a compare-and-set on the lease) or the
 // reconciler's (pending, past its deadline, in no queue).
 func TestAdvSettleRowReopenedWhileRunningIsSettledAsOfTheSnapshot(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db, order{"block", "pending", -time.Minute}, order{"reopened", "paid", -time.Minute})
 	s := orders.NewStore(db, orders.Statements{})
@@ -154,6 +158,7 @@ func TestAdvSettleRowReopenedWhileRunningIsSettledAsOfTheSnapshot(t *testing.T) 
 // A serial named twice (the worker dedupes, a custom caller may not): the
 // statement answers once for it, in one list.
 func TestAdvSettleRepeatedSerialsAnswerOnce(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db, order{"a", "pending", -time.Minute}, order{"paid", "paid", -time.Minute})
 	s := orders.NewStore(db, orders.Statements{})
@@ -170,8 +175,10 @@ func TestAdvSettleRepeatedSerialsAnswerOnce(t *testing.T) {
 // was rolled back: asking about it says "aborted" and a close that landed
 // would be reported failed, then counted as settled on its retry).
 func TestAdvLostCommitAfterAFenceDropAsksAboutTheLastAttempt(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
 			db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 			insert(t, db, order{"kept", "pending", -time.Hour}, order{"taken", "pending", -time.Hour})
 			s := orders.NewStore(viaProxy, orders.Statements{})
@@ -216,6 +223,7 @@ func TestAdvLostCommitAfterAFenceDropAsksAboutTheLastAttempt(t *testing.T) {
 // waits for the page's transaction and then closes what is still
 // pending. Every order ends closed once.
 func TestAdvReconcilerPageAndOneStatementOverlapWithoutACycle(t *testing.T) {
+	t.Parallel()
 	overdue := []order{{"r1", "pending", -time.Hour}, {"r2", "pending", -time.Hour}, {"r3", "pending", -time.Hour}}
 	t.Run("close holds rows, then the page", func(t *testing.T) {
 		db, _ := testenv.Postgres(t)
@@ -303,6 +311,7 @@ func TestAdvReconcilerPageAndOneStatementOverlapWithoutACycle(t *testing.T) {
 // commas, blanks at either end, non-ASCII) are each closed or settled as
 // themselves, and a look-alike without the blank is left alone.
 func TestAdvSettleAwkwardSerials(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	pending := []string{"NULL", `a"b`, `a\b`, "{x}", "a,b", " lead", "trail ", "订单-1", `\"`, "null"}
 	var rows []order
@@ -330,6 +339,7 @@ func TestAdvSettleAwkwardSerials(t *testing.T) {
 // closed by one of them; the other finds it changed while it waited
 // (Unknown), never settled from its snapshot, never closed twice.
 func TestAdvTwoClosersOfOverlappingBatchesNeverDeadlock(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	if _, err := db.Exec(`INSERT INTO orders (serial_no, status, expires_at)
 		SELECT format('S-%s', lpad(i::text, 6, '0')), 'pending', now() - interval '1 minute'
@@ -384,6 +394,7 @@ CREATE TRIGGER slow_row BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION sl
 // outbox holds one event, for the order that closed, and the dropped
 // order is neither closed nor announced.
 func TestAdvOutboxAfterAFenceDropHoldsOnlyTheClose(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db, order{"kept", "pending", -time.Minute}, order{"taken", "pending", -time.Minute}, order{"paid", "paid", -time.Minute})
 	s := orders.NewStore(db, orders.Statements{})

@@ -24,6 +24,7 @@ import (
 // as the callers wrap it (clientCut's context error, the reconciler's
 // "reconcile commit: %w").
 func TestInDoubtKeepsTheCommitErrorsClassification(t *testing.T) {
+	t.Parallel()
 	pqe := func(code, sev string) *pq.Error { return &pq.Error{Code: pq.ErrorCode(code), Severity: sev} }
 	causes := []error{
 		driver.ErrBadConn, io.EOF, io.ErrUnexpectedEOF, sql.ErrTxDone, sql.ErrConnDone,

@@ -28,8 +28,10 @@ import (
 // report the close it then sees committed — not an in-doubt error whose
 // orders come back "settled" and are never counted closed.
 func TestCommitStillRunningWhenItsConnectionBreaksIsAskedAgain(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
 			db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 			// The COMMIT runs a deferred trigger that takes 700 ms.
 			if _, err := db.Exec(`CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -86,8 +88,10 @@ CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON orders DEFERRABLE INITIALL
 // split), as the reconciler's CommitError already has it. Every
 // InDoubtError is then about a COMMIT without an answer, and transient.
 func TestCommitTheServerRefusedIsNotInDoubt(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
 			db, _ := testenv.Postgres(t)
 			if _, err := db.Exec(`CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE unique_violation USING MESSAGE = 'refused at commit'; END $$;
@@ -129,6 +133,7 @@ BEGIN RAISE EXCEPTION 'no status today'; END $$`); err != nil {
 // InDoubtError is transient (retried, never split or buried), and an error
 // the server or the driver answered with is not in doubt.
 func TestCommitErrorInDoubtOnlyWithoutAnAnswer(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		err   error
 		doubt bool

@@ -19,6 +19,7 @@ import (
 // an error that says so (Transient), never one the consumer would take for
 // this batch's data and split or bury. Randomised (seed printed), bounded.
 func TestAdvPrepContextEndsAnywhereInABatch(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
@@ -80,10 +81,12 @@ func TestAdvPrepContextEndsAnywhereInABatch(t *testing.T) {
 // statement only when no transaction uses it). Every order closes exactly
 // once, and no batch fails with an error the consumer would split or bury.
 func TestAdvPrepResetWhileOtherWorkersUseTheirCopies(t *testing.T) {
+	t.Parallel()
 	const workers, batches, alters = 4, 30, 12
-	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t) // its own: a parallel subtest may wait for a slot
 			db, _ := testenv.Postgres(t)
 			db.SetMaxOpenConns(workers)
 			db.SetMaxIdleConns(workers)
@@ -165,6 +168,7 @@ func TestAdvPrepResetWhileOtherWorkersUseTheirCopies(t *testing.T) {
 // run again binds it, with no 26000 (which would turn prepared statements
 // off for good) and no second Parse.
 func TestAdvPrepStatementPreparedInARolledBackTransactionStays(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	db := oneConn(t)
 	s := orders.NewStore(db, orders.Statements{})

@@ -20,6 +20,7 @@ import (
 // table lock (as a migration would), so its 42P05 comes after worker 1's
 // 26000 made the store fall back.
 func TestAdvPrepSecondWorkerLosingItsStatementAfterTheFallback(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name, func(t *testing.T) {
@@ -132,6 +133,7 @@ func TestAdvPrepSecondWorkerLosingItsStatementAfterTheFallback(t *testing.T) {
 // long as the sessions kept another client's statement under that name,
 // and prepared statements stayed on.
 func TestAdvPrepBindThatDoesNotFitFallsBack(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name, func(t *testing.T) {

@@ -55,6 +55,7 @@ func fleetStatements(t *testing.T, ctx context.Context) []preparedHere {
 // every order that has a row, closing none (removed from the queue while
 // still pending).
 func TestAdvShapeMixUpAcrossAFleetInARollingChange(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	fleet := fleetStatements(t, ctx)
 	for _, p := range append(prepPaths[:len(prepPaths):len(prepPaths)],
@@ -74,7 +75,10 @@ func TestAdvShapeMixUpAcrossAFleetInARollingChange(t *testing.T) {
 					continue
 				}
 				name := fmt.Sprintf("%s: %.30q bound to %.30q", p.name, victim.statement, impostor.statement)
-				t.Run(name, func(t *testing.T) { mixUp(t, ctxT(t), p.stmts, victim, impostor) })
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					mixUp(t, ctxT(t), p.stmts, victim, impostor)
+				})
 			}
 		}
 	}
@@ -146,7 +150,7 @@ func notPending(t *testing.T, db *sqlx.DB, serials []string) int {
 // close that has a data-modifying WITH of its own cannot be wrapped in
 // another.
 func TestAdvShapeCustomCloseForms(t *testing.T) {
-	ctx := ctxT(t)
+	t.Parallel()
 	for _, c := range []struct {
 		name, close string
 		prepared    bool
@@ -163,6 +167,8 @@ SELECT serial_no FROM c`, false},
 		{"semicolon then a comment", orders.DefaultCloseSQL + "; -- closes", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t) // its own: a parallel subtest may wait for a slot
 			db := oneConn(t)
 			s := orders.NewStore(db, orders.Statements{Close: c.close})
 			if err := s.Verify(ctx); err != nil {
@@ -197,6 +203,7 @@ SELECT serial_no FROM c`, false},
 // mixing prepared statements up, like any other: the store falls back
 // and runs the call again.
 func TestAdvShapeImpostorOfOtherColumnTypesFallsBack(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, c := range []struct {
 		name     string
@@ -263,6 +270,7 @@ func oursRan(t *testing.T, db *sqlx.DB) int64 {
 // a reset) does not change what the lookup is: it is not offered to
 // PostgreSQL shaped again, nor said again, after each such migration.
 func TestAdvShapeUnshapeableLookupSaidOnceAcrossAReset(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	db := oneConn(t)
 	other := otherSession(t, db)
@@ -291,7 +299,7 @@ SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
 // PostgreSQL takes the shaped form, unprepared (said once) when it does
 // not.
 func TestAdvShapeCustomLookupForms(t *testing.T) {
-	ctx := ctxT(t)
+	t.Parallel()
 	const plain = `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1)`
 	for _, c := range []struct {
 		name, lookup string
@@ -308,6 +316,8 @@ func TestAdvShapeCustomLookupForms(t *testing.T) {
 		{"semicolon then a comment", plain + "; -- pending or not", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t) // its own: a parallel subtest may wait for a slot
 			db := oneConn(t)
 			if _, err := db.ExecContext(ctx, `CREATE FUNCTION od_lookup(text[]) RETURNS TABLE (s text, p boolean)
 				LANGUAGE sql STABLE AS $$`+plain+`$$`); err != nil {
@@ -357,6 +367,7 @@ func sortedFound(f []orders.Found) []orders.Found {
 // prepared is tried once more unprepared: if that runs, it was the mix-up,
 // and the store falls back for good.
 func TestAdvShapeImpostorOfOtherParameterTypesFallsBack(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, c := range []struct {
 		name     string
@@ -407,6 +418,7 @@ func TestAdvShapeImpostorOfOtherParameterTypesFallsBack(t *testing.T) {
 // TestLookupFailingAfterACommittedClose, is the same: not taken for a
 // mix-up because a run unprepared then succeeds.)
 func TestAdvShapeDataExceptionOfTheBatchStaysTheBatchs(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name, func(t *testing.T) {

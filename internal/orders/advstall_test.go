@@ -20,6 +20,7 @@ import (
 // pool metrics) would wait for as long as the replies are held (until TCP
 // gives up, in production).
 func TestAdvPrepResetDuringAStallLeavesThePoolFree(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	_, db, _, px := testenv.PostgresViaProxy(t)
 	db.SetMaxOpenConns(2)

@@ -13,6 +13,7 @@ import (
 // TestCheckoutCreatePayCount: the demo checkout's three statements; a
 // second payment of the same order changes nothing.
 func TestCheckoutCreatePayCount(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := context.Background()
 	for i := range 3 {
@@ -39,6 +40,7 @@ func TestCheckoutCreatePayCount(t *testing.T) {
 
 // TestEnsureDatabaseTwice: the second call finds the database there.
 func TestEnsureDatabaseTwice(t *testing.T) {
+	t.Parallel()
 	name := "od_ensure_" + testenv.Name(t)
 	admin, _ := testenv.Postgres(t)
 	t.Cleanup(func() { admin.Exec("DROP DATABASE IF EXISTS " + name) })

@@ -32,6 +32,7 @@ import (
 // goes down. Each order's closing is logged by a trigger with its
 // transaction id, so "closed once" is read from the server.
 func TestLostCommitOfACuredRunIsSettledByTheServer(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		for _, reachable := range []bool{true, false} {
 			name := path.name + ", server out of reach"
@@ -39,6 +40,7 @@ func TestLostCommitOfACuredRunIsSettledByTheServer(t *testing.T) {
 				name = path.name + ", server reachable"
 			}
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				ctx := ctxT(t)
 				direct, directDSN := testenv.Postgres(t)
 				u, err := url.Parse(directDSN)

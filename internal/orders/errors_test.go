@@ -24,6 +24,7 @@ import (
 // transient; an error about this order's data is not. Codes, severities and
 // the driver's and database/sql's sentinel errors.
 func TestTransientByWhatTheErrorSays(t *testing.T) {
+	t.Parallel()
 	inTrigger := "PL/pgSQL function orders_guard() line 3 at EXECUTE"
 	tests := []struct {
 		name      string
@@ -113,6 +114,7 @@ func TestTransientByWhatTheErrorSays(t *testing.T) {
 }
 
 func TestRowLocked(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		err  error
 		want bool
@@ -134,6 +136,7 @@ func TestRowLocked(t *testing.T) {
 // TestTransientProvoked provokes each error on the real PostgreSQL and
 // classifies what lib/pq and database/sql actually return.
 func TestTransientProvoked(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		err       func(t *testing.T) error
@@ -153,6 +156,7 @@ func TestTransientProvoked(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			err := tt.err(t)
 			if err == nil {
 				t.Fatalf("the setup produced no error")
@@ -335,6 +339,7 @@ func deadlineBeforeCommit(t *testing.T) error {
 // A standby in recovery refuses BEGIN READ WRITE with 0A000 before any
 // statement ran: that is the database, not the order.
 func TestBeginErrorIsTransient(t *testing.T) {
+	t.Parallel()
 	err := &orders.BeginError{Err: &pq.Error{Code: "0A000", Message: "cannot set transaction read-write mode during recovery"}}
 	if !orders.Transient(err) {
 		t.Fatalf("Transient(%v) = false, want true", err)
@@ -348,6 +353,7 @@ func TestBeginErrorIsTransient(t *testing.T) {
 // (lc_messages); a 57014 that came because the caller's context ended is
 // the client's, and says nothing about the row.
 func TestTimedOutIsTheServersWhateverItsLanguage(t *testing.T) {
+	t.Parallel()
 	german := &pq.Error{Severity: "ERROR", Code: "57014", Message: "storniere Anfrage wegen Zeitüberschreitung der Anfrage"}
 	if !orders.TimedOut(german) || !orders.Contended(german) || !orders.Costly(german) {
 		t.Errorf("a statement timeout in German: TimedOut %v, Contended %v, Costly %v; want all true",

@@ -20,8 +20,10 @@ import (
 // take it out of the queue. The store must only trust the answer of the
 // server that ran the close.
 func TestLostCommitAnswerAfterFailoverIsNotTakenForCommitted(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
 			p := testenv.PrivatePostgresPair(t)
 			front, err := sqlx.Open("postgres", p.URL(p.Front.Addr()))
 			if err != nil {

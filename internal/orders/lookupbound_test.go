@@ -62,6 +62,7 @@ func preparedName(ctx context.Context, conn driver.Conn, q string) (string, erro
 // After an error the next Lookup, without faults, answers right: the
 // store recovers.
 func TestLookupRunsAtMostOncePlusItsCuresAndAProbe(t *testing.T) {
+	t.Parallel()
 	const (
 		stale = "stale" // another session alters the column the lookup returns
 		lost  = "lost"  // the session deallocates it
@@ -83,6 +84,7 @@ func TestLookupRunsAtMostOncePlusItsCuresAndAProbe(t *testing.T) {
 		{nil, 2, 0, ""},
 	} {
 		t.Run(fmt.Sprint(c.faults), func(t *testing.T) {
+			t.Parallel()
 			ctx := ctxT(t)
 			direct, dsn := testenv.Postgres(t)
 			db, h := testenv.CountingPool(t, dsn, 1)

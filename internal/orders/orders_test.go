@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,13 @@ import (
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
+
+// The tests mostly wait (on PostgreSQL: most make a database of their own),
+// so more of them run at once than there are cores.
+func TestMain(m *testing.M) {
+	testenv.SetDefaultParallel(4)
+	os.Exit(m.Run())
+}
 
 func ctxT(t *testing.T) context.Context {
 	t.Helper()
@@ -62,6 +70,7 @@ func sorted(s []string) []string {
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
 	db, dsn := testenv.Postgres(t)
 	// Start from an empty database: drop what the template brought.
 	if _, err := db.Exec(`DROP TABLE orders, orderdelay_close_outbox, orderdelay_tasks, orderdelay_task_log, ` + orders.MigrationsTable); err != nil {
@@ -87,6 +96,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 }
 
 func TestMigrateKeepsData(t *testing.T) {
+	t.Parallel()
 	db, dsn := testenv.Postgres(t)
 	insert(t, db, order{"keep", "pending", time.Hour})
 	if _, err := orders.Migrate(dsn); err != nil {
@@ -98,6 +108,7 @@ func TestMigrateKeepsData(t *testing.T) {
 }
 
 func TestSchemaRejectsUnknownStatus(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	_, err := db.Exec(`INSERT INTO orders (serial_no, status, expires_at) VALUES ('x', 'cancelled', now())`)
 	var pqErr *pq.Error
@@ -107,6 +118,7 @@ func TestSchemaRejectsUnknownStatus(t *testing.T) {
 }
 
 func TestCloseClosesOnlyPending(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	insert(t, db,
@@ -149,6 +161,7 @@ func TestCloseClosesOnlyPending(t *testing.T) {
 }
 
 func TestCloseEmptyInput(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db, order{"p1", "pending", -time.Minute})
 	s := orders.NewStore(db, orders.Statements{})
@@ -166,6 +179,7 @@ func TestCloseEmptyInput(t *testing.T) {
 // TestClosePaidWhileWaiting: a payment that commits while the close waits
 // for the row's lock wins; the close re-checks and leaves the order alone.
 func TestClosePaidWhileWaiting(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	insert(t, db, order{"race", "pending", -time.Minute})
@@ -229,6 +243,7 @@ func waitBlockedBy(t *testing.T, db *sqlx.DB, pid int) {
 }
 
 func TestLookupReturnsExistingOnlyAndWhetherPending(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db,
 		order{"pending", "pending", time.Hour},
@@ -250,6 +265,7 @@ func TestLookupReturnsExistingOnlyAndWhetherPending(t *testing.T) {
 // A close whose fence drops a serial is rolled back and redone without it:
 // the dropped serial stays pending, the others close.
 func TestCloseFenceDropsAreNeverCommitted(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
 			db, _ := testenv.Postgres(t)
@@ -291,6 +307,7 @@ func TestCloseFenceDropsAreNeverCommitted(t *testing.T) {
 // With SetTimeouts a close that waits on a row lock is cut by the server
 // (55P03), not by the client, so nothing is left in doubt.
 func TestCloseTimeoutsAreTheServers(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
 			db, _ := testenv.Postgres(t)
@@ -315,6 +332,7 @@ func TestCloseTimeoutsAreTheServers(t *testing.T) {
 }
 
 func TestVerify(t *testing.T) {
+	t.Parallel()
 	const (
 		closeSetting   = "ORDERDELAY_CLOSE_SQL"
 		lookupSetting  = "ORDERDELAY_LOOKUP_SQL"
@@ -356,6 +374,7 @@ WHERE (expires_at, serial_no) > ($3::timestamptz, $4::text) AND $1::bigint > 0 L
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			db, _ := testenv.Postgres(t)
 			err := orders.NewStore(db, tt.stmts).Verify(ctxT(t))
 			if tt.wantSetting == "" {
@@ -381,6 +400,7 @@ WHERE (expires_at, serial_no) > ($3::timestamptz, $4::text) AND $1::bigint > 0 L
 // TestVerifyChangesNoData: Verify runs the statements, so a statement that
 // writes regardless of its input must still leave the data as it was.
 func TestVerifyChangesNoData(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db, order{"a", "pending", -time.Hour}, order{"b", "pending", -time.Hour})
 	s := orders.NewStore(db, orders.Statements{
@@ -399,6 +419,7 @@ func TestVerifyChangesNoData(t *testing.T) {
 }
 
 func TestOverdue(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db,
 		order{"d10", "pending", -10 * time.Minute},
@@ -454,6 +475,7 @@ func serialsOf(rows []orders.OverdueOrder) []string {
 // neither repeated nor skipped at a page boundary, and a page of rows the
 // caller leaves alone does not hide the rows behind it.
 func TestOverduePagesByKeyset(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	// Seven orders share one deadline to the microsecond; two are older, two
@@ -508,6 +530,7 @@ func TestOverduePagesByKeyset(t *testing.T) {
 // reconciler the partial index on pending expires_at (a table scan every
 // page on a table of millions of orders).
 func TestOverdueUsesThePendingIndex(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	tx, err := db.BeginTxx(ctx, nil)
@@ -539,6 +562,7 @@ func TestOverdueUsesThePendingIndex(t *testing.T) {
 }
 
 func TestOverdueSkipsLockedRows(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	insert(t, db,
@@ -587,6 +611,7 @@ func TestOverdueSkipsLockedRows(t *testing.T) {
 // TestReconcilerPass is what the reconciler does in one transaction: find
 // overdue orders and close them, on the same transaction.
 func TestReconcilerPass(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	insert(t, db, order{"old", "pending", -time.Hour}, order{"new", "pending", -time.Second})
@@ -616,6 +641,7 @@ func TestReconcilerPass(t *testing.T) {
 }
 
 func TestStatementResultNULL(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	s := orders.NewStore(db, orders.Statements{Lookup: `SELECT NULL::text, true FROM unnest($1::text[])`})
 	_, err := s.Lookup(ctxT(t), []string{"a"})
@@ -625,6 +651,7 @@ func TestStatementResultNULL(t *testing.T) {
 }
 
 func TestTransientRealErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		err       func(t *testing.T) error
@@ -643,6 +670,7 @@ func TestTransientRealErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			err := tt.err(t)
 			if err == nil {
 				t.Fatalf("the setup produced no error")
@@ -740,6 +768,7 @@ func terminatedConn(t *testing.T) *sqlx.Conn {
 }
 
 func TestTransientClassification(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		err       error
 		transient bool
@@ -786,6 +815,7 @@ func TestTransientClassification(t *testing.T) {
 // SchemaVersion must be the number of the newest embedded migration, or the
 // start-up schema check warns on an up-to-date database.
 func TestSchemaVersionMatchesMigrations(t *testing.T) {
+	t.Parallel()
 	entries, err := fs.ReadDir(orders.MigrationFiles(), ".")
 	if err != nil {
 		t.Fatal(err)
@@ -808,8 +838,10 @@ func TestSchemaVersionMatchesMigrations(t *testing.T) {
 // after an outage: transient), and says how many orders are in doubt, so
 // the daemon can count them apart from the closes it confirmed.
 func TestCloseWhoseCommitCannotBeConfirmedIsInDoubt(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
 			db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 			insert(t, db, order{"unheard-1", "pending", -time.Hour}, order{"unheard-2", "pending", -time.Hour})
 			s := orders.NewStore(viaProxy, orders.Statements{})
@@ -853,8 +885,10 @@ func TestCloseWhoseCommitCannotBeConfirmedIsInDoubt(t *testing.T) {
 // closed — the store asks the server what became of the transaction —
 // rather than failing and being counted as "settled" on its retry.
 func TestCloseWhoseCommitAnswerIsLostIsStillReported(t *testing.T) {
+	t.Parallel()
 	for _, path := range closePaths {
 		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
 			db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 			insert(t, db, order{"unheard", "pending", -time.Hour})
 			s := orders.NewStore(viaProxy, orders.Statements{})

@@ -34,6 +34,7 @@ func setting(t *testing.T, db *sqlx.DB, name string) string {
 }
 
 func TestOpenSetsServerTimeoutsOnEveryConnection(t *testing.T) {
+	t.Parallel()
 	_, dsn := testenv.Postgres(t)
 	tests := []struct {
 		o               orders.PoolOptions
@@ -86,6 +87,7 @@ func TestOpenSetsServerTimeoutsOnEveryConnection(t *testing.T) {
 // A DSN that sets the same keys is overridden: the order pool's timeouts
 // are the daemon's contract with the consumer's deadlines.
 func TestOpenOverridesTimeoutsInTheDSN(t *testing.T) {
+	t.Parallel()
 	_, dsn := testenv.Postgres(t)
 	db := openPool(t, dsn+"&statement_timeout=0&lock_timeout=0", orders.PoolOptions{MaxConns: 1, StatementTimeout: time.Second})
 	if st, lt := setting(t, db, "statement_timeout"), setting(t, db, "lock_timeout"); st != "1s" || lt != "250ms" {
@@ -97,6 +99,7 @@ func TestOpenOverridesTimeoutsInTheDSN(t *testing.T) {
 // statement timeout is cancelled by the server (57014, nothing committed)
 // while the caller's own deadline is still far away.
 func TestPoolStatementTimeoutIsTheServers(t *testing.T) {
+	t.Parallel()
 	admin, dsn := testenv.Postgres(t)
 	insert(t, admin, order{"slow", "pending", -time.Minute})
 	admin.MustExec(`CREATE FUNCTION orders_slow() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -129,6 +132,7 @@ func TestPoolStatementTimeoutIsTheServers(t *testing.T) {
 // TestPoolLockTimeoutFailsFast: a close waiting on a row someone holds gets
 // 55P03 after lock_timeout, not 57014 after the whole statement timeout.
 func TestPoolLockTimeoutFailsFast(t *testing.T) {
+	t.Parallel()
 	admin, dsn := testenv.Postgres(t)
 	insert(t, admin, order{"held", "pending", -time.Minute}, order{"free", "pending", -time.Minute})
 	holdRow(t, admin, "held")
@@ -155,6 +159,7 @@ func TestPoolLockTimeoutFailsFast(t *testing.T) {
 // connection opening, whatever the server says (here 3D000, which would
 // be permanent in a statement).
 func TestOpenConnectErrorIsTransient(t *testing.T) {
+	t.Parallel()
 	db := openPool(t, testenv.DatabaseURL("odtest_no_such_database"), orders.PoolOptions{MaxConns: 1, StatementTimeout: time.Second})
 	_, err := orders.NewStore(db, orders.Statements{}).Close(ctxT(t), []string{"a"}, nil)
 	var ce *orders.ConnectError

@@ -80,6 +80,7 @@ func pendingOrders(t *testing.T, db *sqlx.DB, prefix string, n int) []string {
 // round trip of Parse/Describe and the planning of a fresh statement are
 // saved on every later batch).
 func TestBatchStatementsArePreparedOncePerConnection(t *testing.T) {
+	t.Parallel()
 	const batches = 8
 	ctx := ctxT(t)
 	custom := orders.DefaultLookupSQL + " "
@@ -165,6 +166,7 @@ func batch(t *testing.T, ctx context.Context, db *sqlx.DB, s *orders.Store, pref
 // and the batch runs at once, without an error reaching the caller (which
 // would take a 0A000 for this batch's data and split it).
 func TestPreparedStatementsSurviveAlteredTable(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name, func(t *testing.T) {
@@ -238,6 +240,7 @@ func loggedCode(e observer.LoggedEntry) string {
 // before the store's. The store falls back to unprepared statements, says
 // why once at Warn, and no batch fails, then or later.
 func TestPreparedStatementsFallBackBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name+", lost (26000)", func(t *testing.T) {
@@ -296,6 +299,7 @@ func checkFellBack(t *testing.T, db *sqlx.DB, logs *observer.ObservedLogs, code 
 // A connection that dies takes its prepared statements with it: the pool
 // dials another and the statements are prepared there on first use.
 func TestPreparedStatementsOnANewConnection(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name, func(t *testing.T) {
@@ -415,6 +419,7 @@ func BenchmarkSettle500(b *testing.B) {
 // nothing in the session: every batch sends its statements unprepared, as
 // lib/pq does a query with parameters, and still closes and looks up.
 func TestUnpreparedStoreLeavesNoStatementInTheSession(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		t.Run(p.name, func(t *testing.T) {

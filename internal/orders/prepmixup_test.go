@@ -60,6 +60,7 @@ func preparedInSession(t *testing.T, db *sqlx.DB) []preparedHere {
 // instead, exactly as PostgreSQL has them; then the call that binds that
 // name runs.
 func TestPreparedStatementMixUpBehindAPoolerIsAnErrorNotAnotherStatement(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	for _, p := range prepPaths {
 		// Learn the statements of this path, as one batch prepares them.
@@ -75,7 +76,10 @@ func TestPreparedStatementMixUpBehindAPoolerIsAnErrorNotAnotherStatement(t *test
 					continue
 				}
 				name := fmt.Sprintf("%s: %.30q bound to %.30q", p.name, victim.statement, impostor.statement)
-				t.Run(name, func(t *testing.T) { mixUp(t, ctxT(t), p.stmts, victim, impostor) })
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					mixUp(t, ctxT(t), p.stmts, victim, impostor)
+				})
 			}
 		}
 	}
@@ -89,6 +93,7 @@ func TestPreparedStatementMixUpBehindAPoolerIsAnErrorNotAnotherStatement(t *test
 // back. Before, the error reached the caller as the database's (class 08),
 // and the batch backed off for as long as the pooler kept mixing them up.
 func TestPreparedStatementBoundToFewerColumnsFallsBack(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	db := oneConn(t)
 	s := orders.NewStore(db, orders.Statements{})
@@ -106,6 +111,7 @@ func TestPreparedStatementBoundToFewerColumnsFallsBack(t *testing.T) {
 // unprepared, said once at Info, and is not offered to PostgreSQL again on
 // every batch.
 func TestLookupThatCannotBeShapedRunsUnprepared(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	db := oneConn(t)
 	lookup := `WITH touched AS (UPDATE orders SET status = status WHERE false RETURNING 1)

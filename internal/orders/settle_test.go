@@ -37,6 +37,7 @@ var closePaths = []struct {
 }
 
 func TestSettleAnswersForEverySerial(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db,
 		order{"p1", "pending", -time.Minute},
@@ -76,6 +77,7 @@ func TestSettleAnswersForEverySerial(t *testing.T) {
 // Settle then knows only what it closed, and everything else is Unknown
 // (the caller asks the lookup).
 func TestSettleWithCustomStatementsIsTheCloseStatement(t *testing.T) {
+	t.Parallel()
 	for _, stmts := range []orders.Statements{
 		{Close: orders.DefaultCloseSQL + " "},
 		{Lookup: `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1::text[])`},
@@ -99,6 +101,7 @@ func TestSettleWithCustomStatementsIsTheCloseStatement(t *testing.T) {
 // was pending in the statement's snapshot, so it cannot say it is settled:
 // it is Unknown, and the caller's lookup (a new snapshot) sees it paid.
 func TestSettlePaidWhileWaitingIsUnknownNotClosed(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	insert(t, db, order{"race", "pending", -time.Minute}, order{"free", "pending", -time.Minute})
@@ -154,6 +157,7 @@ func payInTx(t *testing.T, db *sqlx.DB, serial string) (*sqlx.Tx, int) {
 // statement's serials come back blank-padded and are trimmed, as the close
 // and lookup statements' are.
 func TestSettleBlankPaddedSerials(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	if _, err := db.Exec(`ALTER TABLE orders ALTER COLUMN serial_no TYPE char(24)`); err != nil {
 		t.Fatal(err)
@@ -171,6 +175,7 @@ func TestSettleBlankPaddedSerials(t *testing.T) {
 // COMMIT: anything it must not return is ErrBadResult, and nothing
 // commits.
 func TestSettleMalformedResults(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ name, sql string }{
 		{"NULL serial", `SELECT NULL::text, false, false, NULL::bigint, NULL::text FROM unnest($1::text[])`},
 		{"NULL closed flag", `SELECT s, NULL::bool, true, NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
@@ -189,6 +194,7 @@ func TestSettleMalformedResults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			db, _ := testenv.Postgres(t)
 			insert(t, db, order{"a", "pending", -time.Minute}, order{"b", "pending", -time.Minute})
 			s := orders.NewStore(db, orders.Statements{})
@@ -216,6 +222,7 @@ func TestSettleMalformedResults(t *testing.T) {
 // DryRun and WithOutbox define Settle themselves: a promoted Store.Settle
 // would commit a dry run, or close without recording the events.
 func TestSettleDryRunAndOutbox(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	insert(t, db, order{"p1", "pending", -time.Minute}, order{"paid", "paid", -time.Minute})
 	s := orders.NewStore(db, orders.Statements{})
@@ -254,6 +261,7 @@ func equalOutcome(a, b orders.Outcome) bool {
 // key, which takes the array in index order — rows are locked in serial
 // order at every batch size, as the dropped FOR UPDATE pass did.
 func TestSettleUpdatesThroughThePrimaryKey(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	if _, err := db.Exec(`INSERT INTO orders (serial_no, status, expires_at)
 		SELECT format('S-%s', lpad(i::text, 8, '0')), CASE WHEN i % 10 = 0 THEN 'paid' ELSE 'pending' END, now()
@@ -284,6 +292,7 @@ func TestSettleUpdatesThroughThePrimaryKey(t *testing.T) {
 // reference table changed under the default statements is refused at
 // start, not on every batch.
 func TestVerifyChecksTheOneStatement(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	s := orders.NewStore(db, orders.Statements{})
 	if err := s.Verify(ctxT(t)); err != nil {

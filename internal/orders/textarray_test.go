@@ -12,6 +12,7 @@ import (
 // textArray must send exactly what pq.Array sent before it: the statements
 // (and custom ones) read $1 as text[] in PostgreSQL's array syntax.
 func TestTextArrayEncodesAsPqStringArray(t *testing.T) {
+	t.Parallel()
 	cases := [][]string{
 		nil, {}, {""}, {"a"}, {"ORD-1", "ORD-2"},
 		{`a"b`, `c\d`, `\"`, `""`, `\\`, `{x}`, "a,b", " lead", "trail ", "NULL", "null", "订单-🛒", "'; DROP TABLE orders; --"},

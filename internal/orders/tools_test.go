@@ -15,6 +15,7 @@ import (
 // of the pending orders it names, by whole milliseconds, and counts them;
 // paid and closed orders, orders not named and serials without a row stay.
 func TestExtendPendingMovesOnlyPendingRows(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	insert(t, db,
@@ -60,6 +61,7 @@ func expiries(t *testing.T, db interface {
 // every pending order once, in serial order, skipping settled ones, and an
 // empty page ends the walk.
 func TestPendingPageWalksPendingOrdersBySerial(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	var want []string
@@ -103,6 +105,7 @@ func TestPendingPageWalksPendingOrdersBySerial(t *testing.T) {
 // TestGetRowReadsTheRowOrSaysThereIsNone: the order report's row, with
 // its nullable columns; sql.ErrNoRows for a serial without a row.
 func TestGetRowReadsTheRowOrSaysThereIsNone(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	insert(t, db, order{"g-pending", "pending", time.Hour}, order{"g-paid", "paid", -time.Minute})

@@ -15,6 +15,7 @@ import (
 // transaction does not get the lock, without waiting, while the first
 // holds it; once the first ends, it does.
 func TestTryAdvisoryXactLockHeldUntilTheTransactionEnds(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	const key = 7134920051
@@ -61,6 +62,7 @@ func TestTryAdvisoryXactLockHeldUntilTheTransactionEnds(t *testing.T) {
 // clears a failed statement's error state, the savepoint staying set;
 // releasing keeps the work and forgets the savepoint (3B001 after).
 func TestSavepoints(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ctx := ctxT(t)
 	tx, err := db.BeginTxx(ctx, nil)

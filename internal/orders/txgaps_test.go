@@ -63,6 +63,7 @@ func alterQueued(t *testing.T, ctx context.Context, other *sqlx.DB, ddl string) 
 // third round the cures are spent: the call returns the 0A000, which is
 // Transient (no attempt spent, no split), and nothing commits.
 func TestFenceDropThenStalePlanRunsAgainWithoutTheDropped(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	ddls := []string{
 		`ALTER TABLE orders ALTER COLUMN serial_no TYPE varchar(128)`,
@@ -182,6 +183,7 @@ func (q afterDeadline) QueryContext(ctx context.Context, query string, args ...a
 // it was permanent: the consumer split the batch over it, and
 // dead-lettered an order alone.
 func TestErrorAfterTheCallsContextEndedIsTheContexts(t *testing.T) {
+	t.Parallel()
 	parent := ctxT(t)
 	db, _ := testenv.Postgres(t)
 	s := orders.NewStore(db, orders.Statements{})
