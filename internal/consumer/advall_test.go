@@ -24,6 +24,7 @@ import (
 // six came back together to do it again: the five good orders were never
 // closed and the poisonous one never isolated (invariant 6).
 func TestAdvSplitCutByTheBatchBudgetStillIsolatesThePoison(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	now := e.RedisNow()
 	poison := e.Orders("poison", 1, now.Add(-time.Minute))

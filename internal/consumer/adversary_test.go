@@ -56,6 +56,7 @@ func (p *pausingStore) Settle(ctx context.Context, serials []string, fence order
 // spend attempts, or at least never dead-letter, for 55P03 on a row whose
 // order is otherwise closable (back off with the cap instead).
 func TestAdversaryStalledReplicaBeforeCommitNeverDeadLettersTheOrder(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	e.Store.SetTimeouts(5*time.Second, 50*time.Millisecond)
 	ctx := context.Background()
@@ -112,6 +113,7 @@ func TestAdversaryStalledReplicaBeforeCommitNeverDeadLettersTheOrder(t *testing.
 // fails with an error about the database, not the order, yet the batch is
 // bisected and every order in it dead-lettered.
 func TestAdversaryReadOnlyDatabaseDeadLettersNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -152,6 +154,7 @@ CREATE TRIGGER standby BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION sta
 // (PostgreSQL ignores it when comparing), in the close, lookup and overdue
 // results alike.
 func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	if _, err := e.DB.Exec(`CREATE TABLE shop_orders (serial_no char(24) PRIMARY KEY,
@@ -208,6 +211,7 @@ func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
 // and commits the close: the order is both closed and dead-lettered.
 // Fixed: burying a queue entry drops the serial's lease or backoff too.
 func TestAdversaryOutOfRangeRewriteDuringLeaseIsClosedAnyway(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -321,12 +325,14 @@ func (e *env) assertNoEntries(t *testing.T, s string) {
 // drops S (token gone) and rolls back; B closes. Once closed, once counted,
 // nothing left in Redis.
 func TestAdversaryHoldsStallBeforeFence(t *testing.T) {
+	t.Parallel()
 	testStall(t, false)
 }
 
 // As above, but A stops after its fence said yes, before COMMIT: A commits,
 // B's close re-checks the row and finds it closed (settled, not counted).
 func TestAdversaryHoldsStallAfterFence(t *testing.T) {
+	t.Parallel()
 	testStall(t, true)
 }
 
@@ -373,6 +379,7 @@ func testStall(t *testing.T, afterFence bool) {
 // A raw ZADD of the same due deadline while A holds S: B takes it over, A's
 // fence drops it, B closes it: closed once, counted once, nothing left.
 func TestAdversaryHoldsTakeoverClosesOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -406,6 +413,7 @@ func TestAdversaryHoldsTakeoverClosesOnce(t *testing.T) {
 // A raw ZADD an hour ahead during the lease, then shutdown hands the claim
 // back: ZADD NX keeps the producer's deadline.
 func TestAdversaryHoldsHandBackKeepsRawReschedule(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -431,6 +439,7 @@ func TestAdversaryHoldsHandBackKeepsRawReschedule(t *testing.T) {
 // An API cancel during the lease (the order was paid, or the shop called
 // it off): the close is fenced out, nothing is left in Redis.
 func TestAdversaryHoldsCancelDuringLease(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -478,6 +487,7 @@ func (h failScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // The close commits, then removing the entry fails: it comes back when the
 // lease expires, is settled then, and the close is counted once.
 func TestAdversaryHoldsFinishFailsAfterCommit(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -522,6 +532,7 @@ func TestAdversaryHoldsFinishFailsAfterCommit(t *testing.T) {
 // Fixed: a consumer of a Group also asks the serial's other key (the queue
 // key, or its shard) for a later deadline before it commits.
 func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	all := e.ShardKeys(2)
@@ -577,6 +588,7 @@ func TestAdversaryShardedRawRescheduleInQueueKeyIsIgnored(t *testing.T) {
 // the very token A holds, and A's fence, finish, retry and bury all take
 // B's lease for A's: here A closes S while B's lease holds.
 func TestAdversarySameOwnerTwoReplicasShareTokens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)

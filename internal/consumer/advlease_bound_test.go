@@ -102,6 +102,7 @@ func (e *env) leaseBatches(batches, size, left int) {
 // member at a time): they hold 1,800, but their lists name 6,000. The
 // gauges read at most 2,000 records.
 func TestAdvLeaseStatsReadBoundedRecordsOfPartlySettledBatches(t *testing.T) {
+	t.Parallel()
 	e, addr := privateEnv(t)
 	e.leaseBatches(12, 500, 150)
 	var st queue.Stats
@@ -124,6 +125,7 @@ func TestAdvLeaseStatsReadBoundedRecordsOfPartlySettledBatches(t *testing.T) {
 // counting it off the batch) and nothing else: a claim of 500 reads at
 // most twice its limit in records, and later claims drop the rest.
 func TestAdvLeaseClaimReadsBoundedRecordsOfExpiredBatches(t *testing.T) {
+	t.Parallel()
 	e, addr := privateEnv(t)
 	ctx := context.Background()
 	e.leaseBatches(20, 500, 1)

@@ -36,6 +36,7 @@ import (
 //     serial in {Q}:inflight, where a per-member-only claim finds it;
 //   - once everything is settled, no lease key holds anything.
 func TestAdvLeaseModelRandomWorkload(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	for round := range 8 {

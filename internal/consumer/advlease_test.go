@@ -27,6 +27,7 @@ import (
 // its data): the batch is split until it is alone, it is dead-lettered, the
 // rest closes, and the batch lease goes with its members.
 func TestAdvLeasePoisonMemberLeavesTheBatchAlone(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -63,6 +64,7 @@ func TestAdvLeasePoisonMemberLeavesTheBatchAlone(t *testing.T) {
 // the member B has not taken yet; B closes its two; nothing closes twice,
 // the backoff stays, and no batch field is left behind.
 func TestAdvLeasePartlyFinishedBatchReclaimedInPartsWhileItsHolderWorks(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -136,6 +138,7 @@ func cmpStr(a, b string) int {
 // new batch; then T expires with its member list still naming it. C's
 // re-claim of T takes only T's other member: the retried one is B's.
 func TestAdvLeaseRetriedMemberIsNotReclaimedFromItsOldBatch(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -185,6 +188,7 @@ func TestAdvLeaseRetriedMemberIsNotReclaimedFromItsOldBatch(t *testing.T) {
 // until its lease expires; it never makes the holder close the moved
 // member, nor the gauges count it twice, nor does it leak.
 func TestAdvLeaseBatchCountingAMemberMovedByAnOlderVersion(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -245,6 +249,7 @@ func TestAdvLeaseBatchCountingAMemberMovedByAnOlderVersion(t *testing.T) {
 // The reconciler leaves orders under a batch lease alone (they are the
 // fast path's), and the overdue gauges and GET read their true deadline.
 func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-10 * time.Minute)
@@ -283,6 +288,7 @@ func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
 // downgrade) would close them by neither path; only a batch-aware claim
 // takes them back, and closes them.
 func TestAdvLeaseExpiredBatchIsClosedByAClaimNotTheReconciler(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-10 * time.Minute)

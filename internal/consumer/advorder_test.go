@@ -16,6 +16,7 @@ import (
 // open, with the producers' entries queued at their deadlines; the others
 // close; the contended row backs off with no attempt spent.
 func TestOrderByOrderWalkKeepsEveryFence(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)

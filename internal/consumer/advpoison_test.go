@@ -207,12 +207,14 @@ func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]i
 // it). The producer's deadline must win: the order is not closed, its
 // entry shows the new deadline, and no claim takes it before then.
 func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		how     string
 		nPoison int // 2: the rest goes back untried; 1: the moved order is tried after the slow row (the fence drops it)
 	}{{"zadd", 2}, {"client", 2}, {"zadd", 1}, {"client", 1}} {
 		how := tc.how
 		t.Run(fmt.Sprintf("%s after %d slow rows", tc.how, tc.nPoison), func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, orderStatements())
 			const st = time.Second // the producer acts while a slow row runs: a window wide enough for a loaded machine
 			e.Store.SetTimeouts(st, st/2)
@@ -269,6 +271,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 // now holds (compare-and-set on the lease): they stay leased by B, who
 // closes the good ones; nothing lost, nothing closed twice.
 func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	e.closeAudit()
 	const st = time.Second // B takes over while a slow row runs: a window wide enough for a loaded machine
@@ -313,6 +316,7 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 // deadlines, the rows held are backing off; nothing is lost, nothing
 // spent, PostgreSQL not marked down.
 func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	const st = time.Second // shutdown comes while a slow row runs: a window wide enough for a loaded machine
 	e.Store.SetTimeouts(st, st/2)
@@ -346,6 +350,7 @@ func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
 // two workers, real retry delays): every good order closes in bounded
 // time, the poison rows stay, no attempt spent.
 func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		poison func(i int) bool
@@ -356,6 +361,7 @@ func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
 		{"eight poison rows first", func(i int) bool { return i < 8 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, orderStatements())
 			const st = 100 * time.Millisecond
 			e.Store.SetTimeouts(st, st/2)
@@ -414,6 +420,7 @@ func TestAdvPoisonBulkEnqueueWithOneDeadline(t *testing.T) {
 // statement timeout to send it after BEGIN's answer) proves nothing either
 // way and is run again.
 func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
+	t.Parallel()
 	e, px := newProxiedEnv(t)
 	const st = 200 * time.Millisecond
 	e.Store.SetTimeouts(st, st/2)
@@ -500,6 +507,7 @@ func newProxiedEnv(t *testing.T) (*env, *testenv.Proxy) {
 // PostgreSQL is marked down (the dependency backoff), whatever the
 // isolation was doing; nothing is lost, no attempt spent.
 func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
+	t.Parallel()
 	const st = 200 * time.Millisecond
 	for _, tc := range []struct {
 		name  string
@@ -511,6 +519,7 @@ func TestAdvPoisonOutageStillBacksOff(t *testing.T) {
 		{"stall before the batch", 0, func(px *testenv.Proxy) { px.Stall(10 * st) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			e, px := newProxiedEnv(t)
 			e.Store.SetTimeouts(st, st/2)
 			poison, good := e.poisonBatch(1, 6)
@@ -564,6 +573,7 @@ func (h *countCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 // finish — and the ordered hand-back adds none: 10 orders and 200 send
 // as many.
 func TestAdvPoisonNoTimeoutPathRedisCommandsDoNotGrowWithTheBatch(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	count := func(prefix string, n int) int64 {

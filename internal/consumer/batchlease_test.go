@@ -35,6 +35,7 @@ func (e *env) assertNoLeaseKeys(t *testing.T) {
 // A claim writes one lease entry for the batch and one record per member,
 // no per-member sorted-set entries; GET, the gauges and a finish see it.
 func TestBatchLeaseIsOneEntryPerClaim(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Minute)
@@ -72,6 +73,7 @@ func TestBatchLeaseIsOneEntryPerClaim(t *testing.T) {
 // rescheduled one waits at the producer's deadline, and the batch goes
 // with its last member.
 func TestBatchLeaseProducerMovesOneMember(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -112,6 +114,7 @@ func TestBatchLeaseProducerMovesOneMember(t *testing.T) {
 // per-member backoff from then on), the last is handed back; the batch
 // counts what it still holds and goes with the last.
 func TestBatchLeasePartialFinish(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -157,6 +160,7 @@ func TestBatchLeasePartialFinish(t *testing.T) {
 // than the batch while A still works: A's fence drops every member (its
 // token is gone), nothing is claimed twice, B closes each order once.
 func TestExpiredBatchLeaseReclaimedWhileOldHolderFences(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -212,6 +216,7 @@ func TestExpiredBatchLeaseReclaimedWhileOldHolderFences(t *testing.T) {
 // A raw ZADD re-adds a member of an expired batch: the queue key's
 // deadline decides; the stale lease is dropped and not re-claimed.
 func TestExpiredBatchMemberRewrittenByRawProducer(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -242,6 +247,7 @@ func TestExpiredBatchMemberRewrittenByRawProducer(t *testing.T) {
 // go); an unexpired one stays its holder's, who finishes it with the same
 // compare-and-set; the gauges count both layouts.
 func TestPerMemberLeasesOfAnOlderDaemon(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	now := e.RedisNow()
@@ -291,6 +297,7 @@ func TestPerMemberLeasesOfAnOlderDaemon(t *testing.T) {
 // when nothing is due: a head at -1 or -inf (a raw producer's junk) is
 // still due, and dead-lettered, not taken for an empty queue.
 func TestClaimHeadCheckKeepsNegativeScoresDue(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: -1, Member: "neg-one"}).Err(); err != nil {

@@ -18,6 +18,7 @@ import (
 )
 
 func TestClaimIsAtomicAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	now := e.RedisNow()
 	serials := make([]string, 5000)
@@ -72,6 +73,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 func orderStatements() orders.Statements { return orders.DefaultStatements() }
 
 func TestClaimTakesNothingBeforeItsDeadline(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	now := e.RedisNow()
 	e.Enqueue([]string{"future-1"}, now.Add(2*time.Second))
@@ -94,6 +96,7 @@ func TestClaimTakesNothingBeforeItsDeadline(t *testing.T) {
 }
 
 func TestClaimDeadLettersMalformedEntries(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	now := e.RedisNow()
@@ -156,6 +159,7 @@ func TestClaimDeadLettersMalformedEntries(t *testing.T) {
 }
 
 func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	deadline := e.RedisNow().Add(-1500 * time.Millisecond)
@@ -196,6 +200,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 }
 
 func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	e.Enqueue([]string{"resched-1", "resched-2"}, e.RedisNow().Add(-time.Second))
@@ -223,6 +228,7 @@ func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
 }
 
 func TestIdempotentEnqueueDuringLeaseDoesNotDuplicate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	deadline := e.RedisNow().Add(-time.Second)
@@ -244,6 +250,7 @@ func TestIdempotentEnqueueDuringLeaseDoesNotDuplicate(t *testing.T) {
 }
 
 func TestExpiredLeaseIsReclaimed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	deadline := e.RedisNow().Add(-time.Second)

@@ -30,6 +30,7 @@ import (
 // until the reconciler's grace). The claim now runs without the client's
 // retry.
 func TestClaimWhoseReplyIsLostComesBackWhenItsLeaseExpires(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		retries int

@@ -82,6 +82,7 @@ func counted(m *metrics.Metrics) float64 {
 // counters must sum to the audit: no close counted twice, none that did
 // not commit.
 func TestClosedCountEqualsTheAuditUnderFaults(t *testing.T) {
+	t.Parallel()
 	seed := rand.Uint64() % 1_000_000
 	if v, err := strconv.ParseUint(os.Getenv("ORDERDELAY_SOAK_SEED"), 10, 64); err == nil {
 		seed = v
@@ -378,6 +379,7 @@ func (l *lostCommitAnswer) Settle(ctx context.Context, serials []string, fence o
 // counted once, its entries removed. The serials written again and claimed
 // later are settled: nothing more is counted.
 func TestLostCommitAnswerIsCountedOnce(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 	e.DB = db
@@ -423,6 +425,7 @@ func TestLostCommitAnswerIsCountedOnce(t *testing.T) {
 // orderdelay_orders_in_doubt_total says how many may have: with it the
 // counters bound the audit from both sides.
 func TestUnconfirmedCommitIsCountedInDoubt(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	db, viaProxy, _, px := testenv.PostgresViaProxy(t)
 	e.DB = db

@@ -25,6 +25,7 @@ import (
 // agree, a new task never exceeds the cap, an existing one is never
 // refused, nothing is claimed early or by two holders at once.
 func TestAdvComboRandomWorkload(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	for round := range 10 {
@@ -318,6 +319,7 @@ func comboRun(t *testing.T, seed uint64, steps int) {
 // match the processing list, an id is never held by two consumers, and
 // every item of the ready and processing lists is accounted for.
 func TestAdvComboReliableListWorkload(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	for round := range 10 {
@@ -461,6 +463,7 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 // webhook actions' finish removed it, and the re-added task ran with a
 // null payload.
 func TestAdvFinishKeepsThePayloadOfARawReAdd(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	e.putDue("x", `{"v":1}`)
@@ -490,6 +493,7 @@ func TestAdvFinishKeepsThePayloadOfARawReAdd(t *testing.T) {
 // missing, the lease companions agree, and nothing the producer wrote
 // during the run is lost.
 func TestAdvComboDaemonActionWorkload(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	for round := range 8 {
@@ -612,6 +616,7 @@ func comboActionRun(t *testing.T, seed uint64, steps int) {
 // dead-letters them, and requeue, purge and delete run in between. No
 // payload is orphaned or missing after any step.
 func TestAdvComboStreamWorkload(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	for round := range 8 {

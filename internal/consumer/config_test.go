@@ -17,6 +17,7 @@ import (
 // unknown kind, a worker budget with no room — and accepts the four
 // handlers as the daemon and the task queues build them.
 func TestNewRefusesConfigsThatCannotWork(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	process := func(context.Context, []Task) []error { return nil }
 	stream := &Forward{Kind: "stream", Queue: "jobs"}

@@ -22,6 +22,7 @@ import (
 // cause, the batch is closed order by order, and every order closes in
 // this round, none dead-lettered, no attempt spent.
 func TestRealDeadlockWithAShopJobLosesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	// The lock timeout must outlast deadlock_timeout (1s) for the cycle to
 	// be found rather than cut.

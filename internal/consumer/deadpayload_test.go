@@ -16,6 +16,7 @@ import (
 // stay for the dead letter (the latest one written for the id), not leave
 // the dead letter with none.
 func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name     string
 		complete func(e *env) // runs the re-put task "x" to completion
@@ -82,6 +83,7 @@ func TestALiveTaskCompletingLeavesTheDeadLetterItsPayload(t *testing.T) {
 // the payload field is the dead letter's alone and goes with it; after the
 // ack nothing is left.
 func TestOperatorPurgeWhileTheIDIsTakenLeavesNoOrphan(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"ids", "before"} {
 		t.Run(how, func(t *testing.T) {
 			e := newRedisEnv(t)

@@ -44,6 +44,7 @@ func (e *env) snapshot(k queue.Keys) map[string]string {
 // replica holds under a lease. No order is closed, none is dead-lettered,
 // and the would-close count is the pending due orders.
 func TestDryRunHandlerChangesNothingOnAnyPath(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	now := e.RedisNow()

@@ -41,6 +41,7 @@ func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // normal run costs (one head read per check, no script), and it still
 // notices a raw producer's new deadline.
 func TestDryRunHeadCheckDoesNotPeekAgain(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	now := e.RedisNow()
 	due := e.Orders("dry", 1, now.Add(-time.Second))

@@ -93,9 +93,11 @@ func (e *env) closedAt(serial string) time.Time {
 // rolls back, the order stays pending, nothing is counted, and the order
 // closes at the new deadline, not before.
 func TestRescheduleBeforeTheFenceIsHonoured(t *testing.T) {
+	t.Parallel()
 	for _, point := range []string{"statement", "fence"} {
 		for name := range (&env{}).reschedulers() {
 			t.Run(point+"/"+name, func(t *testing.T) {
+				t.Parallel()
 				e := newEnv(t, orderStatements())
 				ctx := context.Background()
 				past := e.RedisNow().Add(-time.Second)
@@ -155,8 +157,10 @@ func TestRescheduleBeforeTheFenceIsHonoured(t *testing.T) {
 // is dropped as settled — not closed again, not dead-lettered — and the
 // metrics and the log say so.
 func TestRescheduleBetweenFenceAndCommitIsSettledAfterwards(t *testing.T) {
+	t.Parallel()
 	for name := range (&env{}).reschedulers() {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, orderStatements())
 			ctx := context.Background()
 			past := e.RedisNow().Add(-time.Second)

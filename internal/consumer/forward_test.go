@@ -67,6 +67,7 @@ func reliableList(ack time.Duration, maxAttempts int) Config {
 // ago is still the consumer's under a one-hour ack_timeout, and comes back
 // once it has been held for longer than that.
 func TestReliableListRedeliversAfterTheQueuesAckTimeout(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cfg := reliableList(time.Hour, 5)
@@ -118,6 +119,7 @@ func TestReliableListRedeliversAfterTheQueuesAckTimeout(t *testing.T) {
 // as failed, with its payload, instead of redelivered; a requeue runs it
 // again with that payload.
 func TestReliableListDeadLettersAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cfg := reliableList(time.Minute, 2)
@@ -178,6 +180,7 @@ func nested(depth int) string {
 // a producer before payload depth was bounded) can still be taken and
 // acknowledged: the scripts never decode the payload.
 func TestReliableListItemNestedBeyondRedisCJSONCanBeAcked(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cfg := reliableList(time.Minute, 5)
@@ -214,6 +217,7 @@ func streamEnv(t *testing.T) (*env, Config) {
 // A stream queue that has forwarded nothing yet has no stream: its sweep
 // finds no groups, and neither logs nor counts an error.
 func TestStreamSweepBeforeTheFirstForwardIsNoError(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	cfg := Config{MaxAttempts: 2, Forward: &Forward{Kind: "stream", Queue: "ev", MaxLen: 1000, AckTimeout: time.Minute}}
 	e.forwardOnce(cfg)
@@ -236,6 +240,7 @@ func (e *env) idleFor(group, consumer, id string, d time.Duration) {
 // for ack_timeout is acknowledged and its task dead-lettered; entries
 // carry no made-up attempt count (Redis's delivery count is the real one).
 func TestStreamEntriesDeadLetteredAfterMaxDeliveries(t *testing.T) {
+	t.Parallel()
 	e, cfg := streamEnv(t)
 	ctx := context.Background()
 	e.putDue("ev-1", `{"n":1}`)

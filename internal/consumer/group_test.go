@@ -44,6 +44,7 @@ func (r *recordingStore) Settle(ctx context.Context, serials []string, fence ord
 }
 
 func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	all := e.ShardKeys(4)
 	const perKey, batch, workers = 400, 20, 2
@@ -117,6 +118,7 @@ func TestGroupServesEveryKeyFairlyWithinTheWorkerBudget(t *testing.T) {
 }
 
 func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	cfg := Config{Workers: 3, MaxCloseRate: 10, HeadCheck: time.Second}
 	g, err := NewGroup(cfg, []queue.Keys{e.Keys}, e.RDB, unusedStore{}, e.m, zap.NewNop())
@@ -158,6 +160,7 @@ func TestGroupOfOneIsAPlainConsumer(t *testing.T) {
 }
 
 func TestReadStatsAllSumsTheKeys(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	all := e.ShardKeys(3)
 	now := e.RedisNow()

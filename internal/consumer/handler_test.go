@@ -13,6 +13,7 @@ import (
 // ack and check single tasks (a poll's claim: queue's
 // TestPollTasksLeasePerMember).
 func TestOnlyTheOrderHandlerLeasesBatches(t *testing.T) {
+	t.Parallel()
 	noop := func(context.Context, []Task) []error { return nil }
 	fwd := &Forward{Kind: "list", Queue: "q"}
 	e := newRedisEnv(t)

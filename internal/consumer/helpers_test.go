@@ -16,7 +16,15 @@ import (
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
+// The tests mostly wait (on statement timeouts, leases, outages, a
+// database of their own), so more of them run at once than there are
+// cores. Those whose assertions need a good statement to finish within a
+// sub-second timeout, or a round within a bounded number of short ones,
+// do not call t.Parallel: they run first, alone in the package.
+func TestMain(m *testing.M) {
+	testenv.SetDefaultParallel(4)
+	testenv.VerifyNoLeaks(m)
+}
 
 // env is one test's slice of the real servers, with the fixtures of
 // testenv.Env on them.

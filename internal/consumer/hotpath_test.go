@@ -31,6 +31,7 @@ func dedupeModel(items []item) []item {
 }
 
 func TestDedupeKeepsTheFirstItemOfEachSerial(t *testing.T) {
+	t.Parallel()
 	a := item{token: "t1", serial: "a", deadline: 1, attempts: 0}
 	b := item{token: "t1", serial: "b", deadline: 2, attempts: 1}
 	a2 := item{token: "t2", serial: "a", deadline: 3, attempts: 2}
@@ -57,6 +58,7 @@ func TestDedupeKeepsTheFirstItemOfEachSerial(t *testing.T) {
 // Randomised against the model: batches with and without repeats, from
 // one claim or several.
 func TestDedupeMatchesModel(t *testing.T) {
+	t.Parallel()
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 0))
@@ -114,6 +116,7 @@ func groupsOf(items []item) []group {
 }
 
 func TestByTokenGroupsByClaimInOrder(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		in   []item

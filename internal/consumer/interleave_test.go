@@ -42,6 +42,7 @@ func (e *env) expire(serial string) {
 // and reschedules it an hour later with a raw ZADD. When the backoff ends,
 // the queue key's deadline must decide: the order is not closed early.
 func TestRawRescheduleDuringBackoffWins(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	s := "resched-backoff-00000"
@@ -82,6 +83,7 @@ func TestRawRescheduleDuringBackoffWins(t *testing.T) {
 // Item 1, during a lease: a raw ZADD an hour ahead while a replica holds
 // the serial; the close must not commit, and the producer's entry stays.
 func TestRawRescheduleDuringLeaseIsNotClosed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	now := e.RedisNow()
@@ -116,6 +118,7 @@ func TestRawRescheduleDuringLeaseIsNotClosed(t *testing.T) {
 // the commit, the lookup after it. A pending row is never "settled": the
 // entry is retried soon, without spending an attempt, and then closed.
 func TestPendingRowAfterCloseIsRetriedNotSettled(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	s := "late-commit-00000"
@@ -153,6 +156,7 @@ func TestPendingRowAfterCloseIsRetriedNotSettled(t *testing.T) {
 // Item 8: an expired backoff plus a raw ZADD NX re-add of the same serial
 // must not put the serial twice into one batch.
 func TestBatchNeverHoldsASerialTwice(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	s := "twice-00000"
@@ -206,6 +210,7 @@ func (s *commitBetween) Settle(ctx context.Context, serials []string, fence orde
 // spent: a lock is not the order's fault), and is closed once the lock is
 // gone.
 func TestLockedRowIsIsolatedFromItsBatch(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	e.Store.SetTimeouts(5*time.Second, 50*time.Millisecond)
 	ctx := context.Background()
@@ -252,6 +257,7 @@ func TestLockedRowIsIsolatedFromItsBatch(t *testing.T) {
 // Item 8, the gauges: a serial leased and re-added by a raw producer an hour
 // ahead is one entry, not overdue (the producer's deadline counts).
 func TestStatsCountASerialInBothKeysOnce(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	now := e.RedisNow()
@@ -274,6 +280,7 @@ func TestStatsCountASerialInBothKeysOnce(t *testing.T) {
 // too, so an order is retried within it once an outage ends (it was a fixed
 // 10 s, which the campaign's settle bound missed on a busy machine).
 func TestDependencyBackoffRespectsBackoffMax(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	c := e.consumer(Config{BackoffMax: time.Second})
 	var most time.Duration

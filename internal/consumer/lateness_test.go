@@ -49,6 +49,7 @@ func (e *env) putLate(id string, late time.Duration) {
 // webhook and durable queues (they share processTasks), at the ack for
 // poll queues.
 func TestTaskLatenessObservedForEveryAction(t *testing.T) {
+	t.Parallel()
 	check := func(t *testing.T, lateness func() (uint64, float64), atLeast float64) {
 		t.Helper()
 		n, sum := lateness()

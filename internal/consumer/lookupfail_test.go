@@ -38,6 +38,7 @@ END $$;`)
 // then. Whatever the failure says: the connection, one slow row, or the
 // data.
 func TestLookupFailingAfterACommittedClose(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, code string }{
 		{"connection lost", "08006"},
 		{"statement timeout", "57014"},

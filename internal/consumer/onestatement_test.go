@@ -30,6 +30,7 @@ func countingEnv(t *testing.T, stmts orders.Statements) (*env, *testenv.Statemen
 // settled by one statement (BEGIN and COMMIT aside): no lookup after the
 // commit, no query of its own for the transaction id.
 func TestBatchClosesAndSettlesInOneStatement(t *testing.T) {
+	t.Parallel()
 	e, st := countingEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -70,6 +71,7 @@ func TestBatchClosesAndSettlesInOneStatement(t *testing.T) {
 // commit (the lookup): the only case that costs a second statement. It is
 // retried with an attempt spent, as before.
 func TestBatchAsksAgainOnlyForSerialsWithoutARow(t *testing.T) {
+	t.Parallel()
 	e, st := countingEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -97,6 +99,7 @@ func TestBatchAsksAgainOnlyForSerialsWithoutARow(t *testing.T) {
 // Custom statements keep the two-statement path: the close, its
 // transaction id, then the lookup of what it did not close.
 func TestCustomStatementsKeepTheLookup(t *testing.T) {
+	t.Parallel()
 	stmts := orderStatements()
 	stmts.Lookup = `SELECT serial_no, status = 'pending' FROM orders WHERE serial_no = ANY($1::text[])`
 	e, st := countingEnv(t, stmts)
@@ -133,6 +136,7 @@ func anyArray(ss ...string) any { return pq.Array(ss) }
 // lookup after the commit, which sees it paid: settled in this round, its
 // entry removed, the rest of the batch closed.
 func TestOrderPaidWhileTheCloseWaitsIsSettledByTheLookup(t *testing.T) {
+	t.Parallel()
 	e, st := countingEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)

@@ -199,6 +199,7 @@ func TestAdvSlowRowIsFoundWhenTheLeaseLeavesNoTimeToIsolateIt(t *testing.T) {
 // them. A group of more runs than maxRetryRuns keeps the order of its
 // first runs.
 func TestRetryInOrderComesBackInThatOrder(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)

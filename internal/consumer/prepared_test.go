@@ -17,6 +17,7 @@ import (
 // (PostgreSQL's 0A000 is the statement's, and the store prepares it again
 // before the consumer could take it for a bad order and split the batch).
 func TestTableAlteredUnderThePreparedStatementsLosesNoBatch(t *testing.T) {
+	t.Parallel()
 	for name, stmts := range map[string]orders.Statements{
 		"one statement":   orderStatements(),
 		"close statement": {Lookup: orders.DefaultLookupSQL + " "},

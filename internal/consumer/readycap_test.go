@@ -48,6 +48,7 @@ func (e *env) popIDs(n int) []string {
 }
 
 func TestPlainListStopsAtMaxLenAndResumesWhenDrained(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ids := e.putDueN("t", 5)
 	c := e.consumer(Config{Forward: &Forward{Kind: "list", Queue: "l", MaxLen: 3}})
@@ -103,6 +104,7 @@ func TestPlainListStopsAtMaxLenAndResumesWhenDrained(t *testing.T) {
 // whose ack_timeout passed come back even when the list is full (they are
 // not held back: the cap bounds new items only).
 func TestReliableListStopsAtMaxLen(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	e.putDueN("r", 4)
@@ -145,6 +147,7 @@ func TestReliableListStopsAtMaxLen(t *testing.T) {
 // The daemon's own loop: a full list holds the rest back, a consumer that
 // drains it gets every task, once.
 func TestListCapUnderARunningConsumer(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ids := e.putDueN("u", 7)
 	stop := runConsumer(t, e.consumer(Config{Forward: &Forward{Kind: "list", Queue: "l", MaxLen: 2}}))

@@ -116,6 +116,7 @@ func (e *env) deadAgo(id string, d time.Duration) {
 // Retention by age and by count removes each purged dead letter's payload:
 // before, both left the payload in {KEY}:payload for ever.
 func TestPurgeDeadRemovesTheirPayloads(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	for _, id := range []string{"old", "mid", "new"} {
 		e.buryTask(id, `{"big":"payload of `+id+`"}`)
@@ -138,6 +139,7 @@ func TestPurgeDeadRemovesTheirPayloads(t *testing.T) {
 // Each state a live task of the same id can be in when its older dead
 // letter is purged: the live task keeps its payload and runs with it.
 func TestPurgeDeadKeepsThePayloadOfALiveTaskOfTheSameID(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		live func(e *env) // brings task "x" back to life after it was buried
@@ -201,6 +203,7 @@ func TestPurgeDeadKeepsThePayloadOfALiveTaskOfTheSameID(t *testing.T) {
 // Purge first, then a requeue of the purged id: nothing to requeue, and no
 // payload is left behind.
 func TestPurgeThenRequeueLeavesNothing(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	e.buryTask("x", `{"v":1}`)
 	if n := e.purge(0, 0); n != 0 {
@@ -223,6 +226,7 @@ func TestPurgeThenRequeueLeavesNothing(t *testing.T) {
 // list item), then the old dead letter is purged. Nothing is left in
 // {KEY}:payload and the list item keeps the new payload.
 func TestPurgeAfterTheLiveTaskWasForwarded(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	e.buryTask("x", `{"v":1}`)
 	e.putDue("x", `{"v":2}`)
@@ -280,6 +284,7 @@ func zAt(score int64, member string) redis.Z {
 // dead letter with a live task of the same id occurs. After every step no
 // payload may be left that neither a live task nor a dead letter owns.
 func TestRetentionWorkloadLeavesNoOrphanPayloads(t *testing.T) {
+	t.Parallel()
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d (rerun with ORPHAN_SEED)", seed)
 	if s := os.Getenv("ORPHAN_SEED"); s != "" {
@@ -360,6 +365,7 @@ func TestRetentionWorkloadLeavesNoOrphanPayloads(t *testing.T) {
 // dead-lettered with their payload), mixed with re-puts, requeues, deletes
 // and purges.
 func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
+	t.Parallel()
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d (rerun with ORPHAN_SEED)", seed)
 	if s := os.Getenv("ORPHAN_SEED"); s != "" {
@@ -472,6 +478,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 // A stream entry dead-lettered by the sweep gets its payload back from the
 // entry (for a requeue); its purge takes that payload too.
 func TestPurgeOfAStreamDeadLetter(t *testing.T) {
+	t.Parallel()
 	e, cfg := streamEnv(t)
 	ctx := context.Background()
 	e.putDue("s-1", `{"n":1}`)

@@ -15,6 +15,7 @@ import (
 // wrongly (a control character, ±inf, a score in seconds) neither break
 // the script nor hide how late the real overdue task is.
 func TestStatsSurviveMalformedMembers(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cl, k := taskQueue(t, e.RDB, "junk")

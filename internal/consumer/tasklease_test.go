@@ -17,6 +17,7 @@ import (
 // another claim's token changes nothing, a token no claim hands out is
 // refused, and a hand-back keeps the attempts.
 func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	put := func(id string) {
@@ -105,6 +106,7 @@ func TestTaskLeaseOperationsCompareAndSet(t *testing.T) {
 // A lease that ran out but that no claim has taken since is still the
 // token's: extending it succeeds, and the task is no longer claimable.
 func TestExtendAnExpiredLeaseNoOneTook(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	if _, _, err := e.cl.PutTask(ctx, "e", json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {

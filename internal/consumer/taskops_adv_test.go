@@ -23,6 +23,7 @@ import (
 // in the processing list forever. Every item taken and not acknowledged
 // must stay recoverable.
 func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cfg := reliableList(time.Minute, 5)
@@ -89,6 +90,7 @@ func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
 // deliveries: the requeue cleared it, and that item was delivered
 // max_attempts times more than its queue allows.
 func TestRequeueLeavesAWaitingItemsDeliveryCount(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cfg := reliableList(time.Minute, 3)

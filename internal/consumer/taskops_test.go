@@ -35,6 +35,7 @@ func (e *env) buryTask(id, payload string) {
 // the id again after it died) must not touch the live task: not its due
 // time, not its payload, and not a lease another consumer holds.
 func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 
@@ -96,6 +97,7 @@ func TestRequeueTasksLeavesALiveTaskOfTheSameIDAlone(t *testing.T) {
 // Purging a dead letter removes its payload, unless a live task has the
 // same id: then the live task keeps its payload.
 func TestPurgeTasksKeepsALiveTasksPayload(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	e.buryTask("P-live", `{"v":"dead"}`)

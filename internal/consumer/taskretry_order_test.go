@@ -70,6 +70,7 @@ func (e *env) spentNone(ids ...string) {
 }
 
 func TestTaskRetriesComeDueUntriedThenUnavailableThenTriedAlone(t *testing.T) {
+	t.Parallel()
 	for _, withDown := range []bool{true, false} {
 		t.Run(fmt.Sprint("unavailable tasks: ", withDown), func(t *testing.T) {
 			e := newRedisEnv(t)
@@ -123,6 +124,7 @@ func TestTaskRetriesComeDueUntriedThenUnavailableThenTriedAlone(t *testing.T) {
 // would a task tried and found locked: a batch that keeps running out of
 // time must not come back every few hundred milliseconds, unseen.
 func TestTaskBatchOfOnlyUntriedTasksBacksOffAndSaysSo(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	hourAgo := time.Now().Add(-time.Hour)
@@ -162,6 +164,7 @@ func TestTaskBatchOfOnlyUntriedTasksBacksOffAndSaysSo(t *testing.T) {
 // one tried alone while the batch runs: every group's retry is a
 // compare-and-set on the lease, so the producer's writes stand.
 func TestTaskRetryGroupsLeaveTheProducersWritesAlone(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	for _, id := range []string{"n1", "n2", "l1", "l2", "u1", "u2"} {
@@ -212,6 +215,7 @@ func TestTaskRetryGroupsLeaveTheProducersWritesAlone(t *testing.T) {
 // (its reply lost). No task is lost and none spends an attempt: a group
 // whose retry failed stays leased, and comes back when its lease ends.
 func TestTaskRetryGroupsLoseNothingWhenRedisFailsMidway(t *testing.T) {
+	t.Parallel()
 	for _, ran := range []bool{false, true} {
 		for _, nth := range []int64{1, 2, 5, 8, 9, 10} {
 			t.Run(fmt.Sprintf("script %d fails, ran %v", nth, ran), func(t *testing.T) {

@@ -64,6 +64,7 @@ func (e *env) putTask(cl *client.Client, id string, due time.Time) {
 // seconds-for-milliseconds scores) and checks every gauge; a second, empty
 // queue reports zeros, not nothing.
 func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	cl, k := taskQueue(t, e.RDB, "jobs")
@@ -128,6 +129,7 @@ func TestTaskStatsGaugesOnAKnownQueue(t *testing.T) {
 // queues file leaves no series behind after the restart that applies the
 // file, though its keys (and their gauges) are still in Redis.
 func TestTaskStatsReportOnlyTheQueuesOfTheFile(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	cla, a := taskQueue(t, e.RDB, "kept")
 	clb, b := taskQueue(t, e.RDB, "removed")
@@ -152,6 +154,7 @@ func TestTaskStatsReportOnlyTheQueuesOfTheFile(t *testing.T) {
 // TestTaskStatsLint: the gauges follow Prometheus's naming and help
 // conventions (promlint), as the order queue's do.
 func TestTaskStatsLint(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	_, k := taskQueue(t, e.RDB, "lint")
 	problems, err := testutil.CollectAndLint(NewTaskStatsCollector(e.RDB, []NamedKeys{{"lint", k}}, nil))

@@ -78,6 +78,7 @@ func (e *env) unbatch() queue.UnbatchResult {
 // it; once converted, that claim re-claims every member at its deadline,
 // no batch is left, and the older holder's finish leaves nothing behind.
 func TestUnbatchKilledHolderReclaimedByPerMemberClaim(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Minute)
@@ -120,6 +121,7 @@ func TestUnbatchKilledHolderReclaimedByPerMemberClaim(t *testing.T) {
 // entry behind but the backoff's; a per-member claim takes nothing before
 // the batch's expiry.
 func TestUnbatchLiveHolderFinishes(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -171,6 +173,7 @@ func TestUnbatchLiveHolderFinishes(t *testing.T) {
 // A live holder closes its converted batch through the whole close path
 // (fence included): every order closes once and no lease key is left.
 func TestUnbatchLiveHolderCloses(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -196,6 +199,7 @@ func TestUnbatchLiveHolderCloses(t *testing.T) {
 // batch of its own (their per-member entries go) and the killed holder's
 // late finish changes nothing.
 func TestUnbatchReclaimedByBatchDaemon(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
@@ -237,6 +241,7 @@ func TestUnbatchReclaimedByBatchDaemon(t *testing.T) {
 // the holder's finish removes only what it still holds, and nothing is
 // left in the lease keys.
 func TestUnbatchProducerRescheduleWins(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)

@@ -16,6 +16,7 @@ import (
 // consumer holds are the fast path's, never the safety net's.
 
 func TestReconcilerClosesOnlyOrdersTheQueueLost(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	longAgo := time.Now().Add(-time.Hour)

@@ -16,6 +16,7 @@ import (
 )
 
 func TestRunClosesDueUnpaidOrdersOnly(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	now := e.RedisNow()
 	due := e.Orders("due", 1200, now.Add(-time.Second))
@@ -54,6 +55,7 @@ func TestRunClosesDueUnpaidOrdersOnly(t *testing.T) {
 }
 
 func TestScannerWakesForAPublishedEarlierDeadline(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	// A long scan interval and no head check: only the wake-up can make the
@@ -80,6 +82,7 @@ func TestScannerWakesForAPublishedEarlierDeadline(t *testing.T) {
 }
 
 func TestHeadCheckNoticesRawProducers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	c := e.consumer(Config{ScanInterval: time.Hour, HeadCheck: 20 * time.Millisecond})
 	serials := e.Orders("raw", 1, time.Now())
@@ -92,6 +95,7 @@ func TestHeadCheckNoticesRawProducers(t *testing.T) {
 }
 
 func TestOrderWithoutRowIsRetriedThenDeadLettered(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
 	e.Enqueue([]string{"ghost-1"}, e.RedisNow().Add(-time.Second))
@@ -139,6 +143,7 @@ WHERE serial_no = ANY($1) AND status = 'pending'
 RETURNING serial_no`
 
 func TestPermanentErrorIsIsolatedByBisection(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orders.Statements{Close: poisonClose})
 	ctx := context.Background()
 	now := e.RedisNow()
@@ -208,6 +213,7 @@ const lockedClose = `SELECT s FROM unnest($1::text[]) s
 WHERE length(s) + (SELECT 0 FROM pg_advisory_xact_lock(4242)) < 0`
 
 func TestShutdownHandsBackUnfinishedClaims(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, orders.Statements{Close: lockedClose})
 	ctx := context.Background()
 	now := e.RedisNow()
@@ -237,6 +243,7 @@ func TestShutdownHandsBackUnfinishedClaims(t *testing.T) {
 }
 
 func TestStatsCountLeasedEntriesAsOverdue(t *testing.T) {
+	t.Parallel()
 	e := newRedisEnv(t)
 	ctx := context.Background()
 	now := e.RedisNow()
