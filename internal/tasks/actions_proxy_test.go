@@ -23,6 +23,7 @@ const proxyChildEnv = "OD_TEST_PROXY_CHILD"
 // refuses connections or its address cannot be parsed (net/http then
 // quotes the variable's value whole).
 func TestWebhookErrorsNeverQuoteProxyCredentials(t *testing.T) {
+	t.Parallel()
 	if os.Getenv(proxyChildEnv) != "" {
 		for _, target := range []string{"http://receiver.example/hook", "https://receiver.example/hook"} {
 			errs := webhookAction("q", target, 5*time.Second, testSecret, nil, nil)(context.Background(), oneTask("t-1"))
@@ -71,6 +72,7 @@ func TestWebhookErrorsNeverQuoteProxyCredentials(t *testing.T) {
 // function, another Go release), credentials in a URL in it are redacted
 // before it becomes last_error or a log line.
 func TestTransportErrorRedactsCredentialsInAnyURL(t *testing.T) {
+	t.Parallel()
 	ep, err := newEndpoint("https://receiver.example/hook?token=t0ken")
 	if err != nil {
 		t.Fatal(err)

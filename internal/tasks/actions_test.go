@@ -32,6 +32,7 @@ func oneTask(id string) []consumer.Task {
 // the signed body to any host the Location names. Every 3xx is a failure
 // the queue retries, with the status in the error.
 func TestWebhookDoesNotFollowRedirects(t *testing.T) {
+	t.Parallel()
 	var landed atomic.Int32
 	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		landed.Add(1)
@@ -70,6 +71,7 @@ func TestWebhookDoesNotFollowRedirects(t *testing.T) {
 // or kind of failure, never the path, query or userinfo: those often carry
 // tokens, and last_error is shown by the task API and the dead letters.
 func TestWebhookErrorsNameOnlySchemeAndHost(t *testing.T) {
+	t.Parallel()
 	secrets := []string{"USERSECRET", "PATHSECRET", "QUERYSECRET"}
 	const secretPart = "user:USERSECRET@%s/hook/PATHSECRET?token=QUERYSECRET"
 	unavailable := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -140,6 +142,7 @@ func verify(secret []byte, h http.Header, body []byte, now time.Time) bool {
 // is unchanged: a receiver comparing it with Sign(current secret) as before
 // keeps working.
 func TestWebhookSignsWithBothSecretsDuringARotation(t *testing.T) {
+	t.Parallel()
 	type request struct {
 		h    http.Header
 		body []byte
@@ -189,6 +192,7 @@ func TestWebhookSignsWithBothSecretsDuringARotation(t *testing.T) {
 
 // The receiver's check in docs/tasks.md is the one tested above.
 func TestDocsVerifyIsTheTestedOne(t *testing.T) {
+	t.Parallel()
 	fn := func(path string) string {
 		t.Helper()
 		b, err := os.ReadFile(path)

@@ -8,6 +8,7 @@ import (
 // max_pending: left out, the default; written, a whole number from 1 to
 // MaxPendingLimit, anything else refused naming the setting.
 func TestMaxPendingConfig(t *testing.T) {
+	t.Parallel()
 	file := func(v string) string {
 		s := "queues:\n  - name: jobs\n    action: {type: poll}\n"
 		if v != "" {

@@ -52,6 +52,7 @@ func TestParseRefusesBadFiles(t *testing.T) {
 }
 
 func TestParseDefaults(t *testing.T) {
+	t.Parallel()
 	f, err := Parse([]byte("queues:\n  - name: confirm\n    action: {type: stream}\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +85,7 @@ func TestShippedExampleFileParses(t *testing.T) {
 }
 
 func TestRetryDelay(t *testing.T) {
+	t.Parallel()
 	no := false
 	r := Retry{Initial: Duration(time.Second), Max: Duration(10 * time.Second), Multiplier: 2, Jitter: &no}
 	for a, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 50: 10 * time.Second} {

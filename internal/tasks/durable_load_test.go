@@ -16,6 +16,7 @@ import (
 // nesting was bounded) is left in the table and reported; the loader still
 // loads the rows beside it instead of failing the whole page every pass.
 func TestLoaderSkipsARowWhosePayloadIsRefusedNow(t *testing.T) {
+	t.Parallel()
 	rdb, keys := testenv.Redis(t)
 	db, _ := testenv.Postgres(t)
 	cl, err := client.New(rdb, keys.Queue)

@@ -19,6 +19,7 @@ import (
 // the loader lock the other loads nothing and returns at once; the holder
 // loads every due task, each once.
 func TestDurableLoadersTakeTurns(t *testing.T) {
+	t.Parallel()
 	a, _ := newTestDurable(t)
 	o, err := redis.ParseURL(testenv.RedisURL())
 	if err != nil {
@@ -63,6 +64,7 @@ func TestDurableLoadersTakeTurns(t *testing.T) {
 // one Redis: every task a bulk import scheduled runs, none is lost, and
 // none runs twice (no replica dies here, so at-least-once is exactly once).
 func TestDurableReplicasRunEveryTaskOnce(t *testing.T) {
+	t.Parallel()
 	rdb, keys := testenv.Redis(t)
 	db, _ := testenv.Postgres(t)
 	if _, err := db.Exec(`CREATE TABLE hits (id text PRIMARY KEY, n int NOT NULL DEFAULT 0)`); err != nil {

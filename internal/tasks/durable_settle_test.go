@@ -63,6 +63,7 @@ func noWarnings(t *testing.T, logs *observer.ObservedLogs) {
 // records that the action ran at the old version and its outcome was not
 // applied.
 func TestDurableSettleKeepsAChangeMadeWhileTheTaskRan(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		change func(ctx context.Context, d *Durable, id string) error
@@ -115,6 +116,7 @@ func TestDurableSettleKeepsAChangeMadeWhileTheTaskRan(t *testing.T) {
 // while the first still ran): the second settle finds the first one's
 // outcome and is a no-op: one EXECUTED log row, no error.
 func TestDurableSecondSettleIsIdempotent(t *testing.T) {
+	t.Parallel()
 	d, logs := newTestDurable(t)
 	ctx := context.Background()
 	due := time.Now().Add(time.Second)

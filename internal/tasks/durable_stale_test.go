@@ -17,6 +17,7 @@ import (
 // executor must not run the task early: the row says it is due later. It
 // is dropped from Redis; the loader adds it again when its window opens.
 func TestDurableExecutorSkipsAStaleEarlierEntry(t *testing.T) {
+	t.Parallel()
 	d, _ := newTestDurable(t)
 	ctx := context.Background()
 	old := time.Now().Add(time.Second)
@@ -49,6 +50,7 @@ func TestDurableExecutorSkipsAStaleEarlierEntry(t *testing.T) {
 // A task in Redis without a row (written past the durable tier: a raw
 // ZADD, an older client) is not run, and the daemon's log says why.
 func TestDurableExecutorReportsATaskWithoutARow(t *testing.T) {
+	t.Parallel()
 	d, logs := newTestDurable(t)
 	ran := 0
 	exec := d.Executor(func(ctx context.Context, ts []consumer.Task) []error { ran += len(ts); return make([]error, len(ts)) }, 3)

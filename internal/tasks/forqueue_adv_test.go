@@ -20,6 +20,7 @@ import (
 // a key of its own, and the daemon must take back a mark an earlier
 // configuration (the queue not yet durable) left.
 func TestForQueueRefusesADurableQueue(t *testing.T) {
+	t.Parallel()
 	rdb, keys := testenv.Redis(t)
 	ctx := context.Background()
 	suffix := strings.TrimPrefix(strings.TrimSuffix(keys.Queue, ":order"), "test:")

@@ -23,6 +23,7 @@ import (
 // the default key of a queue the daemon runs; never at the default key of
 // a queue the queues file gives a key of its own (issue 12, item 3).
 func TestForQueueWritesOnlyWhereADaemonServes(t *testing.T) {
+	t.Parallel()
 	rdb, keys := testenv.Redis(t)
 	ctx := context.Background()
 	// Default keys are not under the test's prefix: names of the test's own.

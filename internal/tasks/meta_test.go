@@ -18,6 +18,7 @@ import (
 // writes it; rewritten for a queue switched back to not durable, the
 // client writes again.
 func TestWriteMetaMakesThePublicClientRefuseADurableQueue(t *testing.T) {
+	t.Parallel()
 	rdb, keys := testenv.Redis(t)
 	db, _ := testenv.Postgres(t)
 	ctx := context.Background()

@@ -28,6 +28,7 @@ import (
 // dead-lettered, against what the operator was told. A requeue that
 // reports an id skipped as live must leave its row as it was.
 func TestDurableRequeueOfALeasedTaskLeavesTheRow(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, keys := testenv.Redis(t)
 	db, _ := testenv.Postgres(t)

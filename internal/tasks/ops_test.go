@@ -21,6 +21,7 @@ import (
 // otherwise the executor, which runs only SCHEDULED rows, would drop the
 // requeued task without running it. A row that is not FAILED is refused.
 func TestDurableRequeueResetsTheRow(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, keys := testenv.Redis(t)
 	db, _ := testenv.Postgres(t)
@@ -99,6 +100,7 @@ func TestDurableRequeueResetsTheRow(t *testing.T) {
 }
 
 func TestListRefusesBadStateAndCursor(t *testing.T) {
+	t.Parallel()
 	rdb, keys := testenv.Redis(t)
 	r := &Runtime{Config: Queue{Name: "q", Key: keys.Queue}, Keys: keys, Redis: rdb, Store: queue.NewStore(rdb, keys)}
 	if _, err := r.List(context.Background(), "done", "", 10, false); !errors.Is(err, ErrBadState) {
@@ -114,6 +116,7 @@ func redisZ(m string, s float64) redis.Z { return redis.Z{Member: m, Score: s} }
 // Inflight tasks show their true due time, attempts, last error and when
 // their lease or backoff ends; a backoff (token "-") is "backoff".
 func TestListInflightShowsLeasesAndBackoffs(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, keys := testenv.Redis(t)
 	r := &Runtime{Config: Queue{Name: "q", Key: keys.Queue}, Keys: keys, Redis: rdb, Store: queue.NewStore(rdb, keys)}

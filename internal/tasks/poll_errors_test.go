@@ -129,6 +129,7 @@ func (p *pollProbe) state(id string) client.Task {
 // the error and its token, no tasks; the task stays leased (not lost) and
 // the next poll after the lease gets it with that run counted.
 func TestAdvPollPayloadReadFailsAfterClaim(t *testing.T) {
+	t.Parallel()
 	p := newPollProbe(t)
 	p.put("a", time.Second, `{"n":1}`)
 	fail := true
@@ -155,6 +156,7 @@ func TestAdvPollPayloadReadFailsAfterClaim(t *testing.T) {
 // error, nothing handed out, and the task is neither lost nor handed out:
 // still leased; the next poll after its lease buries it.
 func TestAdvPollBuryFails(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := newPollProbe(t)
 	p.put("old", time.Hour, `{"n":1}`)
@@ -188,6 +190,7 @@ func TestAdvPollBuryFails(t *testing.T) {
 // claim leased is still read and answered under the token (the burial of
 // what was over its attempts still runs), never left without a token.
 func TestAdvPollCtxCancelledAfterClaim(t *testing.T) {
+	t.Parallel()
 	p := newPollProbe(t)
 	p.put("old", time.Hour, `{"n":1}`)
 	p.put("b", time.Minute, `{"n":2}`)
@@ -224,6 +227,7 @@ func TestAdvPollCtxCancelledAfterClaim(t *testing.T) {
 // leased by it (a task leased with no token returned would wait out a
 // lease).
 func TestAdvPollCtxCancelledBetweenClaims(t *testing.T) {
+	t.Parallel()
 	p := newPollProbe(t)
 	p.put("old", time.Hour, `{"n":1}`)
 	if ts, _, err := p.poll(context.Background(), 1, 5); err != nil || len(ts) != 1 {
@@ -256,6 +260,7 @@ func TestAdvPollCtxCancelledBetweenClaims(t *testing.T) {
 // first task is taken whatever the byte budget; a budget leaves the rest
 // due, untouched.
 func TestAdvPollPayloadMissingAndBudget(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := newPollProbe(t)
 	big := `"` + strings.Repeat("x", 2000) + `"`

@@ -20,6 +20,7 @@ import (
 // "failed"; what it hands out is the poller's, not in flight here. A lease
 // left out is DefaultLease.
 func TestPollCountsItsClaims(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, keys := testenv.Redis(t)
 	st := queue.NewStore(rdb, keys)

@@ -19,6 +19,7 @@ import (
 )
 
 func TestParseRefusesBadRetentionAndListCap(t *testing.T) {
+	t.Parallel()
 	cases := []struct{ name, yaml, want string }{
 		{"negative dead_max", "queues:\n  - {name: a, dead_max: -1, action: {type: poll}}\n", "dead_max"},
 		{"huge dead_max", "queues:\n  - {name: a, dead_max: 100000001, action: {type: poll}}\n", "dead_max"},
@@ -42,6 +43,7 @@ func TestParseRefusesBadRetentionAndListCap(t *testing.T) {
 // A queue's own dead_retention and dead_max win; left out, the global
 // ORDERDELAY_DEAD_LETTER_RETENTION and _MAX apply.
 func TestQueueRetentionFallsBackToTheGlobalSettings(t *testing.T) {
+	t.Parallel()
 	f, err := Parse([]byte("queues:\n  - {name: own, dead_retention: 1h, dead_max: 5, action: {type: poll}}\n" +
 		"  - {name: global, action: {type: poll}}\n  - {name: half, dead_max: 7, action: {type: poll}}\n"))
 	if err != nil {
@@ -61,6 +63,7 @@ func TestQueueRetentionFallsBackToTheGlobalSettings(t *testing.T) {
 // The janitor's purge covers every task queue, each under its own
 // retention, and takes the purged dead letters' payloads with them.
 func TestManagerPurgesEveryQueuesDeadLetters(t *testing.T) {
+	t.Parallel()
 	rdb, keys := testenv.Redis(t)
 	ctx := context.Background()
 	base := keys.Queue

@@ -140,6 +140,7 @@ func (s *shutdownEnv) sleeping() bool {
 // handed back: the statement stops, nothing is lost or spent; tasks not
 // yet due are never touched.
 func TestSQLQueueShutdownHandsBackARunningBatch(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	if _, err := db.Exec(`CREATE TABLE shut_done (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
@@ -164,6 +165,7 @@ func TestSQLQueueShutdownHandsBackARunningBatch(t *testing.T) {
 // A sql batch that ends within the drain timeout completes: its tasks are
 // done and gone with their payloads.
 func TestSQLQueueShutdownFinishesABatchWithinTheDrain(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	if _, err := db.Exec(`CREATE TABLE shut_done (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
@@ -282,6 +284,7 @@ func TestWebhookQueueShutdownFinishesWithinTheDrain(t *testing.T) {
 // with its payload or delivered, exactly once, and tasks not yet due are
 // still queued. A restart delivers the rest.
 func TestForwardQueuesShutdownLoseNothing(t *testing.T) {
+	t.Parallel()
 	for _, action := range []string{"{type: stream}", "{type: list}", "{type: list, reliable: true}"} {
 		t.Run(action, func(t *testing.T) {
 			s := newShutdownEnv(t, `batch_size: 7, action: `+action, nil)

@@ -44,6 +44,7 @@ func durableRow(t *testing.T, db *sqlx.DB, id string) Row {
 // must not count against the new schedule: settle never touches a newer
 // version, and neither may the attempt it records.
 func TestDurableOldRunsFailureDoesNotBumpTheNewSchedule(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	durableRows(t, db, "a")
 	d := &Durable{DB: db, Queue: "q", Log: zaptest.NewLogger(t)}
@@ -72,6 +73,7 @@ func TestDurableOldRunsFailureDoesNotBumpTheNewSchedule(t *testing.T) {
 // and run it again, and a statement with a WHERE guard would then not
 // return it: a done task spending attempts, in the end FAILED.
 func TestDurableTaskDoneBeforeTheBatchIsCutIsSettled(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "a", "poison", "slow")
 	if _, err := db.Exec(`CREATE OR REPLACE FUNCTION check_item(id text) RETURNS boolean LANGUAGE plpgsql AS $$
@@ -119,6 +121,7 @@ func TestDurableTaskDoneBeforeTheBatchIsCutIsSettled(t *testing.T) {
 // column): a clear error, and only that task spends an attempt; its
 // batch-mates are done.
 func TestSQLActionNullResultIsolatesItsTask(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "a", "nul", "b")
 	errs := sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1)
@@ -150,6 +153,7 @@ SELECT shipment_no FROM shipments WHERE shipment_no = ANY($1) AND received_at IS
 // Not returning them would spend an attempt per rerun and dead-letter a
 // task whose work is done.
 func TestSQLTaskDocumentedStatementRerunIsDone(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	if _, err := db.Exec(`CREATE TABLE shipments (shipment_no text PRIMARY KEY, received_at timestamptz,
 		auto_confirmed boolean NOT NULL DEFAULT false);
@@ -193,6 +197,7 @@ func dedent(s string) string {
 // checked its state before the first statement only, and bisection can
 // run statements for most of the lease after that.
 func TestDurableTaskCancelledDuringIsolationIsNotRun(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "poison", "b")
 	// The poison task's check waits for a lock the test holds, so the
@@ -253,6 +258,7 @@ func TestDurableTaskCancelledDuringIsolationIsNotRun(t *testing.T) {
 // by the isolation's later statements, on a queue that is not durable
 // either: the batch no longer holds it.
 func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
+	t.Parallel()
 	testDeletedDuringIsolation(t, false, false)
 }
 
@@ -260,6 +266,7 @@ func TestSQLTaskDeletedDuringIsolationIsNotRun(t *testing.T) {
 // (its lease expired and another replica took it, as after a pause of
 // this one): the old batch leaves it to that claim, unrun.
 func TestSQLTaskReclaimedDuringIsolationIsNotRunByTheOldBatch(t *testing.T) {
+	t.Parallel()
 	testDeletedDuringIsolation(t, false, true)
 }
 
@@ -269,6 +276,7 @@ func TestSQLTaskReclaimedDuringIsolationIsNotRunByTheOldBatch(t *testing.T) {
 // records it EXECUTED, which would have the other replica drop a task no
 // one ran.
 func TestDurableSQLTaskNoLongerHeldIsNeitherRunNorSettled(t *testing.T) {
+	t.Parallel()
 	testDeletedDuringIsolation(t, true, false)
 }
 
@@ -371,6 +379,7 @@ func testDeletedDuringIsolation(t *testing.T, durable, reclaim bool) {
 // A statement that returns ids not in its batch, or one id twice: the
 // batch's tasks are done, nothing else is, and nothing fails.
 func TestSQLActionStrangerAndDuplicateIds(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db)
 	errs := sqlAction(db, `SELECT x FROM unnest($1::text[] || ARRAY['stranger', $1[1]]) AS x`)(
@@ -389,6 +398,7 @@ func TestSQLActionStrangerAndDuplicateIds(t *testing.T) {
 // attempt (each would, alone, and be dead-lettered), and the error says
 // what is wrong.
 func TestSQLActionResultOfTheWrongShapeSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "a", "b", "c")
 	errs := sqlAction(db, `UPDATE items SET done = true WHERE id = ANY($1) RETURNING *`)(
@@ -408,6 +418,7 @@ func TestSQLActionResultOfTheWrongShapeSpendsNoAttempt(t *testing.T) {
 // poison task's attempt), and the statement cut and the tasks not yet
 // tried spend no attempt.
 func TestSQLActionDatabaseCutMidIsolation(t *testing.T) {
+	t.Parallel()
 	direct, dsn := testenv.Postgres(t)
 	sqlFixture(t, direct, "poison", "a", "slow", "b")
 	if _, err := direct.Exec(`CREATE OR REPLACE FUNCTION check_item(id text) RETURNS boolean LANGUAGE plpgsql AS $$

@@ -31,6 +31,7 @@ func outcome(err error) string {
 // server would give, and what each task of the batch gets: the order
 // path's classification (orders.Transient, orders.Contended), reused.
 func TestSQLActionClassifiesEachError(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "a", "bad", "b")
 	if _, err := db.Exec(`CREATE TABLE codes (id text PRIMARY KEY, code text NOT NULL);
@@ -105,6 +106,7 @@ func TestSQLActionClassifiesEachError(t *testing.T) {
 // the rest goes back untried, no attempt spent. Fast tasks tried before
 // are done.
 func TestSQLActionBoundsTheTimeoutsItSpendsIsolating(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ids := []string{"fast1", "slow1", "slow2", "slow3", "fast2"}
 	sqlFixture(t, db, ids...)
@@ -153,6 +155,7 @@ func tasksOf(ids ...string) []consumer.Task {
 // left), and no task spends an attempt. The consumer then hands the tasks
 // back.
 func TestSQLActionClientCancelIsNotATaskTimeout(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "x", "y")
 	ctx, cancel := context.WithCancel(context.Background())

@@ -20,6 +20,7 @@ import (
 // or, on a durable queue, in its row (the executor's own state check fails
 // first there); all are done once it is back.
 func TestSQLTaskDatabaseOutageSpendsNoAttempts(t *testing.T) {
+	t.Parallel()
 	for _, durable := range []bool{false, true} {
 		name := "plain"
 		if durable {
@@ -96,6 +97,7 @@ func TestSQLTaskDatabaseOutageSpendsNoAttempts(t *testing.T) {
 // statement meets first: the poison task alone spends an attempt, the
 // locked one is retried later without one, the rest are done.
 func TestSQLActionPoisonAndLockedRowInOneBatch(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	for _, order := range [][]string{
 		{"a", "poison1", "locked1", "b"},

@@ -27,14 +27,19 @@ import (
 // sent back due, keeping the order of the expiries (dueAllTasks): a
 // backlog, as if it had waited for the last retry.
 func TestSQLTaskSlowRowsAheadOfTheirBatchDoNotHoldItBack(t *testing.T) {
+	t.Parallel()
 	for _, slowRows := range []int{3, 5} {
 		t.Run(fmt.Sprintf("%d slow rows", slowRows), func(t *testing.T) {
+			t.Parallel()
 			testSlowRowsAhead(t, slowRows, 8, false)
 		})
 	}
 	// Rows another transaction holds (each statement waits out its
 	// lock_timeout, 55P03, a costly error as a statement timeout is).
-	t.Run("3 locked rows", func(t *testing.T) { testSlowRowsAhead(t, 3, 8, true) })
+	t.Run("3 locked rows", func(t *testing.T) {
+		t.Parallel()
+		testSlowRowsAhead(t, 3, 8, true)
+	})
 }
 
 func testSlowRowsAhead(t *testing.T, slowRows, goodRows int, locked bool) {

@@ -146,6 +146,7 @@ func doneRows(t *testing.T, db *sqlx.DB) []string {
 // done once its row is fast again. (It was an attempt like any error: the
 // task was dead-lettered after max_attempts.)
 func TestSQLTaskStatementTimeoutNeverDeadLetters(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "fast", "slow")
 	if _, err := db.Exec(`UPDATE knob SET slow = true`); err != nil {
@@ -217,6 +218,7 @@ func holdRow(t *testing.T, db *sqlx.DB, id string) (release func()) {
 // batch's deadline, the client cancelled it, and every task of the batch
 // spent an attempt: both were dead-lettered.)
 func TestSQLTaskLockedRowNeverDeadLettersNorHoldsItsBatch(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "free", "locked")
 	release := holdRow(t, db, "locked")
@@ -245,6 +247,7 @@ func TestSQLTaskLockedRowNeverDeadLettersNorHoldsItsBatch(t *testing.T) {
 // (Before, the whole batch failed every time and every task was
 // dead-lettered.)
 func TestSQLTaskPoisonIsIsolatedFromItsBatch(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	ids := []string{"a", "b", "c", "d", "poison", "e", "f", "g"}
 	sqlFixture(t, db, ids...)
@@ -286,6 +289,7 @@ func TestSQLTaskPoisonIsIsolatedFromItsBatch(t *testing.T) {
 // with 25006 while a flag row exists (a real standby refuses the BEGIN
 // itself, an orders.BeginError, which is transient too).
 func TestSQLTaskReadOnlyDatabaseSpendsNoAttempts(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "r1", "r2")
 	if _, err := db.Exec(`CREATE TABLE read_only (on_ boolean);
@@ -338,6 +342,7 @@ func TestSQLTaskReadOnlyDatabaseSpendsNoAttempts(t *testing.T) {
 // EXECUTED. (Before, every try bumped the row's attempts and the locked
 // task ended FAILED.)
 func TestDurableSQLTaskTransientErrorsDoNotBumpAttempts(t *testing.T) {
+	t.Parallel()
 	db, _ := testenv.Postgres(t)
 	sqlFixture(t, db, "free", "locked", "poison")
 	for _, id := range []string{"free", "locked", "poison"} {
