@@ -40,8 +40,11 @@ import (
 
 // lead is how far ahead of its creation an order's deadline is: the time an
 // example has to start (a JVM on a loaded machine is slow) and enqueue both
-// orders, and the test to pay one, before the daemon may close them.
-const lead = 30 * time.Second
+// orders, and the test to pay one, before the daemon may close them. Each
+// example waits it out, so it is what the test lasts: 15 s is five times
+// what the slowest, the Java source launcher, took on two cores under six
+// busy loops (2.7 s; 0.7 s idle).
+const lead = 15 * time.Second
 
 // example is one producer program.
 type example struct {
