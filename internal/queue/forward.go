@@ -35,7 +35,10 @@ import (
 // not acknowledged goes back to the ready list, unless it has been taken
 // max attempts times: then it is dead-lettered as "failed", its payload
 // back in {queue}:payload (HSETNX: a newer task of the same id keeps its
-// own) so that GET shows it and a requeue runs it again.
+// own) so that GET shows it and a requeue runs it again. An item recorded
+// as taken but still in the ready list (a take refused before it moved
+// the item, see takeScript) was never delivered: its records go, and the
+// item moves to the ready list's end, taken next, with no attempt spent.
 //
 // A capped ready list (list, ARGV[3] > 0) takes due tasks only while it
 // holds fewer than ARGV[3] items: the rest stay in the queue, due, exactly
@@ -74,9 +77,16 @@ if ARGV[5] == '1' then
   for _, id in ipairs(late) do
     local body = redis.call('HGET', KEYS[8], id)
     if body then
-      redis.call('LREM', KEYS[9], 1, body)
+      -- An item recorded as taken that is not in the processing list but
+      -- still in the ready list was never delivered (a take refused
+      -- before its LMOVE): it goes to the ready list's end, once, and is
+      -- not dead-lettered. The ready list is searched only then; an item
+      -- in neither list (a recovery, or an ack, refused after its LREM)
+      -- is recovered as ever. Its records go last, so a refusal between
+      -- the LREM and the RPUSH leaves it for the next recovery.
+      local fresh = redis.call('LREM', KEYS[9], 1, body) == 0 and redis.call('LREM', KEYS[4], -1, body) == 1
       local taken = tonumber(redis.call('HGET', KEYS[10], id) or '0')
-      if taken >= maxAttempts then
+      if taken >= maxAttempts and not fresh then
         local _, d, payload = split_item(body)
         redis.call('ZADD', KEYS[5], now, id)
         redis.call('HSET', KEYS[6], id, 'failed|' .. taken .. '|' .. (d or '0') ..

@@ -582,3 +582,52 @@ func TestRefusedPurgeLeavesNoRecordNoPurgeReaches(t *testing.T) {
 		})
 	}
 }
+
+// A take refused at any of its commands neither copies its item nor
+// spends a delivery on it: the consumer got an error, not the item. After
+// the refusal and a recovery of everything taken (ack timeout 0, as once
+// the timeout has passed), the item is once in the ready or processing
+// list, not dead-lettered even with max_attempts 1, and the next take
+// hands it out as its first delivery.
+func TestRefusedTakeNeitherCopiesNorDeadLettersTheItem(t *testing.T) {
+	for _, cmd := range []string{"time", "zadd", "hset", "hincrby", "lmove"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			e.putTasks("K-0")
+			fwd := queue.ForwardArgs{Kind: "list", Limit: 10, Queue: "refuse:q", Reliable: true, AckTimeout: time.Minute, MaxAttempts: 1}
+			if res, err := e.st.Forward(e.ctx, fwd); err != nil || res.Forwarded != 1 {
+				t.Fatalf("forward: %+v, %v", res, err)
+			}
+			e.refused(cmd, func() error {
+				_, err := e.st.Take(e.ctx)
+				return err
+			})
+			fwd.AckTimeout = 0
+			if _, err := e.st.Forward(e.ctx, fwd); err != nil {
+				t.Fatal(err)
+			}
+			copies := 0
+			for _, l := range []string{e.k.Ready, e.k.Processing} {
+				items, err := e.rdb.LRange(e.ctx, l, 0, -1).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, it := range items {
+					if strings.Contains(it, `"id":"K-0"`) {
+						copies++
+					}
+				}
+			}
+			if copies != 1 {
+				t.Errorf("take refused %s, then a recovery: %d copies of K-0 in the ready and processing lists, want 1", cmd, copies)
+			}
+			if e.rdb.ZScore(e.ctx, e.k.Dead, "K-0").Err() == nil {
+				t.Errorf("take refused %s, then a recovery: K-0 dead-lettered (max_attempts 1), though no take delivered it", cmd)
+			}
+			it, err := e.st.Take(e.ctx)
+			if err != nil || it.ID != "K-0" || it.Attempts != 0 {
+				t.Errorf("take after the recovery: %+v, %v; want K-0 on its first delivery", it, err)
+			}
+		})
+	}
+}

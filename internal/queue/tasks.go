@@ -289,12 +289,16 @@ var ErrNothingToTake = errors.New("nothing to take")
 // decoding the payload (see luaSplitListItem); an item of another
 // shape is keyed by its whole body.
 //
-// The records recovery goes by ({queue}:unacked first, then
-// {queue}:taken) are written before the item leaves the ready list: a
-// script's writes stay when a later command fails (an ACL tightened at
-// runtime), so a refusal leaves the item in the ready list (perhaps
-// recorded as taken: recovery then returns a second copy, delivered at
-// least once as ever), never in the processing list with nothing to
+// A script's writes stay when a later command fails (an ACL tightened
+// at runtime refuses one), and a refused take answers the consumer an
+// error, not the item. So the records recovery goes by ({queue}:unacked
+// first, then {queue}:taken) are written before the item leaves the ready
+// list, and the delivery is counted last: a refusal leaves the item
+// either in the ready list — perhaps recorded as taken, which recovery
+// (forwardScript) tells by the item still being there: it drops the
+// records and neither copies the item nor dead-letters it — or taken
+// whole but uncounted, which recovery returns after ack_timeout without
+// spending an attempt; never in the processing list with nothing to
 // recover it by.
 var takeScript = redis.NewScript(luaSplitListItem + `
 for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
@@ -305,9 +309,8 @@ for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
     local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     redis.call('ZADD', KEYS[3], at, id)
     redis.call('HSET', KEYS[4], id, item)
-    local n = redis.call('HINCRBY', KEYS[5], id, 1)
     redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-    return {item, n}
+    return {item, redis.call('HINCRBY', KEYS[5], id, 1)}
   end
   redis.call('LMOVE', KEYS[1], KEYS[1], 'RIGHT', 'LEFT')
 end
