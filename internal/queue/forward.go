@@ -98,8 +98,11 @@ if ARGV[5] == '1' then
         redis.call('RPUSH', KEYS[4], body)
       end
     end
-    redis.call('ZREM', KEYS[7], id)
+    -- The record goes before the entry: an entry alone is dropped by the
+    -- next recovery, a record alone no recovery reaches, and every take
+    -- would pass its id over.
     redis.call('HDEL', KEYS[8], id)
+    redis.call('ZREM', KEYS[7], id)
     recovered = recovered + 1
   end
 end

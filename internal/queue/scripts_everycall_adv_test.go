@@ -42,7 +42,10 @@ import (
 //     absent) before and after the full run;
 //   - I6 stream: an entry pending in its group before and no longer
 //     pending has its task dead-lettered (with the entry's payload when
-//     it had one).
+//     it had one);
+//   - I7 orphan: no {q}:taken record without its {q}:unacked entry that
+//     was neither there before nor after the full run: no recovery
+//     reaches it, and every take passes its id over for good.
 
 // advFacts is what the invariants read of one queue.
 type advFacts struct {
@@ -52,6 +55,7 @@ type advFacts struct {
 	payload    map[string]bool
 	batches    map[string][2]int // token in {q}:leases -> count, records carrying it
 	processing map[string]bool   // item -> recoverable
+	orphan     map[string]bool   // id in {q}:taken, not in {q}:unacked
 	pending    map[string]bool   // entry ID pending in group g
 	entry      map[string][2]string
 	dead       map[string]bool
@@ -61,7 +65,7 @@ func readFacts(t testing.TB, rdb *redis.Client, k queue.Keys, serials []string) 
 	t.Helper()
 	ctx := context.Background()
 	f := advFacts{where: map[string][]string{}, rec: map[string]string{}, queued: map[string]float64{}, payload: map[string]bool{},
-		batches: map[string][2]int{}, processing: map[string]bool{}, pending: map[string]bool{}, entry: map[string][2]string{}, dead: map[string]bool{}}
+		batches: map[string][2]int{}, processing: map[string]bool{}, orphan: map[string]bool{}, pending: map[string]bool{}, entry: map[string][2]string{}, dead: map[string]bool{}}
 	for _, s := range serials {
 		f.where[s] = advWhere(t, rdb, k, s)
 		if sc, err := rdb.ZScore(ctx, k.Queue, s).Result(); err == nil {
@@ -88,6 +92,12 @@ func readFacts(t testing.TB, rdb *redis.Client, k queue.Keys, serials []string) 
 		id := advItemID(it)
 		body, err := rdb.HGet(ctx, k.Taken, id).Result()
 		f.processing[it] = err == nil && body == it && rdb.ZScore(ctx, k.Unacked, id).Err() == nil
+	}
+	taken, _ := rdb.HKeys(ctx, k.Taken).Result()
+	for _, id := range taken {
+		if rdb.ZScore(ctx, k.Unacked, id).Err() != nil {
+			f.orphan[id] = true
+		}
 	}
 	if pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: k.Stream, Group: "g", Start: "-", End: "+", Count: 1000}).Result(); err == nil {
 		for _, p := range pend {
@@ -187,6 +197,11 @@ func violations(pre, full, got advFacts, serials, tokens []string, eids []string
 		fok, inFull := full.processing[it]
 		if !ok && (!inPre || pok) && (!inFull || fok) {
 			out = append(out, fmt.Sprintf("I5 taken: %q is in the processing list with nothing to recover it by", it))
+		}
+	}
+	for id := range got.orphan {
+		if !pre.orphan[id] && !full.orphan[id] {
+			out = append(out, fmt.Sprintf("I7 orphan: %q is recorded as taken with no {q}:unacked entry", id))
 		}
 	}
 	for _, eid := range eids {

@@ -2,6 +2,8 @@ package queue_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -197,5 +199,106 @@ func TestAdvReorderedLeaseScriptsFailingMidLoopKeepEveryEntry(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// T1 (fixed). takeScript recorded the item as taken and counted the
+// delivery before it moved the item out of the ready list: refused at
+// the HINCRBY or the LMOVE, the item stayed in the ready list recorded as
+// taken, and recovery returned a second copy — or, with max_attempts 1
+// and the count written, dead-lettered a task no one had received. Now
+// the take counts last, and recovery tells an item still in the ready
+// list by a second LREM, sent only when the first found nothing
+// (TestRefusedTakeNeitherCopiesNorDeadLettersTheItem).
+//
+// T2 (fixed). The recovery dropped an item's {q}:unacked entry before its
+// {q}:taken record: refused at that HDEL, the record stayed with no entry
+// to recover it by, and every take passed the item (and any later item of
+// its id) over for good. Now the record goes first; an entry left alone
+// is dropped by the next recovery.
+//
+// Here the take is refused at each of its calls, and the recovery that
+// follows at each of its own, then runs whole: one copy of the item, in
+// the ready or the processing list, never dead-lettered, no record
+// without its entry, and the takes that follow hand it out on its first
+// delivery.
+func TestAdvTakeRefusedThenItsRecoveryRefusedKeepsOneCopy(t *testing.T) {
+	rdb, k0 := testenv.Redis(t)
+	ctx := context.Background()
+	after := shippedScripts(t)
+	take, fwd := hookScript(after["takeScript"]), hookScript(after["forwardScript"])
+	now0, err := queue.NewStore(rdb, k0).Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := queue.DeadlineMillis(now0)
+	takeRoles := []string{"ready", "processing", "unacked", "taken", "deliveries"}
+	fwdRoles := []string{"queue", "payload", "paused", "ready", "dead", "deadinfo", "unacked", "taken", "processing", "deliveries"}
+	const ack = 60000
+	fwdArgs := []any{"list", 10, 0, "q", 1, ack, 1} // max_attempts 1
+	item := listItem("K-0", now-5000, `{"n":0}`)
+	kw, kRun := queue.NewKeys(k0.Queue+":world"), queue.NewKeys(k0.Queue+":run")
+	t.Cleanup(func() { testenv.DeleteQueue(rdb, kw); testenv.DeleteQueue(rdb, kRun) })
+	advCmds{{"RPUSH", rReady, listItem("K-1", now-4000, `{"n":1}`), item}}.write(t, rdb, kw)
+	start := takeSnapshot(t, rdb, kw)
+	full := evalHooked(t, rdb, take, kw, takeRoles, []any{100}, now, 0)
+	if full.Err != nil || full.Reply == nil {
+		t.Fatalf("take: %v, %v", full.Reply, full.Err)
+	}
+	copies := func(k queue.Keys) int {
+		n := 0
+		for _, l := range []string{k.Ready, k.Processing} {
+			items, err := rdb.LRange(ctx, l, 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += strings.Count(strings.Join(items, "\n"), `"id":"K-0"`)
+		}
+		return n
+	}
+	for at := 1; at <= len(full.Calls); at++ {
+		start.restore(t, rdb, kRun)
+		if run := evalHooked(t, rdb, take, kRun, takeRoles, []any{100}, now, at); run.Err == nil {
+			t.Fatalf("take refused at call %d: no error", at)
+		}
+		refused := takeSnapshot(t, rdb, kRun)
+		c := full.Calls[at-1]
+		rec := evalHooked(t, rdb, fwd, kRun, fwdRoles, fwdArgs, now+ack, 0)
+		for fat := 0; fat <= len(rec.Calls); fat++ {
+			refused.restore(t, rdb, kRun)
+			what := fmt.Sprintf("take refused at call %d (%s %s), its recovery at call %d", at, c[0], c[1], fat)
+			if fat > 0 {
+				r := rec.Calls[fat-1]
+				what += fmt.Sprintf(" (%s %s %s)", r[0], r[1], r[2])
+				evalHooked(t, rdb, fwd, kRun, fwdRoles, fwdArgs, now+ack, fat)
+			}
+			if run := evalHooked(t, rdb, fwd, kRun, fwdRoles, fwdArgs, now+ack, 0); run.Err != nil {
+				t.Fatalf("%s, then a recovery: %v", what, run.Err)
+			}
+			if n := copies(kRun); n != 1 {
+				t.Errorf("%s, then a recovery: %d copies of K-0 in the ready and processing lists, want 1", what, n)
+			}
+			if rdb.ZScore(ctx, kRun.Dead, "K-0").Err() == nil {
+				t.Errorf("%s, then a recovery: K-0 dead-lettered (max_attempts 1), though no take delivered it", what)
+			}
+			if rdb.HExists(ctx, kRun.Taken, "K-0").Val() && rdb.ZScore(ctx, kRun.Unacked, "K-0").Err() != nil {
+				t.Errorf("%s, then a recovery: K-0 recorded as taken with no {q}:unacked entry: no recovery reaches it", what)
+			}
+			st := queue.NewStore(rdb, kRun)
+			var got []queue.ListItem
+			for {
+				it, err := st.Take(ctx)
+				if errors.Is(err, queue.ErrNothingToTake) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, it)
+			}
+			if i := slices.IndexFunc(got, func(it queue.ListItem) bool { return it.ID == "K-0" }); i < 0 || got[i].Attempts != 0 {
+				t.Errorf("%s, then a recovery: the takes that follow hand out %+v; want K-0 on its first delivery", what, got)
+			}
+		}
 	}
 }
