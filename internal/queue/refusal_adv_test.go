@@ -631,3 +631,42 @@ func TestRefusedTakeNeitherCopiesNorDeadLettersTheItem(t *testing.T) {
 		})
 	}
 }
+
+// An ack refused halfway never leaves a {q}:taken record without its
+// {q}:unacked entry: recovery walks the entries and would never reach the
+// record, and every take would pass the id over — the next task of the
+// id would wait for good. After the refusal, a recovery and a new task of
+// the same id, a take hands out the id.
+func TestRefusedAckLeavesNoRecordNoRecoveryReaches(t *testing.T) {
+	for _, cmd := range []string{"lrem", "zrem", "hdel"} {
+		t.Run("-"+cmd, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			e.putTasks("A-0")
+			fwd := queue.ForwardArgs{Kind: "list", Limit: 10, Queue: "refuse:q", Reliable: true, AckTimeout: time.Minute, MaxAttempts: 3}
+			if res, err := e.st.Forward(e.ctx, fwd); err != nil || res.Forwarded != 1 {
+				t.Fatalf("forward: %+v, %v", res, err)
+			}
+			if it, err := e.st.Take(e.ctx); err != nil || it.ID != "A-0" {
+				t.Fatalf("take: %+v, %v", it, err)
+			}
+			e.refused(cmd, func() error {
+				_, err := e.st.AckTaken(e.ctx, "A-0")
+				return err
+			})
+			if e.rdb.HExists(e.ctx, e.k.Taken, "A-0").Val() && e.rdb.ZScore(e.ctx, e.k.Unacked, "A-0").Err() != nil {
+				t.Errorf("ack refused %s: A-0 recorded as taken with no {q}:unacked entry: no recovery reaches it", cmd)
+			}
+			fwd.AckTimeout = 0
+			if _, err := e.st.Forward(e.ctx, fwd); err != nil {
+				t.Fatal(err)
+			}
+			e.putTasks("A-0")
+			if _, err := e.st.Forward(e.ctx, fwd); err != nil {
+				t.Fatal(err)
+			}
+			if it, err := e.st.Take(e.ctx); err != nil || it.ID != "A-0" {
+				t.Errorf("ack refused %s, a recovery, A-0 put again: take %+v, %v; want A-0", cmd, it, err)
+			}
+		})
+	}
+}
