@@ -670,3 +670,52 @@ func TestRefusedAckLeavesNoRecordNoRecoveryReaches(t *testing.T) {
 		})
 	}
 }
+
+// A purge of dead tasks refused after its first write leaves each letter
+// either gone whole or still in the dead-letter set, where the next purge
+// finds it: never a record, or a payload, without its dead-set entry (an
+// inspect would call the id dead, and no purge would reach either; no
+// live task owns the payload).
+func TestRefusedPurgeTasksLeavesNothingNoPurgeReaches(t *testing.T) {
+	for _, by := range []string{"ids", "before"} {
+		for _, cmd := range []string{"hdel", "zrem", "zscore", "hexists"} {
+			t.Run(by+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				ids := serials("P", 3)
+				e.putTasks(ids...)
+				tok := e.poll(3)
+				if n, err := e.st.BuryTasks(e.ctx, tok, queue.ReasonFailed, "boom", ids); err != nil || n != 3 {
+					t.Fatalf("bury: %d, %v", n, err)
+				}
+				purge := func() error {
+					if by == "ids" {
+						_, err := e.st.PurgeTasks(e.ctx, ids)
+						return err
+					}
+					_, err := e.st.PurgeTasksBefore(e.ctx, time.Time{})
+					return err
+				}
+				e.refused(cmd, purge)
+				for _, id := range ids {
+					if e.rdb.ZScore(e.ctx, e.k.Dead, id).Err() == nil {
+						continue
+					}
+					if e.rdb.HExists(e.ctx, e.k.DeadInfo, id).Val() {
+						t.Errorf("purge refused %s: %s has a dead-letter record without its dead-set entry", cmd, id)
+					}
+					if e.rdb.HExists(e.ctx, e.k.Payload, id).Val() {
+						t.Errorf("purge refused %s: %s has a payload and is neither dead nor live", cmd, id)
+					}
+				}
+				if err := purge(); err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range []string{e.k.Dead, e.k.DeadInfo, e.k.Payload} {
+					if n := e.rdb.Exists(e.ctx, k).Val(); n != 0 {
+						t.Errorf("%s left after the purge once the ACL is mended", k)
+					}
+				}
+			})
+		}
+	}
+}

@@ -200,21 +200,29 @@ func (s *Store) RequeueTasks(ctx context.Context, ids []string) ([]string, error
 //	           time of death (Unix ms, "+inf" for all) and ARGV[3] a limit
 //
 // Returns the number removed.
+//
+// The dead set's entry goes last, after the record and the payload (as in
+// purgeScript): a script's writes stay when a later command fails (an ACL
+// tightened at runtime), and a purge stopped so leaves the letter where
+// the next purge finds it, never a record or a payload no purge reaches.
+// The ids "before" names are read from the dead set; named ids are looked
+// up there first.
 var purgeTasksScript = redis.NewScript(`
 local ids = {}
-if ARGV[1] == 'before' then
-  ids = redis.call('ZRANGE', KEYS[3], '-inf', ARGV[2], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[3]))
-else
+local named = ARGV[1] ~= 'before'
+if named then
   for i = 2, #ARGV do ids[#ids+1] = ARGV[i] end
+else
+  ids = redis.call('ZRANGE', KEYS[3], '-inf', ARGV[2], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[3]))
 end
 local n = 0
 for _, id in ipairs(ids) do
-  if redis.call('ZREM', KEYS[3], id) == 1 then
+  if not named or redis.call('ZSCORE', KEYS[3], id) then
     redis.call('HDEL', KEYS[4], id)
     if not redis.call('ZSCORE', KEYS[1], id) and redis.call('HEXISTS', KEYS[2], id) == 0 then
       redis.call('HDEL', KEYS[6], id)
     end
-    n = n + 1
+    n = n + redis.call('ZREM', KEYS[3], id)
   end
 end
 return n
