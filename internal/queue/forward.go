@@ -13,7 +13,10 @@ import (
 // and never neither — but for a command refused mid-script (an ACL
 // tightened at runtime: a script's writes before it stay), which can
 // leave a task delivered and still queued, to be delivered again (at
-// least once, as ever), never in neither.
+// least once, as ever), never in neither. A refused HDEL of a delivered
+// task's payload leaves that one field behind with no task (a later put
+// of the id overwrites it): removing the payload before the task leaves
+// the queue key would, refused in between, queue it without its payload.
 //
 //	KEYS[1] -> queue  KEYS[2] -> {queue}:payload  KEYS[3] -> {queue}:paused
 //	KEYS[4] -> {queue}:stream or {queue}:ready
@@ -121,7 +124,9 @@ if take > 0 then
   due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, take, 'WITHSCORES')
 end
 -- Each task is delivered (or dead-lettered) before it leaves the queue
--- key, and its payload goes after that (see the doc comment).
+-- key, and its payload goes after that (see the doc comment). Whether a
+-- dead letter keeps the payload is read before the first write: refused
+-- there, nothing of the task is written.
 for i = 1, #due, 2 do
   local id, d = due[i], tonumber(due[i+1])
   local payload = redis.call('HGET', KEYS[2], id) or 'null'
@@ -133,6 +138,7 @@ for i = 1, #due, 2 do
     redis.call('ZREM', KEYS[1], id)
     dead[#dead+1] = id; dead[#dead+1] = reason
   else
+    local keep = redis.call('ZSCORE', KEYS[5], id)
     if ARGV[1] == 'stream' then
       redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'id', id, 'deadline', d,
         'queue', ARGV[4], 'payload', payload)
@@ -140,7 +146,7 @@ for i = 1, #due, 2 do
       redis.call('LPUSH', KEYS[4], '{"id":' .. cjson.encode(id) .. ',"deadline_ms":' .. d .. ',"payload":' .. payload .. '}')
     end
     redis.call('ZREM', KEYS[1], id)
-    if not redis.call('ZSCORE', KEYS[5], id) then redis.call('HDEL', KEYS[2], id) end
+    if not keep then redis.call('HDEL', KEYS[2], id) end
     n = n + 1
     late[n] = now - d
   end

@@ -719,3 +719,52 @@ func TestRefusedPurgeTasksLeavesNothingNoPurgeReaches(t *testing.T) {
 		}
 	}
 }
+
+// A forward refused after it delivered a task leaves no payload behind
+// but where no command can remove it: a refused read (ZSCORE of the dead
+// set, asked whether a dead letter of the id keeps the payload) comes
+// before the task's first write. A refused HDEL cannot remove the payload
+// at all, and the task is delivered with it before (the other orders
+// would queue the task without its payload, or lose it): one field is
+// left for the one task the script stopped at, with no task; a later put
+// of the id writes its own.
+func TestRefusedForwardLeavesAPayloadOnlyWhereHdelIsRefused(t *testing.T) {
+	for _, kind := range []string{"stream", "list"} {
+		for _, cmd := range []string{"zscore", "hdel"} {
+			t.Run(kind+"/-"+cmd, func(t *testing.T) {
+				e := newRefusalEnv(t)
+				ids := serials("F", 3)
+				e.putTasks(ids...)
+				e.refused(cmd, func() error {
+					_, err := e.st.Forward(e.ctx, queue.ForwardArgs{Kind: kind, Limit: 10, MaxLen: 1000, Queue: "refuse:q"})
+					return err
+				})
+				var stray []string
+				for _, id := range ids {
+					if e.where(id) != "queue" && e.rdb.HExists(e.ctx, e.k.Payload, id).Val() {
+						stray = append(stray, id)
+					}
+				}
+				if max := map[string]int{"zscore": 0, "hdel": 1}[cmd]; len(stray) > max {
+					t.Errorf("forward refused %s: payloads of delivered tasks left behind: %v (want at most %d)", cmd, stray, max)
+				}
+				for _, id := range stray {
+					if w := e.where(id); w != kind && !(kind == "list" && w == "ready") {
+						t.Errorf("forward refused %s: %s's payload is left, the task is in %q, not delivered", cmd, id, w)
+					}
+					now, err := e.st.Now(e.ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					put := queue.TaskWrite{ID: id, DeadlineMS: queue.DeadlineMillis(now.Add(time.Hour)), Payload: `{"v":2}`}
+					if p, err := e.st.PutTask(e.ctx, queue.ModeCreate, queue.WriterClient, put); err != nil || p.Result != queue.ResultCreated {
+						t.Fatalf("put %s again: %+v, %v", id, p, err)
+					}
+					if got, _ := e.st.Payload(e.ctx, id); got != `{"v":2}` {
+						t.Errorf("forward refused %s, %s put again: payload %q, want the put's", cmd, id, got)
+					}
+				}
+			})
+		}
+	}
+}
