@@ -140,7 +140,11 @@ end
 -- stay when a later command fails, and a batch dropped while members
 -- still carry its token leaves them in no place a claim reads (a count
 -- too high only keeps the batch until it expires: the claim that re-takes
--- it finds none of its members and drops it).
+-- it finds none of its members and drops it). Refused at the HDEL, the
+-- batch has left {queue}:leases and its three fields stay, read by
+-- nothing: claims, gauges and unbatch find batches by {queue}:leases, and
+-- a release by the token finds no record carrying it (tokens are unique
+-- per claim, and every member counted has moved).
 local function unlease(leases, info, token, k)
   if k > 0 and redis.call('HINCRBY', info, '#' .. token, -k) <= 0 then
     redis.call('ZREM', leases, token)

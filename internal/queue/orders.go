@@ -23,7 +23,9 @@ const ModeAdopt = "adopt"
 // the record's member off its batch lease, if it has one (field "#"+token
 // of {queue}:leasebatch counts the members a batch still holds; the
 // claim script writes it), and drops the batch with its last
-// member, so the gauges count no member twice.
+// member, so the gauges count no member twice. Refused at the HDEL, the
+// batch's fields stay with no {queue}:leases entry, read by nothing (see
+// unlease in luaHelpers).
 const luaUnbatch = `
 local function unbatch(leases, info, rec)
   if not rec then return end

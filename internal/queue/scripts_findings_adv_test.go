@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -300,5 +302,119 @@ func TestAdvTakeRefusedThenItsRecoveryRefusedKeepsOneCopy(t *testing.T) {
 				t.Errorf("%s, then a recovery: the takes that follow hand out %+v; want K-0 on its first delivery", what, got)
 			}
 		}
+	}
+}
+
+// B1 (holds). A release refused at the batch's HDEL (retry, bury or
+// hand-back of a batch's last members, unlease) has already taken the
+// batch out of {q}:leases: its three {q}:leasebatch fields (list, "#"
+// count, "<" oldest) stay, with no expiry. Nothing reads them: the claim,
+// the gauges and unbatch find batches by {q}:leases, a fence reads lease
+// records, and a release by the same token finds no record carrying it
+// (tokens are unique per claim, and the script had moved every member it
+// counted). Here each script is refused there, and a state with the
+// stray fields and one without them answer the same gauges, the same
+// claim and the same fences, and count each held entry once.
+func TestAdvStrayBatchFieldsOfARefusedReleaseMisleadNothing(t *testing.T) {
+	after := shippedScripts(t)
+	ss := []any{"S-0", "S-1", "S-2"}
+	for _, tc := range []struct {
+		v     string
+		roles []string
+		args  []any
+		want  int // entries the next claim takes: the three moved (unless dead) and N-0
+	}{
+		{"retryScript", []string{"inflight", "lease", "deadlines", "leases", "leasebatch"}, append([]any{"d:1", 0, 1, "db down"}, ss...), 4},
+		{"buryScript", []string{"inflight", "deadlines", "lease", "dead", "deadinfo", "leases", "leasebatch"}, append([]any{"d:1", "close_failed", "x", 1}, ss...), 1},
+		{"handBackScript", []string{"queue", "inflight", "deadlines", "lease", "leases", "leasebatch"}, append([]any{"d:1"}, ss...), 4},
+	} {
+		t.Run(tc.v, func(t *testing.T) {
+			rdb, k0 := testenv.Redis(t)
+			ctx := context.Background()
+			ka, kb := queue.NewKeys(k0.Queue+":strays"), queue.NewKeys(k0.Queue+":clean")
+			t.Cleanup(func() { testenv.DeleteQueue(rdb, ka); testenv.DeleteQueue(rdb, kb) })
+			sa, sb := queue.NewStore(rdb, ka), queue.NewStore(rdb, kb)
+			base := dueAt(t, sa, 0)
+			for i, s := range ss {
+				rdb.ZAdd(ctx, ka.Queue, redis.Z{Score: base + float64(i), Member: s})
+			}
+			if r, err := sa.Claim(ctx, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "d:1", Batch: true}); err != nil || len(r.Items) != 3 {
+				t.Fatalf("claim: %+v, %v", r, err)
+			}
+			now0, err := sa.Now(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := queue.DeadlineMillis(now0)
+			src := hookScript(after[tc.v])
+			snap := takeSnapshot(t, rdb, ka)
+			snap.restore(t, rdb, kb)
+			full := evalHooked(t, rdb, src, kb, tc.roles, tc.args, now, 0)
+			at := slices.IndexFunc(full.Calls, func(c [3]string) bool { return c[0] == "hdel" && c[1] == "leasebatch" })
+			if full.Err != nil || at < 0 {
+				t.Fatalf("%s: %v, calls %v; want the batch's HDEL", tc.v, full.Err, full.Calls)
+			}
+			if run := evalHooked(t, rdb, src, ka, tc.roles, tc.args, now, at+1); run.Err == nil {
+				t.Fatalf("%s refused at call %d: no error", tc.v, at+1)
+			}
+			if !rdb.HExists(ctx, ka.LeaseBatch, "#d:1").Val() || rdb.ZScore(ctx, ka.Leases, "d:1").Err() != redis.Nil {
+				t.Fatalf("%s refused at its batch's HDEL: no stray fields; the test no longer reaches the path", tc.v)
+			}
+			takeSnapshot(t, rdb, ka).restore(t, rdb, kb)
+			rdb.HDel(ctx, kb.LeaseBatch, "d:1", "#d:1", "<d:1")
+			same := func(when string) {
+				t.Helper()
+				a, err := sa.Stats(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := sb.Stats(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Depth != b.Depth || a.Overdue != b.Overdue || a.Held != b.Held || a.DeadLetters != b.DeadLetters || !a.NextDeadline.Equal(b.NextDeadline) {
+					t.Errorf("%s, %s: gauges %+v with the stray fields, %+v without", tc.v, when, a, b)
+				}
+			}
+			same("refused at the batch's HDEL")
+			for _, k := range []queue.Keys{ka, kb} {
+				rdb.ZAdd(ctx, k.Queue, redis.Z{Score: base + 10, Member: "N-0"})
+			}
+			var items [2][]queue.Leased
+			for i, st := range []*queue.Store{sa, sb} {
+				r, err := st.Claim(ctx, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "d:2", Batch: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				items[i] = r.Items
+				sort.Slice(items[i], func(x, y int) bool { return items[i][x].Serial < items[i][y].Serial })
+			}
+			if len(items[0]) != tc.want {
+				t.Errorf("%s: the next claim takes %v; want %d entries", tc.v, items[0], tc.want)
+			}
+			if !reflect.DeepEqual(items[0], items[1]) {
+				t.Errorf("%s: the next claim takes %v with the stray fields, %v without", tc.v, items[0], items[1])
+			}
+			same("after the next claim")
+			if st, err := sa.Stats(ctx); err != nil || st.Held != int64(len(items[0])) {
+				t.Errorf("%s: the gauges count %d held (%v), the claim holds %d", tc.v, st.Held, err, len(items[0]))
+			}
+			var held []string
+			for _, it := range items[0] {
+				held = append(held, it.Serial)
+			}
+			if drop, err := sa.Fence(ctx, "d:1", 0, held); err != nil || len(drop) != len(held) {
+				t.Errorf("%s: the fence of the stray token d:1 drops %v of %v (%v); want all", tc.v, drop, held, err)
+			}
+			if drop, err := sa.Fence(ctx, "d:2", 0, held); err != nil || len(drop) != 0 {
+				t.Errorf("%s: the fence of d:2 drops %v (%v); want none", tc.v, drop, err)
+			}
+			for _, st := range []*queue.Store{sa, sb} {
+				if n, err := st.Finish(ctx, "d:2", held, false); err != nil || n != len(held) {
+					t.Fatalf("finish: %d, %v", n, err)
+				}
+			}
+			same("after the claim's finish")
+		})
 	}
 }
