@@ -68,7 +68,9 @@ const maxPerCall = 1000
 // refusal leaves a moved entry in its lease, or in the queue key and its
 // lease (the state a raw ZADD makes: the claim drops the stale lease, the
 // holder's fence sees the new deadline), never in neither, and never a
-// batch counting fewer members than carry its token.
+// batch counting fewer members than carry its token. The wake-up
+// (PUBLISH) comes last, for the reason given at putTaskScript: refused,
+// only the wake-up is lost.
 var enqueueScript = redis.NewScript(luaUnbatch + `
 local mode = ARGV[1]
 local n = (#ARGV - 1) / 2

@@ -140,7 +140,9 @@ const (
 // A task is queued before its dead letter goes: a script's writes stay
 // when a later command fails (an ACL tightened at runtime), so a refusal
 // leaves it dead-lettered, queued, or both (a later requeue of it finds
-// it live and leaves both alone), never neither; its payload stays.
+// it live and leaves both alone), never neither; its payload stays. The
+// wake-up (PUBLISH) comes last, as in putTaskScript: refused, only the
+// wake-up is lost.
 var requeueTasksScript = redis.NewScript(luaNowMS + `
 local now = now_ms()
 local out, n = {}, 0

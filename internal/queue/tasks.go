@@ -68,6 +68,14 @@ var ErrDurable = errors.New("durable queue")
 // was (perhaps with the new payload) or queued, never in neither, and
 // never queued without the put's payload — which a retry of the put would
 // not mend once the deadline is the put's (unchanged: it writes nothing).
+// The wake-up (PUBLISH) is the last command, and the only one a refusal
+// there costs: the task is written whole, the put answers the refusal, and
+// its retry (unchanged) publishes nothing, so sleeping scanners find the
+// earlier head at their next head check (about 350 ms; a scan interval
+// without one). Published first, a refused PUBLISH (a user without the
+// channel: Redis 7 creates users with resetchannels) would refuse the
+// write itself, and wake no one sooner: subscribers act only once the
+// script has ended.
 var putTaskScript = redis.NewScript(`
 local meta = redis.call('HMGET', KEYS[7], 'durable', 'max_pending')
 if meta[1] == '1' and ARGV[5] ~= 'durable' then return {-1, 0} end
