@@ -526,6 +526,18 @@ func TestRefusedReleaseTasksKeepsEveryTask(t *testing.T) {
 	}
 }
 
+// listed puts task id and forwards it into a reliable ready list with
+// maxAttempts, and returns the forward's arguments (ack timeout a minute).
+func (e *refusalEnv) listed(id string, maxAttempts int) queue.ForwardArgs {
+	e.t.Helper()
+	e.putTasks(id)
+	fwd := queue.ForwardArgs{Kind: "list", Limit: 10, Queue: "refuse:q", Reliable: true, AckTimeout: time.Minute, MaxAttempts: maxAttempts}
+	if res, err := e.st.Forward(e.ctx, fwd); err != nil || res.Forwarded != 1 {
+		e.t.Fatalf("forward: %+v, %v", res, err)
+	}
+	return fwd
+}
+
 // A take from a reliable list whose writes are refused keeps the item in
 // the ready list or takes it whole (what recovery returns: {q}:unacked and
 // {q}:taken).
@@ -533,10 +545,7 @@ func TestRefusedTakeKeepsTheItem(t *testing.T) {
 	for _, cmd := range []string{"time", "zadd", "hset", "hincrby", "lmove"} {
 		t.Run("-"+cmd, func(t *testing.T) {
 			e := newRefusalEnv(t)
-			e.putTasks("K-0")
-			if res, err := e.st.Forward(e.ctx, queue.ForwardArgs{Kind: "list", Limit: 10, Queue: "refuse:q", Reliable: true, AckTimeout: time.Minute, MaxAttempts: 3}); err != nil || res.Forwarded != 1 {
-				t.Fatalf("forward: %+v, %v", res, err)
-			}
+			e.listed("K-0", 3)
 			e.refused(cmd, func() error {
 				_, err := e.st.Take(e.ctx)
 				return err
@@ -593,11 +602,7 @@ func TestRefusedTakeNeitherCopiesNorDeadLettersTheItem(t *testing.T) {
 	for _, cmd := range []string{"time", "zadd", "hset", "hincrby", "lmove"} {
 		t.Run("-"+cmd, func(t *testing.T) {
 			e := newRefusalEnv(t)
-			e.putTasks("K-0")
-			fwd := queue.ForwardArgs{Kind: "list", Limit: 10, Queue: "refuse:q", Reliable: true, AckTimeout: time.Minute, MaxAttempts: 1}
-			if res, err := e.st.Forward(e.ctx, fwd); err != nil || res.Forwarded != 1 {
-				t.Fatalf("forward: %+v, %v", res, err)
-			}
+			fwd := e.listed("K-0", 1)
 			e.refused(cmd, func() error {
 				_, err := e.st.Take(e.ctx)
 				return err
@@ -641,11 +646,7 @@ func TestRefusedAckLeavesNoRecordNoRecoveryReaches(t *testing.T) {
 	for _, cmd := range []string{"lrem", "zrem", "hdel"} {
 		t.Run("-"+cmd, func(t *testing.T) {
 			e := newRefusalEnv(t)
-			e.putTasks("A-0")
-			fwd := queue.ForwardArgs{Kind: "list", Limit: 10, Queue: "refuse:q", Reliable: true, AckTimeout: time.Minute, MaxAttempts: 3}
-			if res, err := e.st.Forward(e.ctx, fwd); err != nil || res.Forwarded != 1 {
-				t.Fatalf("forward: %+v, %v", res, err)
-			}
+			fwd := e.listed("A-0", 3)
 			if it, err := e.st.Take(e.ctx); err != nil || it.ID != "A-0" {
 				t.Fatalf("take: %+v, %v", it, err)
 			}
