@@ -31,19 +31,31 @@ import (
 // leaseCheckStore asks, each time the consumer begins a close, whether
 // owner still holds every serial under a live lease (a lease record with
 // owner's token whose batch lease has not expired on Redis's clock), and
-// records those it does not.
+// records those it does not, the lease tokens the serials were begun
+// under, and how many times each serial was closed.
 type leaseCheckStore struct {
 	*orders.Store
 	e     *env
 	owner string
 
-	mu    sync.Mutex
-	stale []string
+	mu     sync.Mutex
+	stale  []string
+	began  map[string][]string // lease token -> serials a close began under it
+	closes map[string]int      // serial -> closes that committed
 }
 
 func (s *leaseCheckStore) Settle(ctx context.Context, serials []string, fence orders.Fence) (orders.Outcome, error) {
 	s.check(serials)
-	return s.Store.Settle(ctx, serials, fence)
+	out, err := s.Store.Settle(ctx, serials, fence)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sn := range out.Closed {
+		if s.closes == nil {
+			s.closes = map[string]int{}
+		}
+		s.closes[sn]++
+	}
+	return out, err
 }
 
 func (s *leaseCheckStore) check(serials []string) {
@@ -57,6 +69,12 @@ func (s *leaseCheckStore) check(serials []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, sn := range serials {
+		if ok[i] {
+			if s.began == nil {
+				s.began = map[string][]string{}
+			}
+			s.began[recs[i].Token] = append(s.began[recs[i].Token], sn)
+		}
 		live := false
 		if ok[i] && strings.HasPrefix(recs[i].Token, s.owner+":") {
 			exp, err := s.e.RDB.ZScore(ctx, s.e.Keys.Leases, recs[i].Token).Result()
@@ -72,6 +90,21 @@ func (s *leaseCheckStore) staleSerials() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.stale)
+}
+
+// begunUnder is the serials a close began while their lease record
+// carried token.
+func (s *leaseCheckStore) begunUnder(token string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.began[token])
+}
+
+// closedTimes is how many closes of serial committed.
+func (s *leaseCheckStore) closedTimes(serial string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closes[serial]
 }
 
 // stallEnv is an env with replica A behind a proxy (Redis's replies to it
