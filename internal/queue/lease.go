@@ -201,8 +201,11 @@ end
 // are not valid serials, scores that are not integers or lie outside
 // [2000-01-01, now + ARGV[4]] go to the dead-letter set instead, and a
 // lease or backoff of the same serial is dropped with them (the bad score
-// is the producer's latest write: the old deadline must not close it). "Now" is Redis's clock, so all replicas agree and
-// nothing is claimed before its deadline.
+// is the producer's latest write: the old deadline must not close it). So
+// does (as malformed) a member of an expired batch whose lease record
+// gives no deadline or names no holder: no script writes one, and the
+// order's deadline is unknown. "Now" is Redis's clock, so all replicas
+// agree and nothing is claimed before its deadline.
 //
 // While KEYS[7] exists (an operator paused closing) it claims nothing and
 // changes nothing.
@@ -392,7 +395,10 @@ end
 -- token (the others were settled, retried, taken over or moved by a
 -- producer since). A batch is taken whole while there is room; the
 -- members there is no room for stay in it, still expired, for the next
--- claim.
+-- claim. A member whose record has no token (no script writes one) is
+-- no holder's and in no place another claim reads once its batch goes:
+-- it is dead-lettered as malformed, with the records that carry the
+-- token but no numeric deadline.
 if batch and n < limit and not full and batHead and batHead <= now then
   changed = true
   local exb = redis.call('ZRANGE', KEYS[9], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
@@ -400,6 +406,8 @@ if batch and n < limit and not full and batHead and batHead <= now then
   -- read are bounded as well as the members leased (the batches left are
   -- the next claim's; they are still expired).
   local read = 0
+  -- unknown: the members buried here (two lists may name one).
+  local unknown = {}
   for _, t in ipairs(exb) do
     if n >= limit or read >= limit then break end
     local list = {}
@@ -421,12 +429,23 @@ if batch and n < limit and not full and batHead and batHead <= now then
             lease(s, d, a or 0)
             claimed[#claimed+1] = s; claimed[#claimed+1] = d
             claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 1
-          else
+          elseif not unknown[s] then
             -- A record without a numeric deadline (no script writes one):
             -- the order's deadline is unknown, so it is not closed but
             -- dead-lettered for an operator, and the queue goes on.
+            unknown[s] = true
             bury(s, 'malformed', string.match(recs[i], '^[^|]*'))
           end
+        end
+      elseif recs[i] and not queued[i] and not took[s] and not unknown[s] then
+        -- A record with no token at all (garbage, or empty): unless the
+        -- queue key holds the serial (a producer's write, which step 2
+        -- takes over when due) or a per-member lease does (step 1 takes
+        -- it back when it expires), nothing else would ever read it.
+        local _, _, tok = parse(recs[i])
+        if (not tok or tok == '') and not redis.call('ZSCORE', KEYS[2], s) then
+          unknown[s] = true
+          bury(s, 'malformed', string.match(recs[i], '^[^|]*'))
         end
       end
     end
