@@ -24,25 +24,87 @@ import (
 // closed once, by A's next claim; the moved one is closed once, at its new
 // deadline, never before.
 func TestAdvStallClaimHandedBackLateKeepsAProducersReschedule(t *testing.T) {
-	producers := []struct {
-		name       string
-		reschedule func(t *testing.T, s *stallEnv, serial string, at time.Time)
-	}{
-		{"raw ZADD", func(t *testing.T, s *stallEnv, serial string, at time.Time) {
+	reschedule := func(write func(*testing.T, *stallEnv, string, time.Time)) lateWrite {
+		var later time.Time
+		return lateWrite{
+			write: func(t *testing.T, s *stallEnv, serial string) {
+				later = s.RedisNow().Add(4 * time.Second)
+				write(t, s, serial, later)
+			},
+			afterHandBack: func(t *testing.T, s *stallEnv, serial string) {
+				got, err := s.cl.Get(context.Background(), serial)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
+					t.Errorf("after the hand-back %s is due at %v (%s), want the producer's %v", serial, got.Deadline, got.State, later)
+				}
+			},
+			status:    "closed",
+			notBefore: func() time.Time { return later },
+		}
+	}
+	cases := map[string]lateWrite{
+		"raw ZADD": reschedule(func(t *testing.T, s *stallEnv, serial string, at time.Time) {
 			s.Enqueue([]string{serial}, at)
-		}},
-		{"client reschedule", func(t *testing.T, s *stallEnv, serial string, at time.Time) {
+		}),
+		"client reschedule": reschedule(func(t *testing.T, s *stallEnv, serial string, at time.Time) {
 			if _, _, err := s.cl.Enqueue(context.Background(), serial, at, client.Reschedule); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}),
 	}
-	for _, p := range producers {
-		t.Run(p.name, func(t *testing.T) { testStallHandBackKeepsReschedule(t, p.reschedule) })
+	for name, w := range cases {
+		t.Run(name, func(t *testing.T) { testStallHandBack(t, w) })
 	}
 }
 
-func testStallHandBackKeepsReschedule(t *testing.T, reschedule func(*testing.T, *stallEnv, string, time.Time)) {
+// The same stall, with the serial's timeout cancelled (the order was
+// paid, or called off) or its order paid during it: the hand-back puts no
+// cancelled entry back, and neither order is closed.
+func TestAdvStallClaimHandedBackLateLeavesACancelOrAPaymentAlone(t *testing.T) {
+	cases := map[string]lateWrite{
+		"cancel": {
+			write: func(t *testing.T, s *stallEnv, serial string) {
+				if err := s.cl.Cancel(context.Background(), serial); err != nil {
+					t.Fatal(err)
+				}
+			},
+			afterHandBack: func(t *testing.T, s *stallEnv, serial string) {
+				if got, err := s.cl.Get(context.Background(), serial); !errors.Is(err, client.ErrNotFound) {
+					t.Errorf("after the hand-back the cancelled %s has an entry %+v (%v)", serial, got, err)
+				}
+			},
+			status: "pending",
+		},
+		"payment": {
+			write: func(t *testing.T, s *stallEnv, serial string) {
+				if _, err := s.DB.Exec(`UPDATE orders SET status = 'paid', paid_at = now() WHERE serial_no = $1`, serial); err != nil {
+					t.Fatal(err)
+				}
+			},
+			status: "paid",
+		},
+	}
+	for name, w := range cases {
+		t.Run(name, func(t *testing.T) { testStallHandBack(t, w) })
+	}
+}
+
+// lateWrite is what a producer (or a payer) does to one claimed serial
+// while replica A's claim reply is held.
+type lateWrite struct {
+	write         func(t *testing.T, s *stallEnv, serial string)
+	afterHandBack func(t *testing.T, s *stallEnv, serial string) // checks the serial once A handed back (nil: nothing)
+	status        string                                         // the serial's final status
+	notBefore     func() time.Time                               // a closed serial's latest deadline (nil: its first)
+}
+
+// testStallHandBack holds A's claim reply past the batch's time while w is
+// done to one of its four serials, then lets it through: A must hand the
+// claim back and close only through later claims — the three others once
+// each, at or after their deadline; the written one as w says.
+func testStallHandBack(t *testing.T, w lateWrite) {
 	ctx := context.Background()
 	s := newStallEnv(t)
 	// A lease long enough that a reply released just after the batch's
@@ -53,11 +115,12 @@ func testStallHandBackKeepsReschedule(t *testing.T, reschedule func(*testing.T, 
 	batch, _ := a.batchBudget()
 	past := s.RedisNow().Add(-time.Second)
 	serials := s.Orders("latehb", 4, past)
-	moved := serials[0]
+	written := serials[0]
 	s.Enqueue(serials, past)
 
 	s.px.Stall(time.Minute) // ended below
 	runConsumer(t, a)
+	t.Cleanup(func() { s.px.Stall(0) }) // before A is stopped, if the test ends early
 	eventually(t, "A's claim run by Redis, its reply held", 10*time.Second, func() bool { return s.leasedTo(t, "A", serials) })
 	recs, _, err := s.st.LeaseRecords(ctx, serials[:1])
 	if err != nil {
@@ -69,8 +132,7 @@ func testStallHandBackKeepsReschedule(t *testing.T, reschedule func(*testing.T, 
 		t.Fatalf("A's batch lease %s: %v", token, err)
 	}
 
-	later := s.RedisNow().Add(4 * time.Second)
-	reschedule(t, s, moved, later)
+	w.write(t, s, written)
 
 	// Redis ran the claim at expiry - lease, after A sent it: once Redis's
 	// clock is a batch's time past that (and a little: the two clocks are
@@ -85,43 +147,48 @@ func testStallHandBackKeepsReschedule(t *testing.T, reschedule func(*testing.T, 
 	if got := s.store.begunUnder(token); len(got) > 0 {
 		t.Errorf("A began closing %v under the claim it heard of after the batch's time", got)
 	}
-	got, err := s.cl.Get(ctx, moved)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Deadline.UnixMilli() != queue.DeadlineMillis(later) {
-		t.Errorf("after the hand-back %s is due at %v (%s), want the producer's %v", moved, got.Deadline, got.State, later)
+	if w.afterHandBack != nil {
+		w.afterHandBack(t, s, written)
 	}
 
-	eventually(t, "every order closed", 30*time.Second, func() bool {
-		for _, sn := range serials {
+	eventually(t, "every order settled, nothing left in Redis", 30*time.Second, func() bool {
+		for _, sn := range serials[1:] {
 			if s.Status(sn) != "closed" {
 				return false
 			}
 		}
-		return true
+		return s.Status(written) == w.status && s.held() == 0 && s.card(s.Keys.Queue) == 0
 	})
+	closed := 0
 	for _, sn := range serials {
-		if n := s.store.closedTimes(sn); n != 1 {
-			t.Errorf("%s closed %d times, want 1", sn, n)
+		want := 1
+		if sn == written && w.status != "closed" {
+			want = 0
 		}
+		if n := s.store.closedTimes(sn); n != want {
+			t.Errorf("%s closed %d times, want %d", sn, n, want)
+		}
+		closed += want
 	}
-	// The rows keep the first deadline (expires_at); the moved one's latest
-	// is the producer's.
+	// The rows keep the first deadline (expires_at); the written one's
+	// latest may be a producer's.
+	latest := past
+	if w.notBefore != nil {
+		latest = w.notBefore()
+	}
 	var early []string
 	if err := s.DB.Select(&early, `SELECT serial_no FROM orders WHERE serial_no = ANY($1)
-		AND closed_at < CASE WHEN serial_no = $2 THEN $3 ELSE expires_at END`, pq.Array(serials), moved, later); err != nil {
+		AND closed_at < CASE WHEN serial_no = $2 THEN $3 ELSE expires_at END`, pq.Array(serials), written, latest); err != nil {
 		t.Fatal(err)
 	}
 	if len(early) > 0 {
 		t.Errorf("%v closed before its latest deadline", early)
 	}
-	if v := testutil.ToFloat64(s.mA.Closed); v != float64(len(serials)) {
-		t.Errorf("A counted %v closes, want %d", v, len(serials))
-	}
-	eventually(t, "A's leases finished", 10*time.Second, func() bool { return s.held() == 0 })
-	if n := s.card(s.Keys.Queue); n != 0 {
-		t.Errorf("%d entries left in the queue key", n)
+	if v := testutil.ToFloat64(s.mA.Closed); v != float64(closed) {
+		t.Errorf("A counted %v closes, want %d", v, closed)
 	}
 	s.assertNoLeaseKeys(t)
+	if n := s.card(s.Keys.Dead); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
 }
