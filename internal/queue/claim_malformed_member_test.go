@@ -152,3 +152,81 @@ func TestClaimDeadLettersAnExpiredBatchMemberWithoutANumericDeadline(t *testing.
 		}
 	}
 }
+
+// The damaged member of the expired batch was written again by a producer
+// (a raw ZADD) before the claim: the producer's latest write decides, not
+// the damage. It is not dead-lettered; due, it is leased once, at the
+// producer's deadline; not due, it stays queued there, and the old
+// holder's fence drops it either way.
+func TestClaimExpiredBatchMemberWithADamagedRecordRewrittenByAProducer(t *testing.T) {
+	for _, rec := range []string{"x|0|b:a|", "garbage"} {
+		for _, due := range []bool{true, false} {
+			t.Run(fmt.Sprintf("record %q, rewritten due %v", rec, due), func(t *testing.T) {
+				rdb, k := testenv.Redis(t)
+				ctx := context.Background()
+				st := queue.NewStore(rdb, k)
+				base := dueAt(t, st, 0)
+				serials := []string{"S0", "S1", "S2", "S3"}
+				for i, s := range serials {
+					if err := rdb.ZAdd(ctx, k.Queue, redis.Z{Score: base + float64(i), Member: s}).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if a := claimAll(t, st, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "b:a", Batch: true}); len(a.Items) != 4 {
+					t.Fatalf("first claim %+v, want the 4 serials", a.Items)
+				}
+				again := base + 10
+				if !due {
+					again = base + float64(2*time.Hour.Milliseconds())
+				}
+				if err := rdb.HSet(ctx, k.Lease, "S2", rec).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := rdb.ZAdd(ctx, k.Queue, redis.Z{Score: again, Member: "S2"}).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := rdb.ZAdd(ctx, k.Leases, redis.Z{Score: base, Member: "b:a"}).Err(); err != nil {
+					t.Fatal(err)
+				}
+				res, err := st.Claim(ctx, queue.ClaimArgs{Limit: 10, Lease: time.Minute, Token: "b:b", Batch: true})
+				if err != nil {
+					t.Fatalf("claim after the damage: %v", err)
+				}
+				got, ds := claimedSerials(res)
+				want := []string{"S0", "S1", "S3"}
+				if due {
+					want = serials
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("claimed %v, want %v", got, want)
+				}
+				if d, ok := ds["S2"]; ok && float64(d) != again {
+					t.Errorf("S2 leased at %d, want the producer's %v", d, again)
+				}
+				if res.Reclaimed != 3 {
+					t.Errorf("%d re-claimed, want 3 (S2 is the producer's new entry)", res.Reclaimed)
+				}
+				if dead := deadReasons(t, rdb, k); len(dead) != 0 {
+					t.Errorf("dead letters %v, want none: the producer's write stands", dead)
+				}
+				if !due {
+					if sc, err := rdb.ZScore(ctx, k.Queue, "S2").Result(); err != nil || sc != again {
+						t.Errorf("queue score of S2 = %v (%v), want the producer's %v", sc, err, again)
+					}
+				}
+				if drop, err := st.Fence(ctx, "b:a", 0, []string{"S2"}); err != nil || len(drop) != 1 {
+					t.Errorf("the old holder's fence drops %v (%v), want S2", drop, err)
+				}
+				if state := leaseKeysState(t, rdb, k); !countsConsistent(state) {
+					t.Errorf("batch counts inconsistent after the claim:\n  leases %v\n  lists %v\n  records %v", state.leases, state.leasebatch, state.lease)
+				}
+				if got := rdb.ZRange(ctx, k.Leases, 0, -1).Val(); fmt.Sprint(got) != "[b:b]" {
+					t.Errorf("batch leases %v, want [b:b] (b:a gone)", got)
+				}
+				for _, o := range orphanRecords(t, rdb, k) {
+					t.Error(o)
+				}
+			})
+		}
+	}
+}
