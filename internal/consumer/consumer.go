@@ -409,10 +409,14 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 				return
 			}
 			c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
-			// A refusal is Redis answering: no outage to report.
-			c.m.SetUp(metrics.DepRedis, c.refused(err))
+			// A refusal is Redis answering: no outage to report, and its
+			// own error line is the one log line it gets.
+			refused := c.refused(err, metrics.StageClaim)
+			c.m.SetUp(metrics.DepRedis, refused)
 			d := redisBack.NextBackOff()
-			c.log.Warn("claim failed; backing off", zap.Error(err), zap.Duration("retry_in", d))
+			if !refused {
+				c.log.Warn("claim failed; backing off", zap.Error(err), zap.Duration("retry_in", d))
+			}
 			if !lifecycle.Sleep(ctx, d) {
 				return
 			}
@@ -539,7 +543,7 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 				// Redis went away while the scanner slept: say so now,
 				// not at the next claim (at most one error per head check).
 				c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
-				c.m.SetUp(metrics.DepRedis, c.refused(err))
+				c.m.SetUp(metrics.DepRedis, c.refused(err, metrics.StageClaim))
 				continue
 			}
 			if !found {
@@ -560,15 +564,18 @@ func (c *Consumer) wait(ctx context.Context, redisNow, next int64, wake <-chan i
 // looks: an error in the log naming the fix, and
 // orderdelay_config_warning{check="redis_permissions"}. Nothing is lost
 // (every script writes where an entry goes before removing it from where
-// it was); the work waits, retried, until the ACL is mended.
-func (c *Consumer) refused(err error) bool {
+// it was); the work waits, retried, until the ACL is mended. That error
+// is the refusal's one log line: a caller that reports false logs its own
+// warning, one that reports true logs nothing more. stage is the
+// errors_total stage the caller counted the failure under.
+func (c *Consumer) refused(err error, stage string) bool {
 	if !queue.IsRefused(err) {
 		return false
 	}
 	c.m.Warn(metrics.CheckRedisPermissions, true)
 	c.log.Error("redis refused a command the daemon needs: its user lacks a permission (was the ACL changed while the daemon runs?); "+
 		"nothing is lost and the work is retried, but no order closes until the user may run every command the daemon needs (README: Redis permissions)",
-		zap.Error(err))
+		zap.String("stage", stage), zap.Error(err))
 	return true
 }
 

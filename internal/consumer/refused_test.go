@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
@@ -106,6 +108,87 @@ func TestRefusedCommandWarnsLosesNothingAndRecovers(t *testing.T) {
 			})
 			if n := testutil.ToFloat64(e.m.Closed); n != float64(len(serials)) {
 				t.Errorf("closed_total = %v, want %d (each order once)", n, len(serials))
+			}
+		})
+	}
+}
+
+// refusalLines are the entries of logs whose error is an ACL refusal, and
+// the number of those that are the one line naming the fix (refused).
+func refusalLines(logs *observer.ObservedLogs) (all []observer.LoggedEntry, named int) {
+	for _, l := range logs.All() {
+		msg, _ := l.ContextMap()["error"].(string)
+		if !strings.Contains(msg, "NOPERM") && !strings.Contains(msg, "can't run this command") {
+			continue
+		}
+		all = append(all, l)
+		if l.Level == zap.ErrorLevel && strings.HasPrefix(l.Message, "redis refused a command the daemon needs") {
+			named++
+		}
+	}
+	return all, named
+}
+
+// A refusal is logged once: the error that names the fix (the ACL), not
+// that and a warning of the caller's with the same error. Each path that
+// meets one — the scan loop's claim and head check, the fence, the
+// bookkeeping after a batch — is driven into refusals, and every line
+// that carries a refusal must be that error, one per failed call
+// (errors_total counts each call once).
+func TestRefusalIsLoggedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name, cmd string
+		loop      bool // run the scan loop (else claim, then process one batch)
+	}{
+		{"claim", "hset", true},
+		{"fence", "zmscore", false},
+		{"finish", "hdel", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, od := refusedEnv(t)
+			core, logs := observer.New(zap.DebugLevel)
+			cfg := Config{Keys: e.Keys, Workers: 1, BatchSize: 50, Lease: 10 * time.Second, StatementTimeout: 5 * time.Second,
+				HeadCheck: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}
+			c, err := New(cfg, od, e.Store, e.m, zap.New(core))
+			if err != nil {
+				t.Fatal(err)
+			}
+			past := e.RedisNow().Add(-time.Second)
+			serials := e.Orders("once", 3, past)
+			e.Enqueue(serials, past)
+			if tc.loop {
+				e.acl("-" + tc.cmd)
+				stop := runConsumer(t, c)
+				eventually(t, "two claims refused", 30*time.Second, func() bool {
+					return testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageClaim)) >= 2
+				})
+				stop()
+			} else {
+				stopping := make(chan struct{})
+				close(stopping) // do not hold the worker for the backoff
+				c.stopping = stopping
+				res, err := c.claimBatch(context.Background())
+				if err != nil || len(res.items) != len(serials) {
+					t.Fatalf("claim: %v, %d items", err, len(res.items))
+				}
+				e.acl("-" + tc.cmd)
+				c.process(context.Background(), res.items)
+			}
+			var failed float64
+			for _, stage := range []string{metrics.StageClaim, metrics.StageClose, metrics.StageRemove} {
+				failed += testutil.ToFloat64(e.m.Errors.WithLabelValues(stage))
+			}
+			lines, named := refusalLines(logs)
+			if failed == 0 || len(lines) == 0 {
+				t.Fatalf("no refusal met (errors_total %v, %d lines): the test does not test", failed, len(lines))
+			}
+			for _, l := range lines {
+				if l.Level != zap.ErrorLevel || !strings.HasPrefix(l.Message, "redis refused a command the daemon needs") {
+					t.Errorf("a refusal logged again as %s %q", l.Level, l.Message)
+				}
+			}
+			if float64(named) != failed {
+				t.Errorf("%d refusal errors logged for %v refused calls, want one each", named, failed)
 			}
 		})
 	}

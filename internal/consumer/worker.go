@@ -387,14 +387,16 @@ func (c *Consumer) unavailableFrom(workCtx context.Context, items []item, err er
 	if down {
 		c.m.SetUp(metrics.DepPostgres, false)
 	}
-	c.refused(err) // the fence's script, refused
+	refused := c.refused(err, stage) // the fence's script, refused
 	d := c.pgBackoff()
 	rd := d
 	if notBefore > 0 {
 		rd = max(d, notBefore+time.Millisecond)
 	}
-	c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
-		zap.Int("orders", len(items)), zap.Duration("retry_in", rd), zap.Error(err))
+	if !refused {
+		c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
+			zap.Int("orders", len(items)), zap.Duration("retry_in", rd), zap.Error(err))
+	}
 	if held == nil {
 		c.retry(items, rd, false, err.Error())
 	} else {
@@ -711,9 +713,10 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 		n, err := c.q.Finish(ctx, tok, serials, payloads)
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
-			c.refused(err)
-			c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
-				zap.Int("orders", len(serials)), zap.Error(err))
+			if !c.refused(err, metrics.StageRemove) {
+				c.log.Warn("removing settled entries failed; they return when their lease expires and are settled then",
+					zap.Int("orders", len(serials)), zap.Error(err))
+			}
 		} else if n < len(serials) {
 			// The lease record went between the claim and now: a producer
 			// rescheduled or cancelled the entry through the API or the
@@ -735,9 +738,10 @@ func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reaso
 		res, err := c.q.Retry(ctx, queue.RetryArgs{Token: tok, Serials: serials, Delay: delay, Spend: spend, LastError: reason})
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
-			c.refused(err)
-			c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
-				zap.Int("orders", len(serials)), zap.Error(err))
+			if !c.refused(err, metrics.StageRemove) {
+				c.log.Warn("scheduling a retry failed; the entries return when their lease expires",
+					zap.Int("orders", len(serials)), zap.Error(err))
+			}
 			continue
 		}
 		// Wake the scanner for the retry if it sleeps longer than that.
@@ -759,9 +763,10 @@ func (h orderHandler) bury(items []item, reason, lastErr string) {
 		n, err := c.q.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: true})
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
-			c.refused(err)
-			c.log.Warn("dead-lettering failed; the entries return when their lease expires",
-				zap.Int("orders", len(serials)), zap.Error(err))
+			if !c.refused(err, metrics.StageRemove) {
+				c.log.Warn("dead-lettering failed; the entries return when their lease expires",
+					zap.Int("orders", len(serials)), zap.Error(err))
+			}
 			continue
 		}
 		c.m.DeadLettered.WithLabelValues(reason).Add(float64(n))
