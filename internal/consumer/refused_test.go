@@ -193,3 +193,40 @@ func TestRefusalIsLoggedOnce(t *testing.T) {
 		})
 	}
 }
+
+// A PostgreSQL error is never taken for a Redis refusal, whatever its
+// text: a shop's trigger raising "NOPERM …" with a SQLSTATE about the
+// database (53000, insufficient resources) makes the batch wait for the
+// database as any outage does — PostgreSQL marked down — and raises no
+// config_warning{check="redis_permissions"}, nor logs the ACL's error.
+func TestDatabaseErrorWordedAsARefusalIsNoRefusal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, orderStatements())
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("noperm", 1, past)
+	e.Enqueue(serials, past)
+	e.CloseTrigger("noperm_words", "true",
+		`RAISE EXCEPTION 'NOPERM this user has no permissions to run the ''update'' command' USING ERRCODE = '53000'`)
+	core, logs := observer.New(zap.DebugLevel)
+	c, err := New(Config{Keys: e.Keys, BatchSize: 10}, e.RDB, e.Store, e.m, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopping := make(chan struct{})
+	close(stopping) // do not hold the worker for the backoff
+	c.stopping = stopping
+	res, err := c.claimBatch(context.Background())
+	if err != nil || len(res.items) != 1 {
+		t.Fatalf("claim: %v, %d items", err, len(res.items))
+	}
+	c.process(context.Background(), res.items)
+	if up := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); up != 0 {
+		t.Fatalf("dependency_up{postgres} = %v, want 0: the trigger's error did not take the outage path", up)
+	}
+	if w := testutil.ToFloat64(e.m.ConfigWarning.WithLabelValues(metrics.CheckRedisPermissions)); w != 0 {
+		t.Errorf("config_warning{redis_permissions} = %v after a PostgreSQL error that only reads like a refusal, want 0", w)
+	}
+	if n := logs.FilterMessageSnippet("redis refused").Len(); n != 0 {
+		t.Errorf("%d log lines blame the Redis ACL for a PostgreSQL error", n)
+	}
+}

@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -214,7 +215,12 @@ func TestIsRefused(t *testing.T) {
 	}{
 		{"a refused command", ro.HSet(ctx, "h", "f", "v").Err(), true},
 		{"a refused command in a script", ro.Eval(ctx, "return redis.call('HSET', KEYS[1], 'f', 'v')", []string{"h"}).Err(), true},
+		{"a refusal wrapped by a caller", fmt.Errorf("fence: %w", ro.HSet(ctx, "h", "f", "v").Err()), true},
 		{"a key of the wrong type", admin.HSet(ctx, "str", "f", "v").Err(), false},
+		// Not Redis's answer, only worded like one: a PostgreSQL error from
+		// a shop's trigger, a task action's error.
+		{"another error worded like a refusal", errors.New("NOPERM this user has no permissions to run the 'update' command"), false},
+		{"another error quoting a script's refusal", fmt.Errorf("task: %w", errors.New("The user executing the script can't run this command or subcommand")), false},
 		{"a script's own error", admin.Eval(ctx, "return redis.error_reply('boom')", nil).Err(), false},
 		{"no such key", admin.Get(ctx, "absent").Err(), false},
 		{"a deadline", context.DeadlineExceeded, false},

@@ -49,11 +49,17 @@ var ErrReply = errors.New("unexpected reply")
 // the script can't run this command or subcommand", 6.2 to 7.x). Redis
 // answered: it is no outage, and no retry mends it until an operator
 // changes the ACL.
+//
+// Only Redis's own reply counts (an error in err's chain that is a
+// redis.Error), so that another error merely worded like a refusal — a
+// PostgreSQL error raised by a shop's trigger, a task action's error — is
+// never taken for one.
 func IsRefused(err error) bool {
-	if err == nil {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
 		return false
 	}
-	msg := err.Error()
+	msg := reply.Error()
 	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "can't run this command")
 }
 
