@@ -99,7 +99,7 @@ func (c *Consumer) retryNoAttempt(workCtx context.Context, untried, later, down 
 		// clear it (a webhook queue's success says nothing of PostgreSQL).
 		// The unavailable come due after the untried; held, flushed
 		// there, after both.
-		c.unavailableFrom(workCtx, down, downErr, "close", false, &held, after)
+		c.unavailableFrom(workCtx, down, downErr, "close", false, false, &held, after)
 		return
 	}
 	held.flush(c, after)

@@ -353,7 +353,11 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		}
 		c.retry(items, c.entryBackoff(1), false, "not finished: the batch's time ran out isolating a row")
 	case errors.As(err, &fenceErr) || orders.Transient(err):
-		c.unavailable(workCtx, items, err, stage, fenceErr == nil)
+		// A fence error is the queue's, not PostgreSQL's; one that is
+		// Redis refusing the fence's script (an ACL changed) is logged
+		// as that, once (refused). A database error is never asked.
+		refused := fenceErr != nil && c.refused(fenceErr.Err, stage)
+		c.unavailable(workCtx, items, err, stage, fenceErr == nil, refused)
 	case len(items) > 1:
 		c.log.Warn("statement failed; splitting the batch to isolate the cause", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Error(err))
@@ -368,32 +372,34 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 // unavailable retries items after the database (or, for a fence error, the
 // queue) could not do the work: no attempt spent, and this worker holds
 // back for the dependency backoff so errors per second stay bounded while
-// it is away; shutdown cuts the wait. down marks PostgreSQL down.
-func (c *Consumer) unavailable(workCtx context.Context, items []item, err error, stage string, down bool) {
-	c.unavailableAfter(workCtx, items, err, stage, down, nil)
+// it is away; shutdown cuts the wait. down marks PostgreSQL down; logged
+// says err was logged already (the fence's refusal: refused), so no
+// warning repeats it.
+func (c *Consumer) unavailable(workCtx context.Context, items []item, err error, stage string, down, logged bool) {
+	c.unavailableFrom(workCtx, items, err, stage, down, logged, nil, 0)
 }
 
-// unavailableAfter is unavailable; items come due in the order given
-// (retryInOrder), and the orders in held after them, before the wait.
+// unavailableAfter is unavailable for a database error (PostgreSQL marked
+// down when down); items come due in the order given (retryInOrder), and
+// the orders in held after them, before the wait.
 func (c *Consumer) unavailableAfter(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries) {
-	c.unavailableFrom(workCtx, items, err, stage, down, held, 0)
+	c.unavailableFrom(workCtx, items, err, stage, down, false, held, 0)
 }
 
-// unavailableFrom is unavailableAfter; with notBefore above zero, items
-// come due no earlier than just after notBefore (the tasks a batch never
-// tried, retried just before with that delay: retryNoAttempt). The wait
-// is the dependency backoff either way.
-func (c *Consumer) unavailableFrom(workCtx context.Context, items []item, err error, stage string, down bool, held *heldRetries, notBefore time.Duration) {
+// unavailableFrom is unavailable and unavailableAfter; with notBefore
+// above zero, items come due no earlier than just after notBefore (the
+// tasks a batch never tried, retried just before with that delay:
+// retryNoAttempt). The wait is the dependency backoff either way.
+func (c *Consumer) unavailableFrom(workCtx context.Context, items []item, err error, stage string, down, logged bool, held *heldRetries, notBefore time.Duration) {
 	if down {
 		c.m.SetUp(metrics.DepPostgres, false)
 	}
-	refused := c.refused(err, stage) // the fence's script, refused
 	d := c.pgBackoff()
 	rd := d
 	if notBefore > 0 {
 		rd = max(d, notBefore+time.Millisecond)
 	}
-	if !refused {
+	if !logged {
 		c.log.Warn("database or queue unavailable; batch will be retried", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Duration("retry_in", rd), zap.Error(err))
 	}
