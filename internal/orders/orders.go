@@ -253,7 +253,9 @@ type Querier interface {
 type Fence func(ctx context.Context, closed []string) (drop []string, err error)
 
 // FenceError wraps an error of a Fence: the close was rolled back because
-// the queue could not be asked, which says nothing about the orders.
+// the queue could not be asked, or answered only after the close's
+// context ended (the error then carries the context's), which says
+// nothing about the orders.
 type FenceError struct{ Err error }
 
 func (e *FenceError) Error() string { return "close rolled back: queue check failed: " + e.Err.Error() }
@@ -433,6 +435,14 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	}
 	if fence != nil && len(out.Closed) > 0 {
 		drop, err := fence(ctx, out.Closed)
+		if err == nil && ctx.Err() != nil {
+			// The queue answered only after ctx ended (go-redis does not
+			// cut a read at a deadline): database/sql has rolled the
+			// transaction back and never sends the COMMIT, so nothing
+			// commits. That is the queue's lateness, not the database's,
+			// and no COMMIT whose outcome to ask the server about.
+			err = fmt.Errorf("answered after the close's deadline: %w", ctx.Err())
+		}
 		if err != nil {
 			return Outcome{}, nil, &FenceError{Err: err}
 		}

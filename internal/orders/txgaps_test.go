@@ -236,3 +236,46 @@ func TestErrorAfterTheCallsContextEndedIsTheContexts(t *testing.T) {
 		})
 	}
 }
+
+// A fence whose answer comes only after the close's context ended (Redis
+// answered late; go-redis does not cut a read at a deadline) can commit
+// nothing: database/sql has rolled the transaction back and never sends
+// the COMMIT. The close says so as the queue's error — a FenceError
+// carrying the context's — not as a COMMIT in doubt or a failure of the
+// database's, and the orders stay pending.
+func TestFenceAnsweredAfterTheDeadlineIsTheQueues(t *testing.T) {
+	t.Parallel()
+	for _, p := range prepPaths {
+		t.Run(p.name, func(t *testing.T) {
+			db := oneConn(t)
+			s := orders.NewStore(db, p.stmts)
+			serials := pendingOrders(t, db, "late", 3)
+			ctx, cancel := context.WithCancel(ctxT(t))
+			defer cancel()
+			fenced := false
+			_, err := s.Settle(ctx, serials, func(context.Context, []string) ([]string, error) {
+				fenced = true
+				cancel() // the answer below comes after the close's context ended
+				return nil, nil
+			})
+			if !fenced {
+				t.Fatalf("Settle: %v before the fence", err)
+			}
+			var fe *orders.FenceError
+			if !errors.As(err, &fe) || !errors.Is(err, context.Canceled) {
+				t.Errorf("Settle after a late fence: %v (%T); want a FenceError carrying the context's error", err, err)
+			}
+			if n := orders.InDoubt(err); n != 0 {
+				t.Errorf("%d orders in doubt, want 0: no COMMIT was sent", n)
+			}
+			var pending int
+			if err := db.GetContext(ctxT(t), &pending, `SELECT count(*) FROM orders WHERE status = 'pending' AND serial_no = ANY($1)`,
+				orders.TextArrayForTest(serials)); err != nil {
+				t.Fatal(err)
+			}
+			if pending != len(serials) {
+				t.Errorf("%d of %d orders pending after a late fence, want all", pending, len(serials))
+			}
+		})
+	}
+}
