@@ -344,14 +344,22 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// no dependency backoff, no "down". These orders are part of a
 		// group a row of which failed, so they come back after the
 		// untried rest of the batch (split), which then closes without
-		// them.
-		c.log.Info("the batch's time ran out isolating a row; retrying these orders", zap.String("stage", stage),
+		// them. Or, on a whole batch as on a part, the queue's check
+		// before the commit answered only after the batch's deadline
+		// (a FenceError: Redis was slow, go-redis does not cut its read
+		// at the deadline): nothing committed, and no row was being
+		// isolated, so the log says that instead.
+		why := "the batch's time ran out isolating a row"
+		if fenceErr != nil {
+			why = "the batch's time ran out waiting for the queue's check before the commit (the fence); nothing committed"
+		}
+		c.log.Info(why+"; retrying these orders", zap.String("stage", stage),
 			zap.Int("orders", len(items)), zap.Error(err))
 		if held != nil {
-			held.add(c, items, c.entryBackoff(1), "not finished: the batch's time ran out isolating a row")
+			held.add(c, items, c.entryBackoff(1), "not finished: "+why)
 			return
 		}
-		c.retry(items, c.entryBackoff(1), false, "not finished: the batch's time ran out isolating a row")
+		c.retry(items, c.entryBackoff(1), false, "not finished: "+why)
 	case errors.As(err, &fenceErr) || orders.Transient(err):
 		// A fence error is the queue's, not PostgreSQL's; one that is
 		// Redis refusing the fence's script (an ACL changed) is logged
