@@ -297,34 +297,9 @@ func countsConsistent(st claimState) bool {
 	return true
 }
 
-// claimDiff lists how two dumps differ.
-func claimDiff(a, b map[string]keyDump) []string {
-	var out []string
-	for _, kn := range queueKeyNames(queue.Keys{}) {
-		x, y := a[kn[0]], b[kn[0]]
-		if x.Type != y.Type {
-			out = append(out, fmt.Sprintf("%s: type %s, %s", kn[0], x.Type, y.Type))
-			continue
-		}
-		if x.Enc != y.Enc {
-			out = append(out, fmt.Sprintf("%s: encoding %s before, %s after the reorder", kn[0], x.Enc, y.Enc))
-		}
-		if !reflect.DeepEqual(x.Z, y.Z) {
-			out = append(out, fmt.Sprintf("%s: %v before, %v after", kn[0], x.Z, y.Z))
-		}
-		if x.S != y.S {
-			out = append(out, fmt.Sprintf("%s: %q before, %q after", kn[0], x.S, y.S))
-		}
-		if !slices.Equal(x.H, y.H) {
-			mx, my := pairsMap(x.H), pairsMap(y.H)
-			if !reflect.DeepEqual(mx, my) {
-				out = append(out, fmt.Sprintf("%s: %q before, %q after", kn[0], sortedPairs(mx), sortedPairs(my)))
-			} else if x.Enc == y.Enc && x.Enc != "hashtable" {
-				out = append(out, fmt.Sprintf("%s: same fields, listpack order %q before, %q after", kn[0], x.H, y.H))
-			}
-		}
-	}
-	return out
+// queueKeyDiff lists how two dumps of the queue keys differ (keyDiff).
+func queueKeyDiff(a, b map[string]keyDump) []string {
+	return keyDiff(queueKeyNames(queue.Keys{}), a, b)
 }
 
 func pairsMap(h []string) map[string]string {
@@ -468,7 +443,7 @@ func TestAdvClaimReorderMatchesTheOldScriptWithoutFailures(t *testing.T) {
 		if !reflect.DeepEqual(ra, rb) {
 			t.Errorf("round %d (%+v): reply before %v, after %v", round, a, ra, rb)
 		}
-		if d := claimDiff(dumpQueueKeys(t, rdb, ka), dumpQueueKeys(t, rdb, kb)); len(d) > 0 {
+		if d := queueKeyDiff(dumpQueueKeys(t, rdb, ka), dumpQueueKeys(t, rdb, kb)); len(d) > 0 {
 			real := false
 			for _, line := range d {
 				kind := strings.Fields(strings.SplitN(line, ":", 2)[1])[0]

@@ -122,14 +122,6 @@ func evalHookedClaim(ctx context.Context, rdb redis.Scripter, src string, k queu
 		b(a.CountRedeliveries), a.MaxBytes, a.Overhead, b(a.Batch), now, failAt).Result()
 }
 
-// keyDump is one key's content, in the order Redis returns it.
-type keyDump struct {
-	Type, Enc string
-	Z         []redis.Z
-	H         []string // field, value, ... (HGETALL order)
-	S         string
-}
-
 // queueKeyNames names the keys a claim touches, by role.
 func queueKeyNames(k queue.Keys) [][2]string {
 	return [][2]string{{"queue", k.Queue}, {"inflight", k.Inflight}, {"deadlines", k.Deadlines}, {"lease", k.Lease},
@@ -138,41 +130,7 @@ func queueKeyNames(k queue.Keys) [][2]string {
 }
 
 func dumpQueueKeys(t testing.TB, rdb *redis.Client, k queue.Keys) map[string]keyDump {
-	t.Helper()
-	ctx := context.Background()
-	out := map[string]keyDump{}
-	for _, kn := range queueKeyNames(k) {
-		var d keyDump
-		var err error
-		if d.Type, err = rdb.Type(ctx, kn[1]).Result(); err != nil {
-			t.Fatal(err)
-		}
-		if d.Type != "none" {
-			d.Enc, _ = rdb.ObjectEncoding(ctx, kn[1]).Result()
-		}
-		switch d.Type {
-		case "zset":
-			d.Z, err = rdb.ZRangeWithScores(ctx, kn[1], 0, -1).Result()
-		case "hash":
-			// HSCAN returns a listpack whole, in its order, in one call.
-			var cur uint64
-			for {
-				var part []string
-				part, cur, err = rdb.HScan(ctx, kn[1], cur, "*", 100000).Result()
-				d.H = append(d.H, part...)
-				if err != nil || cur == 0 {
-					break
-				}
-			}
-		case "string":
-			d.S, err = rdb.Get(ctx, kn[1]).Result()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[kn[0]] = d
-	}
-	return out
+	return readKeys(t, rdb, queueKeyNames(k), nil)
 }
 
 // callLog is a hooked run's calls: each command and its first argument

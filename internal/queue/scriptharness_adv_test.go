@@ -331,8 +331,8 @@ func evalHooked(t testing.TB, rdb *redis.Client, src string, k queue.Keys, roles
 	return run
 }
 
-// advKeyDump is one key's content, in the order Redis returns it.
-type advKeyDump struct {
+// keyDump is one key's content, in the order Redis returns it.
+type keyDump struct {
 	Type, Enc string
 	Z         []redis.Z
 	H         []string // field, value, ... (HSCAN order: a listpack's own)
@@ -343,12 +343,18 @@ type advKeyDump struct {
 
 // dumpAll reads every key of k. Stream entry IDs not in known (those a
 // run added with '*', which differ between two runs) read as "*".
-func dumpAll(t testing.TB, rdb *redis.Client, k queue.Keys, known map[string]bool) map[string]advKeyDump {
+func dumpAll(t testing.TB, rdb *redis.Client, k queue.Keys, known map[string]bool) map[string]keyDump {
+	return readKeys(t, rdb, advRoles(k), known)
+}
+
+// readKeys reads the keys of roles ({role, key} pairs), by role. Stream
+// entry IDs not in known read as "*".
+func readKeys(t testing.TB, rdb *redis.Client, roles [][2]string, known map[string]bool) map[string]keyDump {
 	t.Helper()
 	ctx := context.Background()
-	out := map[string]advKeyDump{}
-	for _, kn := range advRoles(k) {
-		var d advKeyDump
+	out := map[string]keyDump{}
+	for _, kn := range roles {
+		var d keyDump
 		var err error
 		if d.Type, err = rdb.Type(ctx, kn[1]).Result(); err != nil {
 			t.Fatal(err)
@@ -360,6 +366,7 @@ func dumpAll(t testing.TB, rdb *redis.Client, k queue.Keys, known map[string]boo
 		case "zset":
 			d.Z, err = rdb.ZRangeWithScores(ctx, kn[1], 0, -1).Result()
 		case "hash":
+			// HSCAN returns a listpack whole, in its order, in one call.
 			var cur uint64
 			for {
 				var part []string
@@ -423,9 +430,12 @@ func dumpStream(ctx context.Context, rdb *redis.Client, key string, known map[st
 
 // dumpDiff lists how two dumps differ: content, encoding, and for
 // listpacks the order of fields.
-func dumpDiff(a, b map[string]advKeyDump) []string {
+func dumpDiff(a, b map[string]keyDump) []string { return keyDiff(advRoles(queue.Keys{}), a, b) }
+
+// keyDiff is dumpDiff over the keys of roles (their role names).
+func keyDiff(roles [][2]string, a, b map[string]keyDump) []string {
 	var out []string
-	for _, kn := range advRoles(queue.Keys{}) {
+	for _, kn := range roles {
 		x, y := a[kn[0]], b[kn[0]]
 		if x.Type != y.Type {
 			out = append(out, fmt.Sprintf("%s: type %s before, %s after", kn[0], x.Type, y.Type))
