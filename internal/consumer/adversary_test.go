@@ -132,10 +132,7 @@ CREATE TRIGGER standby BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION sta
 	stop := make(chan struct{})
 	close(stop) // do not hold the worker for the backoff
 	c.stopping = stop
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 4 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 4)
 	c.process(ctx, res.items)
 	if n := e.card(e.Keys.Dead); n != 0 {
 		t.Fatalf("%d of %d orders dead-lettered because the database was read-only", n, len(serials))
@@ -180,10 +177,7 @@ func TestAdversaryBlankPaddedSerialsAreAllDeadLettered(t *testing.T) {
 	}
 	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 2 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 2)
 	c.process(ctx, res.items)
 	var closed int
 	if err := e.DB.Get(&closed, `SELECT count(*) FROM shop_orders WHERE status = 'closed'`); err != nil {

@@ -35,10 +35,7 @@ func TestAdvLeasePoisonMemberLeavesTheBatchAlone(t *testing.T) {
 	e.Enqueue(serials, past)
 	e.PoisonOrder(serials[2])
 	c := e.consumer(Config{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 6 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 6)
 	c.process(ctx, res.items)
 	for i, s := range serials {
 		want := "closed"
@@ -256,10 +253,7 @@ func TestAdvLeaseReconcilerAndGaugesSeeBatchLeasedOrders(t *testing.T) {
 	serials := e.Orders("alc", 3, past)
 	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 3 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 3)
 	r := maintain.NewReconciler(maintain.ReconcilerConfig{Keys: e.Keys, Grace: time.Minute, PageSize: 10}, e.RDB, e.Store, e.m, zap.NewNop())
 	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("reconciler closed %d (%v) batch-leased orders, want 0", n, err)

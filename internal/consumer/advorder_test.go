@@ -26,10 +26,7 @@ func TestOrderByOrderWalkKeepsEveryFence(t *testing.T) {
 	e.FailClose(bad, "40001")
 	c := e.consumer(Config{BatchSize: 10, Lease: 30 * time.Second})
 	c.stopping = make(chan struct{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 10 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 10)
 	later := e.RedisNow().Add(time.Hour)
 	e.Enqueue([]string{raw}, later)
 	if _, _, err := e.cl.Enqueue(ctx, api, later, client.Reschedule); err != nil {

@@ -42,10 +42,7 @@ func TestBatchLeaseIsOneEntryPerClaim(t *testing.T) {
 	serials := []string{"bl-1", "bl-2", "bl-3", "bl-4"}
 	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 4 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 4)
 	if n := e.card(e.Keys.Inflight) + e.card(e.Keys.Deadlines); n != 0 {
 		t.Errorf("%d per-member entries written by a batch claim, want 0", n)
 	}
@@ -80,10 +77,7 @@ func TestBatchLeaseProducerMovesOneMember(t *testing.T) {
 	serials := e.Orders("bl-move", 4, past)
 	e.Enqueue(serials, past)
 	c := e.consumer(Config{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 4 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 4)
 	later := e.RedisNow().Add(time.Hour)
 	if r, _, err := e.cl.Enqueue(ctx, serials[1], later, client.Reschedule); err != nil || r != client.Moved {
 		t.Fatalf("reschedule: %v, %v", r, err)
@@ -120,10 +114,7 @@ func TestBatchLeasePartialFinish(t *testing.T) {
 	past := e.RedisNow().Add(-time.Second)
 	e.Enqueue([]string{"bp-1", "bp-2", "bp-3", "bp-4"}, past)
 	c := e.consumer(Config{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 4 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 4)
 	c.finish(res.items[:2])
 	if h := e.held(); h != 2 {
 		t.Fatalf("%d held after finishing two of four, want 2", h)

@@ -165,10 +165,7 @@ func TestLeasedEntryKeepsItsTrueDeadlineAndHandBackRestoresIt(t *testing.T) {
 	deadline := e.RedisNow().Add(-1500 * time.Millisecond)
 	e.Enqueue([]string{"lease-1"}, deadline)
 	c := e.consumer(Config{Lease: time.Minute})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 1 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 1)
 	got, err := e.cl.Get(ctx, "lease-1")
 	if err != nil {
 		t.Fatal(err)
@@ -205,10 +202,7 @@ func TestRescheduledWhileLeasedKeepsTheProducersEntry(t *testing.T) {
 	ctx := context.Background()
 	e.Enqueue([]string{"resched-1", "resched-2"}, e.RedisNow().Add(-time.Second))
 	c := e.consumer(Config{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 2 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 2)
 	later := time.Now().Add(time.Hour)
 	if r, _, err := e.cl.Enqueue(ctx, "resched-1", later, client.Reschedule); err != nil || r != client.Moved {
 		t.Fatalf("reschedule: %v %v", r, err)

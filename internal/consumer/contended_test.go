@@ -40,10 +40,7 @@ func TestContendedRowIsIsolatedFromItsBatch(t *testing.T) {
 			tc.setup(e, bad)
 			c := e.consumer(Config{BatchSize: 20, StatementTimeout: 300 * time.Millisecond, Lease: 30 * time.Second})
 			c.stopping = make(chan struct{})
-			res, err := c.claimBatch(ctx)
-			if err != nil || len(res.items) != 20 {
-				t.Fatalf("claim: %v, %d items", err, len(res.items))
-			}
+			res := claimN(t, c, 20)
 			c.process(ctx, res.items)
 			if got := e.StatusCounts(); got["closed"] != 19 || got["pending"] != 1 {
 				t.Fatalf("statuses %v, want the 19 other orders closed in this round", got)

@@ -57,10 +57,7 @@ func TestRealDeadlockWithAShopJobLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.stopping = make(chan struct{})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 10 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 10)
 	processed := make(chan struct{})
 	go func() { defer close(processed); c.process(ctx, res.items) }()
 	e.waitBlockedBy(t, jobPID) // the close holds the others and waits for the last

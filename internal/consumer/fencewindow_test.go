@@ -112,10 +112,7 @@ func TestRescheduleBeforeTheFenceIsHonoured(t *testing.T) {
 						e.reschedulers()[name](s, later)
 					}
 				}}
-				res, err := c.claimBatch(ctx)
-				if err != nil || len(res.items) != 1 {
-					t.Fatalf("claim: %v, %d items", err, len(res.items))
-				}
+				res := claimN(t, c, 1)
 				c.process(ctx, res.items)
 				if !fired {
 					t.Fatalf("the close never reached %q", point)
@@ -178,10 +175,7 @@ func TestRescheduleBetweenFenceAndCommitIsSettledAfterwards(t *testing.T) {
 					e.reschedulers()[name](s, later)
 				}
 			}}
-			res, err := c.claimBatch(ctx)
-			if err != nil || len(res.items) != 3 {
-				t.Fatalf("claim: %v, %d items", err, len(res.items))
-			}
+			res := claimN(t, c, 3)
 			c.process(ctx, res.items)
 			if !fired {
 				t.Fatal("the close never reached its commit")

@@ -165,3 +165,13 @@ func anys(ss []string) []any {
 	}
 	return out
 }
+
+// claimN claims a full batch and requires it to hold n entries.
+func claimN(t *testing.T, c *Consumer, n int) claimResult {
+	t.Helper()
+	res, err := c.claimBatch(context.Background())
+	if err != nil || len(res.items) != n {
+		t.Fatalf("claim: %v, %d items, want %d", err, len(res.items), n)
+	}
+	return res
+}

@@ -57,10 +57,7 @@ func TestLateFenceIsLoggedAsSuch(t *testing.T) {
 			defer expire()
 			st := &lateFenceStore{Store: e.Store, expire: expire, late: late}
 			c.store = st
-			res, err := c.claimBatch(context.Background())
-			if err != nil || len(res.items) != len(serials) {
-				t.Fatalf("claim: %v, %d items", err, len(res.items))
-			}
+			res := claimN(t, c, len(serials))
 			_, stmt := c.batchBudget()
 			c.closeItems(context.Background(), batchCtx, stmt, res.items) //nolint:errcheck // handled inside
 			if !st.ran {

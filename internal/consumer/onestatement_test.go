@@ -44,10 +44,7 @@ func TestBatchClosesAndSettlesInOneStatement(t *testing.T) {
 	}
 	e.Enqueue(serials, past)
 	c := e.consumer(Config{BatchSize: 20})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 20 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 20)
 	before := st.N()
 	c.process(ctx, res.items)
 	if n := st.N() - before; n != 1 {
@@ -78,10 +75,7 @@ func TestBatchAsksAgainOnlyForSerialsWithoutARow(t *testing.T) {
 	serials := e.Orders("row", 5, past)
 	e.Enqueue(append(serials, "norow-1"), past)
 	c := e.consumer(Config{BatchSize: 20})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 6 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 6)
 	before := st.N()
 	c.process(ctx, res.items)
 	if n := st.N() - before; n != 2 {
@@ -111,10 +105,7 @@ func TestCustomStatementsKeepTheLookup(t *testing.T) {
 	}
 	e.Enqueue(serials, past)
 	c := e.consumer(Config{BatchSize: 20})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 4 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 4)
 	before := st.N()
 	c.process(ctx, res.items)
 	if n := st.N() - before; n != 3 {
@@ -155,10 +146,7 @@ func TestOrderPaidWhileTheCloseWaitsIsSettledByTheLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := e.consumer(Config{BatchSize: 20})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 3 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 3)
 	before := st.N()
 	processed := make(chan struct{})
 	go func() { defer close(processed); c.process(ctx, res.items) }()

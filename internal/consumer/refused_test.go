@@ -167,10 +167,7 @@ func TestRefusalIsLoggedOnce(t *testing.T) {
 				stopping := make(chan struct{})
 				close(stopping) // do not hold the worker for the backoff
 				c.stopping = stopping
-				res, err := c.claimBatch(context.Background())
-				if err != nil || len(res.items) != len(serials) {
-					t.Fatalf("claim: %v, %d items", err, len(res.items))
-				}
+				res := claimN(t, c, len(serials))
 				e.acl("-" + tc.cmd)
 				c.process(context.Background(), res.items)
 			}
@@ -215,10 +212,7 @@ func TestDatabaseErrorWordedAsARefusalIsNoRefusal(t *testing.T) {
 	stopping := make(chan struct{})
 	close(stopping) // do not hold the worker for the backoff
 	c.stopping = stopping
-	res, err := c.claimBatch(context.Background())
-	if err != nil || len(res.items) != 1 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 1)
 	c.process(context.Background(), res.items)
 	if up := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); up != 0 {
 		t.Fatalf("dependency_up{postgres} = %v, want 0: the trigger's error did not take the outage path", up)

@@ -136,10 +136,7 @@ func TestTaskBatchOfOnlyUntriedTasksBacksOffAndSaysSo(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	c := e.consumer(Config{MaxAttempts: 3, Process: outcomeByName})
 	c.log = zap.New(core)
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 3 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 3)
 	c.process(ctx, res.items)
 	// An hour overdue: contendedBackoff gives at least a quarter of
 	// BackoffMax (5 min by default), untriedBackoff at most half a second.
@@ -185,10 +182,7 @@ func TestTaskRetryGroupsLeaveTheProducersWritesAlone(t *testing.T) {
 	stop := make(chan struct{})
 	close(stop)
 	c.stopping = stop // cut the dependency wait
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 6 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 6)
 	c.process(ctx, res.items)
 	for _, id := range []string{"n1", "u1"} {
 		tk, err := e.cl.GetTask(ctx, id)

@@ -151,10 +151,7 @@ func TestPermanentErrorIsIsolatedByBisection(t *testing.T) {
 	bad := e.Orders("poison", 1, now.Add(-time.Second))
 	e.Enqueue(append(append([]string{}, good[:50]...), append(bad, good[50:]...)...), now.Add(-time.Second))
 	c := e.consumer(Config{BatchSize: 100})
-	res, err := c.claimBatch(ctx)
-	if err != nil || len(res.items) != 100 {
-		t.Fatalf("claim: %v, %d items", err, len(res.items))
-	}
+	res := claimN(t, c, 100)
 	c.process(ctx, res.items)
 	if got := e.StatusCounts(); got["closed"] != 99 || got["pending"] != 1 {
 		t.Fatalf("statuses %v, want 99 closed and the poison pending", got)
