@@ -297,8 +297,8 @@ func TestDeploymentMatchesDaemon(t *testing.T) {
 				}
 			}
 
-			// Shutdown: preStop, then the drain, inside the grace period;
-			// the drain inside the lease.
+			// Shutdown: preStop, then the whole stop, inside the grace
+			// period; the drain inside the lease.
 			drain := durationSetting(t, env, "ORDERDELAY_DRAIN_TIMEOUT")
 			lease := durationSetting(t, env, "ORDERDELAY_LEASE")
 			if drain >= lease {
@@ -317,9 +317,9 @@ func TestDeploymentMatchesDaemon(t *testing.T) {
 			if spec.TerminationGracePeriodSeconds != nil {
 				grace = time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
 			}
-			const margin = 5 * time.Second // hand-back and HTTP shutdown
-			if grace < preStop+drain+margin {
-				t.Errorf("terminationGracePeriodSeconds %v < preStop %v + drain %v + %v: the kubelet kills pods mid-drain", grace, preStop, drain, margin)
+			if stop := stopBound(drain); grace < preStop+stop {
+				t.Errorf("terminationGracePeriodSeconds %v < preStop %v + the stop's longest %v (drain %v; Redis hanging): "+
+					"the kubelet kills pods mid-stop", grace, preStop, stop, drain)
 			}
 
 			checkPodSecurity(t, r.Dir+" Deployment", spec, uid)
@@ -539,4 +539,29 @@ func TestSettingsConfigMap(t *testing.T) {
 			}
 		}
 	}
+}
+
+// What a stop may wait for at the longest, with the daemon's own timeouts:
+// with Redis hanging (connections open, no answers) every Redis call waits
+// for go-redis's read timeout, which a context's deadline does not cut
+// (the clients leave ContextTimeoutEnabled off). README: How it works.
+const (
+	redisReadTimeout = 5 * time.Second     // go-redis's default; read_timeout in ORDERDELAY_REDIS_URL changes it
+	handBackDeadline = 5 * time.Second     // consumer.bookkeepingTimeout
+	httpShutdown     = 5 * time.Second     // cmd/orderdelay httpShutdownTimeout
+	poolsClose       = 2 * 2 * time.Second // cmd/orderdelay poolCloseWait, for each of two pools
+)
+
+// stopBound is the longest stop after SIGTERM: the scan loop's Redis call
+// in flight (the drain's timer starts when the loop has returned), the
+// drain, the batch's Redis call in flight when the drain timeout passes,
+// the hand-back (its deadline, or the read in flight past it), the HTTP
+// shutdown and the database pools. The start-up Redis check, the one other
+// Redis call in the stop, runs only while no consumer has started. A batch
+// that committed just before Redis hung may add a read timeout per
+// bookkeeping call it still makes; a kill at the end of the grace period
+// then loses nothing (the leases bring back what those calls could not
+// record).
+func stopBound(drain time.Duration) time.Duration {
+	return redisReadTimeout + drain + redisReadTimeout + max(handBackDeadline, redisReadTimeout) + httpShutdown + poolsClose
 }
