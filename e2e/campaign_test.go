@@ -39,6 +39,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
 
@@ -169,20 +170,23 @@ type fault struct {
 }
 
 type campaign struct {
-	t       *testing.T
-	w       *world
-	seed    uint64
-	t0      time.Time
-	db      *sqlx.DB // the checkout's own connections, never read-only
-	dbName  string
-	cli     *client.Client
-	redisPx *testenv.Proxy
-	pgPx    *testenv.Proxy
+	t      *testing.T
+	w      *world
+	seed   uint64
+	t0     time.Time
+	db     *sqlx.DB // the checkout's own connections, never read-only
+	dbName string
+	cli    *client.Client
+	redis  *campaignRedis
+	pgPx   *testenv.Proxy
 
 	mu      sync.Mutex
 	daemons []*daemon
 	orders  []*corder
 	faults  []fault
+	// losses are the windows in which a redis-failover may have lost
+	// writes Redis had acknowledged.
+	losses []lossWindow
 	// counted sums orders_closed_total + orders_reconciled_total of each
 	// daemon process the nemesis signalled, scraped before the signal
 	// (the live ones are scraped at the end: closeCounts).
@@ -257,8 +261,12 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 	}
 	t.Logf("campaign seed %d, workload %s, faults %v (replay: ORDERDELAY_CAMPAIGN_SEED=%d)", seed, duration, campaignFaults(t), seed)
 
-	w := newWorld(t)
-	c := &campaign{t: t, w: w, seed: seed}
+	// A private Redis (the nemesis changes its ACL and fails it over);
+	// the daemons reach it as a user of their own through a proxy, the
+	// checkout through another.
+	cr := newCampaignRedis(t, slices.Contains(campaignFaults(t), "redis-failover"))
+	w := withDatabase(t, cr.checkout, cr.daemonURL(), queue.NewKeys(queue.DefaultKey))
+	c := &campaign{t: t, w: w, seed: seed, redis: cr}
 	u, _ := url.Parse(w.dbURL)
 	c.dbName = strings.TrimPrefix(u.Path, "/")
 	// The checkout's connections stay writable while the nemesis makes the
@@ -283,12 +291,8 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 	if c.cli, err = client.New(w.rdb, w.keys.Queue); err != nil {
 		t.Fatal(err)
 	}
-	// The daemons reach Redis and PostgreSQL through proxies the test owns;
-	// the checkout goes direct.
-	ru, _ := url.Parse(w.redisURL)
-	c.redisPx = testenv.NewProxy(t, ru.Host)
-	ru.Host = c.redisPx.Addr()
-	w.redisURL = ru.String()
+	// The daemons reach PostgreSQL through a proxy the test owns; the
+	// checkout goes direct.
 	c.pgPx = testenv.NewProxy(t, u.Host)
 	w.dbURL = viaProxy(t, w.dbURL, c.pgPx.Addr())
 
@@ -640,9 +644,21 @@ func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
 			time.Sleep(cLease + hold)
 			d.Signal(syscall.SIGCONT)
 		case "redis-cut":
-			c.redisPx.Down()
+			c.redis.daemonPx.Down()
 			time.Sleep(hold)
-			c.redisPx.Up()
+			c.redis.daemonPx.Up()
+		case "redis-refuse":
+			// Sometimes for longer than a lease, so a claim's lease runs
+			// out while its finish is refused.
+			if rng.IntN(2) == 0 {
+				hold += cLease
+			}
+			f.note = "-" + c.redis.refuse(rng, hold)
+		case "redis-failover":
+			var w lossWindow
+			w, f.note = c.redis.failover(hold / 2)
+			c.losses = append(c.losses, w)
+			f.note += fmt.Sprintf(", writes acked %s..%s may be lost", c.rel(w.since), c.rel(w.until))
 		case "pg-cut":
 			c.pgPx.Down()
 			time.Sleep(hold)
@@ -667,7 +683,7 @@ func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
 	// Every replica is up (restarts wait for readiness) and every fault healed.
 }
 
-var allFaults = []string{"sigkill", "sigterm", "sigstop", "redis-cut", "pg-cut", "read-only", "row-locks", "stall"}
+var allFaults = []string{"sigkill", "sigterm", "sigstop", "redis-cut", "pg-cut", "read-only", "row-locks", "stall", "redis-refuse", "redis-failover"}
 
 // campaignFaults is the nemesis's repertoire: ORDERDELAY_CAMPAIGN_FAULTS
 // (comma-separated; "none" for a run without faults), else every fault.
@@ -827,11 +843,23 @@ func (c *campaign) check(faultsEnd time.Time) {
 		}
 		return m
 	}
+	// The history as the daemons may be held to it: a reschedule a Redis
+	// failover may have lost counts as one of unknown outcome.
+	type held struct {
+		ops  []cop
+		lost bool
+	}
+	heldOps := map[string]held{}
+	for _, o := range c.orders {
+		ops, lost := durableOps(o.ops, c.losses)
+		heldOps[o.serial] = held{ops, lost}
+	}
 	// Wait until every unpaid order must have been closed.
 	quiet := faultsEnd
 	for _, r := range loadRows() {
 		if o := byID[r.Serial]; o != nil {
-			if f := final(o.ops, r.Expires); f.After(quiet) {
+			h := heldOps[o.serial]
+			if f := finalDeadline(h.ops, r.Expires, h.lost); f.After(quiet) {
 				quiet = f
 			}
 		}
@@ -883,6 +911,7 @@ func (c *campaign) check(faultsEnd time.Time) {
 	for _, o := range c.orders {
 		r, exists := rows[o.serial]
 		as := auditsOf[o.serial]
+		h := heldOps[o.serial]
 		// 3: a close counted twice.
 		if len(as) > 1 {
 			add("3 closed twice", o.serial, "%d close audit rows", len(as))
@@ -890,10 +919,10 @@ func (c *campaign) check(faultsEnd time.Time) {
 		// 1: no close before the latest acknowledged deadline.
 		for _, a := range as {
 			checked++
-			lower, ok := bounds(o.ops, a.StmtAt)
+			lower, ok := bounds(h.ops, a.StmtAt)
 			if ok && a.CommitAt.Before(lower) {
 				by := "?"
-				for _, op := range o.ops {
+				for _, op := range h.ops {
 					if op.writesDeadline() && op.start.Before(a.StmtAt) && op.deadline.Equal(lower) {
 						by = op.kind + " via " + op.path
 					}
@@ -911,7 +940,7 @@ func (c *campaign) check(faultsEnd time.Time) {
 		}
 		// 4: an unpaid order not closed in time.
 		if exists && !o.poison && r.Status != "paid" {
-			f := final(o.ops, r.Expires)
+			f := finalDeadline(h.ops, r.Expires, h.lost)
 			by := f
 			if faultsEnd.After(by) {
 				by = faultsEnd
@@ -1031,6 +1060,9 @@ func (c *campaign) check(faultsEnd time.Time) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "campaign seed %d: %d orders %v, %d closes checked, %d dead letters\n", c.seed, len(c.orders), status, checked, len(dead))
 	fmt.Fprintf(&b, "operations:%s\nfaults:%s\n", sortedCounts(ops), sortedCounts(faults))
+	for _, f := range c.faults {
+		fmt.Fprintf(&b, "  fault %s %s..%s %s\n", f.kind, c.rel(f.start), c.rel(f.end), f.note)
+	}
 	if len(lostTo) > 0 {
 		fmt.Fprintf(&b, "early closes by the write they broke:%s\n", sortedCounts(lostTo))
 	}
@@ -1053,7 +1085,7 @@ func (c *campaign) check(faultsEnd time.Time) {
 			}
 			fmt.Fprintf(&b, " %s: %s\n", v.serial, v.msg)
 			if o := byID[v.serial]; o != nil {
-				for _, op := range o.ops {
+				for _, op := range heldOps[o.serial].ops {
 					fmt.Fprintln(&b, c.line(op))
 				}
 				for _, a := range auditsOf[v.serial] {
@@ -1210,5 +1242,49 @@ func TestCampaignCheckerBounds(t *testing.T) {
 	}
 	if got := final(ops[:6], at(9)); !got.Equal(at(9)) {
 		t.Errorf("final %v, want the row's 9", got.Sub(base).Seconds())
+	}
+}
+
+// TestCampaignCheckerFailoverLosses pins how the checker reads a Redis
+// failover: a reschedule Redis acknowledged in the window the failover
+// lost may be gone (the order may close at the deadline Redis went back
+// to), a create's deadline stands by its row, and a write acknowledged
+// before the window or after it still binds.
+func TestCampaignCheckerFailoverLosses(t *testing.T) {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	w := func(kind string, start, end, deadline float64) cop {
+		return cop{kind: kind, path: "zadd", start: at(start), end: at(end), deadline: at(deadline), outcome: acked}
+	}
+	windows := []lossWindow{{since: at(10), until: at(12)}}
+	ops := []cop{
+		w("create", 9, 10.5, 20),      // acked in the window: its row holds it
+		w("reschedule", 11, 11.1, 30), // later, acked in the window: may be lost
+	}
+	got, lost := durableOps(ops, windows)
+	if !lost || got[0].outcome != acked || got[1].outcome != unknown {
+		t.Fatalf("durableOps: lost %v, outcomes %d %d; want true, acked, unknown", lost, got[0].outcome, got[1].outcome)
+	}
+	if ops[1].outcome != acked {
+		t.Fatal("durableOps changed its argument")
+	}
+	if lower, _ := bounds(got, at(15)); !lower.Equal(at(20)) {
+		t.Errorf("bound after a lost later reschedule %v, want the create's 20 (Redis went back to it)", lower.Sub(base).Seconds())
+	}
+	if lower, _ := bounds(ops, at(15)); !lower.Equal(at(30)) {
+		t.Errorf("bound without the failover %v, want 30", lower.Sub(base).Seconds())
+	}
+	// An earlier deadline lost: Redis went back to the later one, which
+	// then bounds when the order must close.
+	earlier := []cop{w("create", 0, 0.1, 20), w("reschedule", 11, 11.1, 13)}
+	got, lost = durableOps(earlier, windows)
+	if f := finalDeadline(got, at(13), lost); !f.Equal(at(20)) {
+		t.Errorf("final after a lost earlier reschedule %v, want 20", f.Sub(base).Seconds())
+	}
+	// Outside every window nothing changes.
+	for _, op := range []cop{w("reschedule", 8, 9.9, 30), w("reschedule", 12.1, 12.2, 30)} {
+		if _, lost := durableOps([]cop{op}, windows); lost {
+			t.Errorf("a reschedule acked at %v..%v taken for lost by the window 10..12", op.start.Sub(base).Seconds(), op.end.Sub(base).Seconds())
+		}
 	}
 }
