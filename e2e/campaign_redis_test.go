@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,19 @@ func linkUp(a *redis.Client) bool {
 	return err == nil && strings.Contains(info, "master_link_status:up")
 }
 
+// replOffset is the server's master_repl_offset: how far into the
+// replication stream its writes (or those it received) go.
+func replOffset(a *redis.Client) int64 {
+	info, _ := a.Info(context.Background(), "replication").Result()
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "master_repl_offset:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
 // acl applies rules to the daemons' user on every server (a replica
 // promoted later must refuse what the primary refuses).
 func (r *campaignRedis) acl(rules ...string) {
@@ -153,7 +167,9 @@ func (r *campaignRedis) failover(hold time.Duration) (lossWindow, string) {
 	if err := r.admin[q].Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
 		r.t.Fatalf("redis-failover: promote: %v", err)
 	}
+	had := replOffset(r.admin[q])
 	time.Sleep(hold)
+	note += fmt.Sprintf("%d bytes of writes lost; ", replOffset(r.admin[p])-had)
 	r.daemonPx.SetTarget(r.addr[q])
 	r.checkoutPx.SetTarget(r.addr[q])
 	w.until = time.Now()

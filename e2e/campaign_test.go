@@ -850,9 +850,13 @@ func (c *campaign) check(faultsEnd time.Time) {
 		lost bool
 	}
 	heldOps := map[string]held{}
+	mayBeLostOrders := 0
 	for _, o := range c.orders {
 		ops, lost := durableOps(o.ops, c.losses)
 		heldOps[o.serial] = held{ops, lost}
+		if lost {
+			mayBeLostOrders++
+		}
 	}
 	// Wait until every unpaid order must have been closed.
 	quiet := faultsEnd
@@ -1062,6 +1066,9 @@ func (c *campaign) check(faultsEnd time.Time) {
 	fmt.Fprintf(&b, "operations:%s\nfaults:%s\n", sortedCounts(ops), sortedCounts(faults))
 	for _, f := range c.faults {
 		fmt.Fprintf(&b, "  fault %s %s..%s %s\n", f.kind, c.rel(f.start), c.rel(f.end), f.note)
+	}
+	if len(c.losses) > 0 {
+		fmt.Fprintf(&b, "orders with a reschedule a Redis failover may have lost: %d\n", mayBeLostOrders)
 	}
 	if len(lostTo) > 0 {
 		fmt.Fprintf(&b, "early closes by the write they broke:%s\n", sortedCounts(lostTo))
