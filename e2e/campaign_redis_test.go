@@ -11,7 +11,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -106,7 +105,9 @@ func replOffset(a *redis.Client) int64 {
 }
 
 // acl applies rules to the daemons' user on every server (a replica
-// promoted later must refuse what the primary refuses).
+// promoted later must refuse what the primary refuses). Connections
+// already open see the change at once: Redis checks every command, a
+// script's included, against the user's rules as they are now.
 func (r *campaignRedis) acl(rules ...string) {
 	r.t.Helper()
 	for _, a := range r.admin {
@@ -118,18 +119,6 @@ func (r *campaignRedis) acl(rules ...string) {
 			r.t.Fatalf("ACL SETUSER %s %v: %v", campaignRedisUser, rules, err)
 		}
 	}
-}
-
-// refuse takes one command (picked by rng) from the daemons' user for
-// hold, then gives it back. Connections already open see the change at
-// once: Redis checks every command, a script's included, against the
-// user's rules as they are now.
-func (r *campaignRedis) refuse(rng *rand.Rand, hold time.Duration) string {
-	cmd := refusable[rng.IntN(len(refusable))]
-	r.acl("-" + cmd)
-	time.Sleep(hold)
-	r.acl("+" + cmd)
-	return cmd
 }
 
 // lossWindow is when a failover may have lost the writes Redis

@@ -167,6 +167,9 @@ type fault struct {
 	kind       string
 	start, end time.Time
 	note       string
+	// stopped: a replica went away (its closes since its counters were
+	// scraped are counted nowhere).
+	stopped bool
 }
 
 type campaign struct {
@@ -603,6 +606,29 @@ func (c *campaign) scrape(d *daemon) (float64, bool) {
 	return m["orderdelay_orders_closed_total"] + m["orderdelay_orders_reconciled_total"], true
 }
 
+// stopDaemon scrapes replica i's close counters and kills it (SIGKILL)
+// or stops it (SIGTERM, saying how it exited).
+func (c *campaign) stopDaemon(i int, kill bool) string {
+	c.mu.Lock()
+	d := c.daemons[i]
+	c.mu.Unlock()
+	n, _ := c.scrape(d)
+	c.counted += n
+	if kill {
+		d.kill()
+		return ""
+	}
+	return fmt.Sprintf("exit %d", d.stop())
+}
+
+// restartDaemon starts a new replica i and waits until it is ready.
+func (c *campaign) restartDaemon(i int) {
+	nd := c.w.start(campaignSettings()...)
+	c.mu.Lock()
+	c.daemons[i] = nd
+	c.mu.Unlock()
+}
+
 // nemesis injects one fault at a time until end, healing each before the
 // next. It runs on the test goroutine (it restarts daemons).
 func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
@@ -621,21 +647,9 @@ func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
 		f := fault{kind: kind, start: time.Now()}
 		switch kind {
 		case "sigkill", "sigterm":
-			c.mu.Lock()
-			d := c.daemons[i]
-			c.mu.Unlock()
-			n, _ := c.scrape(d)
-			c.counted += n
-			if kind == "sigkill" {
-				d.kill()
-			} else {
-				f.note = fmt.Sprintf("exit %d", d.stop())
-			}
+			f.note, f.stopped = c.stopDaemon(i, kind == "sigkill"), true
 			time.Sleep(hold / 3)
-			nd := c.w.start(campaignSettings()...)
-			c.mu.Lock()
-			c.daemons[i] = nd
-			c.mu.Unlock()
+			c.restartDaemon(i)
 		case "sigstop":
 			c.mu.Lock()
 			d := c.daemons[i]
@@ -653,7 +667,23 @@ func (c *campaign) nemesis(rng *rand.Rand, end time.Time) {
 			if rng.IntN(2) == 0 {
 				hold += cLease
 			}
-			f.note = "-" + c.redis.refuse(rng, hold)
+			cmd := refusable[rng.IntN(len(refusable))]
+			c.redis.acl("-" + cmd)
+			f.note = "-" + cmd
+			// A third of the time a replica is stopped while refused: its
+			// drain and hand-back meet the refusal. It restarts once the
+			// command is back (a start refused a command it needs exits 2).
+			sigterm := rng.IntN(3) == 0
+			if sigterm {
+				time.Sleep(hold / 3)
+				f.note += ", sigterm while refused: " + c.stopDaemon(i, false)
+				f.stopped = true
+			}
+			time.Sleep(hold)
+			c.redis.acl("+" + cmd)
+			if sigterm {
+				c.restartDaemon(i)
+			}
 		case "redis-failover":
 			var w lossWindow
 			w, f.note = c.redis.failover(hold / 2)
@@ -1013,7 +1043,7 @@ func (c *campaign) check(faultsEnd time.Time) {
 	// 3 (counters): no close counted twice by the daemons' metrics.
 	exact := true // no replica went away, so the counters saw every close
 	for _, f := range c.faults {
-		exact = exact && f.kind != "sigkill" && f.kind != "sigterm"
+		exact = exact && !f.stopped
 	}
 	c.mu.Lock()
 	counted, audited, complete, still := closeCounts(c.counted, func() (float64, bool) {
