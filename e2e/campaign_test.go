@@ -10,6 +10,7 @@ package e2e
 //	ORDERDELAY_CAMPAIGN=30m go test -count=1 -timeout 2h -run TestCampaign ./e2e/
 //	ORDERDELAY_CAMPAIGN_SEED=N ...                               # replay a seed
 //	ORDERDELAY_CAMPAIGN_FAULTS=sigkill,stall ...                 # only these faults ("none": no faults)
+//	ORDERDELAY_CAMPAIGN_FULL_LOGS=1 ...                          # a failure logs the replicas' whole logs, not their tails
 //
 // The seed fixes every choice the workload and the nemesis make (which
 // order gets which life, which fault when); the interleaving with the
@@ -300,7 +301,7 @@ func TestCampaignHistoryUnderFaults(t *testing.T) {
 	w.dbURL = viaProxy(t, w.dbURL, c.pgPx.Addr())
 
 	for range 2 {
-		c.daemons = append(c.daemons, w.start(campaignSettings()...))
+		c.daemons = append(c.daemons, c.startDaemon())
 	}
 	c.t0 = time.Now()
 
@@ -625,6 +626,29 @@ func (c *campaign) errorsOf() float64 {
 	return n
 }
 
+// leaseDetail describes a lease record for a violation's report: the
+// record, and its batch's expiry and count, against Redis's clock.
+func (c *campaign) leaseDetail(rec string) string {
+	ctx := context.Background()
+	k := c.w.keys
+	now, _ := c.w.rdb.Time(ctx).Result()
+	out := fmt.Sprintf("%q (Redis time %d)", rec, now.UnixMilli())
+	r, ok := queue.ParseLeaseRecord(rec)
+	if !ok || r.Backoff() {
+		return out
+	}
+	if exp, err := c.w.rdb.ZScore(ctx, k.Leases, r.Token).Result(); err == nil {
+		out += fmt.Sprintf(", batch expires %.0f", exp)
+	} else {
+		out += ", batch in no lease index"
+	}
+	n, err := c.w.rdb.HGet(ctx, k.LeaseBatch, "#"+r.Token).Result()
+	if err != nil {
+		n = "none"
+	}
+	return out + ", batch count " + n
+}
+
 // stopDaemon scrapes replica i's close counters and kills it (SIGKILL)
 // or stops it (SIGTERM, saying how it exited).
 func (c *campaign) stopDaemon(i int, kill bool) string {
@@ -640,9 +664,19 @@ func (c *campaign) stopDaemon(i int, kill bool) string {
 	return fmt.Sprintf("exit %d", d.stop())
 }
 
+// startDaemon starts a replica with the campaign's settings and waits
+// until it is ready.
+func (c *campaign) startDaemon() *daemon {
+	d := c.w.start(campaignSettings()...)
+	if os.Getenv("ORDERDELAY_CAMPAIGN_FULL_LOGS") == "1" {
+		d.LogTail = 0
+	}
+	return d
+}
+
 // restartDaemon starts a new replica i and waits until it is ready.
 func (c *campaign) restartDaemon(i int) {
-	nd := c.w.start(campaignSettings()...)
+	nd := c.startDaemon()
 	c.mu.Lock()
 	c.daemons[i] = nd
 	c.mu.Unlock()
@@ -950,8 +984,8 @@ func (c *campaign) check(faultsEnd time.Time) {
 				at = append(at, name)
 			}
 		}
-		if ok, _ := c.w.rdb.HExists(ctx, k.Lease, serial).Result(); ok {
-			at = append(at, "lease") // a batch lease's member has no entry of its own
+		if rec, err := c.w.rdb.HGet(ctx, k.Lease, serial).Result(); err == nil {
+			at = append(at, "lease "+c.leaseDetail(rec)) // a batch lease's member has no entry of its own
 		}
 		if len(at) == 0 {
 			return "in no queue key: the reconciler's to close"
