@@ -82,7 +82,6 @@ func (e *refusalEnv) isDead(id string) bool {
 // before the record's HDEL) kept the record and the count together, and
 // the recovery redelivered the item at its own count.
 func TestAdvAckRefusedAtItsZremLeavesNoCountForTheNextTaskOfTheID(t *testing.T) {
-	advRepro(t, "the ack drops the taken record before the unacked entry and the delivery count last")
 	for _, cmd := range []string{"zrem", "hdel"} {
 		t.Run("-"+cmd, func(t *testing.T) {
 			e := newRefusalEnv(t)

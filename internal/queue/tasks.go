@@ -364,19 +364,22 @@ func (s *Store) Take(ctx context.Context) (ListItem, error) {
 // Returns 1 if the item was still taken, 0 if it had already returned to
 // the ready list (acknowledged too late) or was dead-lettered.
 //
-// The taken record goes before the {queue}:unacked entry: a script's
-// writes stay when a later command fails (an ACL tightened at runtime),
-// and an entry left alone is dropped by the next recovery, while a record
-// left alone is reached by no recovery and makes every take pass its id
-// over. Refused between the LREM and the record's HDEL, the item is
-// recovered as unacknowledged (delivered again: at least once).
+// The delivery count goes first, then the taken record, then the
+// {queue}:unacked entry: a script's writes stay when a later command
+// fails (an ACL tightened at runtime). An entry left alone is dropped by
+// the next recovery, while a record left alone is reached by no recovery
+// and makes every take pass its id over; a count left alone once the
+// record is gone is found by the next task of the id, which would start
+// at the old count (and be dead-lettered before its max_attempts
+// deliveries). Refused at the first HDEL, the item is recovered as
+// unacknowledged at its own count (delivered again: at least once).
 var ackScript = redis.NewScript(`
 local item = redis.call('HGET', KEYS[3], ARGV[1])
 if not item then return 0 end
 redis.call('LREM', KEYS[1], 1, item)
+redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
 return 1
 `)
 
