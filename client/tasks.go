@@ -222,6 +222,8 @@ func (c *Client) Take(ctx context.Context) (ListItem, error) {
 // Ack acknowledges an item taken with Take. It returns ErrNotFound when the
 // item was not (or no longer) taken: it went back to the ready list after
 // the queue's ack_timeout and may be delivered again, or was dead-lettered.
+// Items are tracked by id: once the id is taken again, a late Ack
+// acknowledges that newer delivery.
 func (c *Client) Ack(ctx context.Context, id string) error {
 	ok, err := c.st.AckTaken(ctx, id)
 	if err != nil {
