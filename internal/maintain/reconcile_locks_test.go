@@ -9,12 +9,14 @@ import (
 )
 
 // The reconciler's page reads its overdue orders with FOR UPDATE SKIP
-// LOCKED (DefaultOverdueSQL) and keeps every row of the page locked until
-// the page's transaction ends: the rows of the orders still in Redis too,
-// which it skips as the fast path's. While a page runs (its close
+// LOCKED (DefaultOverdueSQL). It used to keep every row of the page locked
+// until the page's transaction ended: the rows of the orders still in
+// Redis too, which it skips as the fast path's. While a page ran (its close
 // statement, the isolation of orders whose close fails, the fence, the
-// commit), the fast path's close of those orders waits for their locks
-// and fails with 55P03 once the lock timeout passes.
+// commit), the fast path's close of those orders waited for their locks
+// and failed with 55P03 once the lock timeout passed. Now the page rolls
+// back to a savepoint taken before its read once Redis has named the lost
+// orders, and the close locks those alone.
 //
 // Found by the e2e campaign (redis-refuse alone, seeds 444 and 555, a
 // busy machine): refusals let a backlog of queued and backing-off orders
@@ -26,9 +28,6 @@ import (
 // back to find them locked again: 1,903 orders were still pending more
 // than 3 minutes after the last fault.
 func TestReconcilerPageDoesNotLockTheOrdersItLeavesToTheFastPath(t *testing.T) {
-	t.Skip("defect: the reconciler's page holds FOR UPDATE locks on overdue orders still in Redis " +
-		"(the fast path's) until its transaction ends, so the fast path's close of them fails with 55P03 " +
-		"while a page runs; fixing it changes the page's locking (lock only the lost orders), left to the lead")
 	e := newEnv(t, orderStatements())
 	e.Store.SetTimeouts(2*time.Second, 100*time.Millisecond)
 	ctx := context.Background()

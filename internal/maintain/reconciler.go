@@ -193,6 +193,12 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	if err := r.store.SetLocalTimeouts(ctx, tx); err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 	}
+	// The overdue statement locks every row of the page (FOR UPDATE SKIP
+	// LOCKED), the rows of orders still in Redis too; overdueSavepoint lets
+	// the page let go of them below.
+	if err := orders.Savepoint(ctx, tx, overdueSavepoint); err != nil {
+		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
+	}
 	rows, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(r.cfg.PageSize), cur)
 	if err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile overdue: %w", err)
@@ -213,6 +219,20 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	}
 	now := r.now()
 	lost = slices.DeleteFunc(lost, func(s string) bool { e := r.skip[s]; return e != nil && now.Before(e.until) })
+	if len(lost) < len(rows) {
+		// Let go of the rows this page will not close: orders still in
+		// Redis are the fast path's, whose close of them would otherwise
+		// wait for these locks until the page ends (and fail with 55P03
+		// while a long page isolates poisonous rows, every pass, so a
+		// backlog past the grace never drained); orders skipped after a
+		// failure would hold up their own payments. The close below locks
+		// the lost rows itself, in serial order, waiting at most the lock
+		// timeout for one a payment holds. When every row is lost the page
+		// keeps its locks: nothing else wants them.
+		if err := orders.RollbackToSavepoint(ctx, tx, overdueSavepoint); err != nil {
+			return 0, cur, false, fmt.Errorf("reconcile: %w", err)
+		}
+	}
 	// Orders that failed before are tried last: the others close first.
 	slices.SortStableFunc(lost, func(a, b string) int {
 		_, fa := r.skip[a]
@@ -257,12 +277,15 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	return closed, next, more, nil
 }
 
-// The savepoints of a page's transaction: pageSavepoint before the page's
-// close (closeFenced rolls back to it when the fence finds serials back in
-// Redis), closeSavepoint around each close statement (closeIsolating).
+// The savepoints of a page's transaction: overdueSavepoint before the
+// overdue statement (the page rolls back to it to release the rows it
+// leaves alone), pageSavepoint before the page's close (closeFenced rolls
+// back to it when the fence finds serials back in Redis), closeSavepoint
+// around each close statement (closeIsolating).
 const (
-	pageSavepoint  = "orderdelay_reconcile_page"
-	closeSavepoint = "orderdelay_reconcile_close"
+	overdueSavepoint = "orderdelay_reconcile_overdue"
+	pageSavepoint    = "orderdelay_reconcile_page"
+	closeSavepoint   = "orderdelay_reconcile_close"
 )
 
 // pageState is what one page spent isolating rows that fail with errors
