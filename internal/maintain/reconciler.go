@@ -56,8 +56,9 @@ type ReconcilerConfig struct {
 // derived from the queue key; rows are read with FOR UPDATE SKIP LOCKED so a
 // payment in progress is never waited for, and serials still in Redis
 // (queued, leased or backing off) are skipped, so a long backlog or a
-// reschedule never triggers it. If Redis cannot be asked, the pass is
-// skipped: a rescheduled deadline lives only there.
+// reschedule never triggers it; the page then lets go of their rows and
+// keeps the lost ones locked (keepOnlyLost). If Redis cannot be asked, the
+// pass is skipped: a rescheduled deadline lives only there.
 //
 // A pass pages by keyset, so orders still in Redis never hide the ones
 // behind them, and an order whose close fails on its own data is isolated
@@ -195,7 +196,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	}
 	// The overdue statement locks every row of the page (FOR UPDATE SKIP
 	// LOCKED), the rows of orders still in Redis too; overdueSavepoint lets
-	// the page let go of them below.
+	// the page let go of them below (keepOnlyLost).
 	if err := orders.Savepoint(ctx, tx, overdueSavepoint); err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 	}
@@ -220,16 +221,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	now := r.now()
 	lost = slices.DeleteFunc(lost, func(s string) bool { e := r.skip[s]; return e != nil && now.Before(e.until) })
 	if len(lost) < len(rows) {
-		// Let go of the rows this page will not close: orders still in
-		// Redis are the fast path's, whose close of them would otherwise
-		// wait for these locks until the page ends (and fail with 55P03
-		// while a long page isolates poisonous rows, every pass, so a
-		// backlog past the grace never drained); orders skipped after a
-		// failure would hold up their own payments. The close below locks
-		// the lost rows itself, in serial order, waiting at most the lock
-		// timeout for one a payment holds. When every row is lost the page
-		// keeps its locks: nothing else wants them.
-		if err := orders.RollbackToSavepoint(ctx, tx, overdueSavepoint); err != nil {
+		if lost, err = r.keepOnlyLost(ctx, tx, lost); err != nil {
 			return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 		}
 	}
@@ -275,6 +267,42 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		return closed, cur, false, fmt.Errorf("reconcile close: %w", st.slow)
 	}
 	return closed, next, more, nil
+}
+
+// keepOnlyLost lets go of the rows of a page's read that it will not close
+// and keeps the lost ones locked, and returns those it kept. Orders still
+// in Redis are the fast path's, whose close of them would otherwise wait
+// for these locks until the page ends (and fail with 55P03 while a long
+// page isolates poisonous rows, every pass, so a backlog past the grace
+// never drained); orders skipped after a failure would hold up their own
+// payments. The page rolls back to the savepoint before its read, which
+// lets go of every row, and locks the lost rows again with the deadline
+// checked anew (RelockOverdue), skipping rows someone took meanwhile: a
+// producer that moved a lost order's deadline in the table after the read
+// (its row committed, Redis not written yet, or never: it died) keeps its
+// order, and the close never waits for a lock. With a custom overdue
+// statement, whose deadline only that statement knows, the page keeps the
+// rows of its read: the fast path's close of the orders still in Redis on
+// that page waits for the page, as the lock timeout allows.
+func (r *Reconciler) keepOnlyLost(ctx context.Context, tx *sqlx.Tx, lost []string) ([]string, error) {
+	if len(lost) > 0 && !r.store.DefaultOverdue() {
+		return lost, nil
+	}
+	if err := orders.RollbackToSavepoint(ctx, tx, overdueSavepoint); err != nil {
+		return nil, err
+	}
+	if len(lost) == 0 {
+		return nil, nil
+	}
+	locked, err := r.store.RelockOverdue(ctx, tx, lost, r.cfg.Grace.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	kept := make(map[string]bool, len(locked))
+	for _, s := range locked {
+		kept[s] = true
+	}
+	return slices.DeleteFunc(lost, func(s string) bool { return !kept[s] }), nil
 }
 
 // The savepoints of a page's transaction: overdueSavepoint before the

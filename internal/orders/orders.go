@@ -133,6 +133,16 @@ ORDER BY expires_at, serial_no
 LIMIT $2::bigint
 FOR UPDATE SKIP LOCKED`
 
+// relockOverdueSQL locks again, in serial order, the rows among $1 that
+// are still pending and more than $2 milliseconds past their deadline, and
+// returns their serials: the reconciler's page, once it has let go of the
+// rows of its read (see Store.RelockOverdue). Rows someone else holds are
+// skipped, like the read's.
+const relockOverdueSQL = `SELECT serial_no FROM orders
+WHERE serial_no = ANY($1) AND status = 'pending' AND expires_at < now() - $2::bigint * interval '1 millisecond'
+ORDER BY serial_no
+FOR UPDATE SKIP LOCKED`
+
 // OverdueParams and OverdueColumns are the overdue statement's contract,
 // as Verify reports it.
 const (
@@ -743,6 +753,20 @@ func (s *Store) Overdue(ctx context.Context, tx Querier, graceMillis, limit int6
 	out, err := s.overdue(ctx, tx, graceMillis, limit, after)
 	return out, clientCut(ctx, err)
 }
+
+// RelockOverdue locks again, in tx, the rows among serials that are still
+// pending and more than graceMillis past their deadline, skipping rows
+// someone else holds, and returns their serials. It needs the reference
+// schema's orders table: a custom overdue statement (DefaultOverdue false)
+// reads a table whose deadline only that statement knows.
+func (s *Store) RelockOverdue(ctx context.Context, tx Querier, serials []string, graceMillis int64) ([]string, error) {
+	locked, err := querySerials(ctx, tx, relockOverdueSQL, len(serials), textArray(serials), graceMillis)
+	return locked, clientCut(ctx, err)
+}
+
+// DefaultOverdue reports whether the overdue statement is the reference
+// schema's (DefaultOverdueSQL).
+func (s *Store) DefaultOverdue() bool { return s.stmts.Overdue == DefaultOverdueSQL }
 
 func (s *Store) overdue(ctx context.Context, tx Querier, graceMillis, limit int64, after Cursor) ([]OverdueOrder, error) {
 	var at any = "-infinity"
