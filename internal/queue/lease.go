@@ -203,8 +203,10 @@ end
 // lease or backoff of the same serial is dropped with them (the bad score
 // is the producer's latest write: the old deadline must not close it). So
 // does (as malformed) a member of an expired batch whose lease record
-// gives no deadline or names no holder: no script writes one, and the
-// order's deadline is unknown. "Now" is Redis's clock, so all replicas
+// gives no deadline or names no holder a claim reads (no token, the
+// batch's own without its closing '|', a batch not in {queue}:leases, or
+// a per-member token with no {queue}:inflight entry): no script writes
+// one, and no claim would ever read it again. "Now" is Redis's clock, so all replicas
 // agree and nothing is claimed before its deadline.
 //
 // While KEYS[7] exists (an operator paused closing) it claims nothing and
@@ -395,8 +397,8 @@ end
 -- token (the others were settled, retried, taken over or moved by a
 -- producer since). A batch is taken whole while there is room; the
 -- members there is no room for stay in it, still expired, for the next
--- claim. A member whose record has no token (no script writes one) is
--- no holder's and in no place another claim reads once its batch goes:
+-- claim. A member whose record names no holder another claim reads (no
+-- script writes one) is in no place a claim finds once its batch goes:
 -- it is dead-lettered as malformed, with the records that carry the
 -- token but no numeric deadline.
 if batch and n < limit and not full and batHead and batHead <= now then
@@ -438,12 +440,19 @@ if batch and n < limit and not full and batHead and batHead <= now then
           end
         end
       elseif recs[i] and not queued[i] and not took[s] and not unknown[s] then
-        -- A record with no token at all (garbage, or empty): unless the
-        -- queue key holds the serial (a producer's write, which step 2
-        -- takes over when due) or a per-member lease does (step 1 takes
-        -- it back when it expires), nothing else would ever read it.
+        -- A record that names no holder a claim reads: unless the queue
+        -- key holds the serial (a producer's write, which step 2 takes
+        -- over when due) or {queue}:inflight does (a per-member lease or
+        -- a backoff: step 1 takes it back when it expires), only another
+        -- batch lease does, if the record names one that is in
+        -- {queue}:leases. No token (garbage, or empty), this batch's
+        -- without the closing '|' (parse reads it as this batch's,
+        -- carries does not: once the batch goes, no one's), a batch that
+        -- is gone, or a per-member token or backoff with no inflight
+        -- entry: nothing else would ever read it.
         local _, _, tok = parse(recs[i])
-        if (not tok or tok == '') and not redis.call('ZSCORE', KEYS[2], s) then
+        local held = tok and tok ~= '' and tok ~= t and tok ~= '-' and redis.call('ZSCORE', KEYS[9], tok)
+        if not held and not redis.call('ZSCORE', KEYS[2], s) then
           unknown[s] = true
           bury(s, 'malformed', string.match(recs[i], '^[^|]*'))
         end
