@@ -243,16 +243,19 @@ func TestAdvClaimExpiredBatchKeepsEveryMemberThatMovedLegitimately(t *testing.T)
 }
 
 // The unbatch tool (a rollback to per-member leases) meets a listed member
-// whose record names no holder a claim reads. It took any record not
-// carrying the batch's token for a member that had left, and dropped the
-// batch: the record stayed where neither release's claim looks and the
-// reconciler skips the serial. It must report the member, and leave it
-// where a claim that leases per batch dead-letters it; a member that left
-// legitimately (a backoff, a producer's write) is still only departed.
+// whose record names no holder a claim reads. It takes any record not
+// carrying the batch's token for a member that had left, and drops the
+// batch: the record stays where neither release's claim looks and the
+// reconciler skips the serial. It must report the member, and dead-letter
+// it or leave it where a claim that leases per batch dead-letters it; a
+// member that left legitimately (a backoff, a producer's write) is still
+// only departed.
 func TestAdvUnbatchReportsAMemberWhoseRecordNamesNoHolder(t *testing.T) {
 	for _, rec := range []string{"garbage", "", "%d|0|b:gone|", "%d|0|-|"} {
 		t.Run(fmt.Sprintf("record %q", rec), func(t *testing.T) {
-			t.Skip("unbatch counts S2 as departed and drops the batch: its record is left where no claim finds it")
+			t.Skip("unbatch counts S2 as departed and drops the batch, so its record is left where no claim finds it; " +
+				"keeping S2 in its batch is not enough while the members converted beside it still carry the batch's token " +
+				"(TestAdvPartialUnbatchThenTheHolderFinishes): the claim's release of S1 drops the kept batch first")
 			rdb, k := testenv.Redis(t)
 			ctx := context.Background()
 			st := queue.NewStore(rdb, k)
@@ -274,8 +277,9 @@ func TestAdvUnbatchReportsAMemberWhoseRecordNamesNoHolder(t *testing.T) {
 			if res.Members != 2 || res.Departed != 1 || len(res.Problems) != 1 || res.Problems[0].Serial != "S2" {
 				t.Errorf("unbatch %+v, want S1 and S3 converted, S0 departed, S2 reported", res)
 			}
-			for _, o := range orphanRecords(t, rdb, k) {
-				t.Error(o)
+			// Reported, and dead-lettered or still in a batch a claim reads.
+			if l := rdb.HGet(ctx, k.LeaseBatch, "b:a").Val(); l != "S2" && rdb.ZScore(ctx, k.Dead, "S2").Err() != nil {
+				t.Errorf("S2 neither dead-lettered nor listed by b:a (%q) after the unbatch (%s)", l, leaseState(t, rdb, k, "S2"))
 			}
 			// A daemon that leases per batch dead-letters S2 once the
 			// batch expires, and takes back S1 and S3 (unbatched).
@@ -295,5 +299,50 @@ func TestAdvUnbatchReportsAMemberWhoseRecordNamesNoHolder(t *testing.T) {
 				t.Errorf("batch counts inconsistent:\n  leases %v\n  lists %v\n  records %v", state.leases, state.leasebatch, state.lease)
 			}
 		})
+	}
+}
+
+// A partial unbatch (a member whose record carrying the token has no
+// integer deadline stays in its batch, counted alone; the rest are
+// converted) leaves the converted members' records carrying the kept
+// batch's token. The live holder's finish of one of them then counts it
+// out of the kept batch: the batch goes with the damaged member still in
+// it, and, the token being a batch's, the finish leaves the member's
+// inflight entry, so a later claim leases the finished order again.
+func TestAdvPartialUnbatchThenTheHolderFinishes(t *testing.T) {
+	t.Skip("a partial unbatch keeps the batch counting only its damaged members while the converted ones still carry " +
+		"its token: a finish or a claim's release of one takes the count to 0 and drops the batch (S2 is lost), and the " +
+		"finish, seeing a batch token, leaves the member's inflight entry (S0 is leased again); fixing it changes what " +
+		"unbatch does with a damaged batch (convert none of it, or dead-letter the damaged member) or finish's hot path")
+	rdb, k := testenv.Redis(t)
+	ctx := context.Background()
+	st := queue.NewStore(rdb, k)
+	base := noHolderBatch(t, rdb, k, st)
+	rdb.HSet(ctx, k.Lease, "S2", "x|0|b:a|")
+	res, err := st.UnbatchLeases(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Members != 3 || len(res.Problems) != 1 || res.Remaining != 1 {
+		t.Fatalf("unbatch %+v, want S0, S1, S3 converted and S2 left in b:a", res)
+	}
+	// The holder is alive: it closed S0 and finishes it.
+	if n, err := st.Finish(ctx, "b:a", []string{"S0"}, false); err != nil || n != 1 {
+		t.Fatalf("finish %d, %v", n, err)
+	}
+	// Every lease runs out.
+	expireBatch(t, rdb, k, "b:a", base)
+	for _, s := range []string{"S0", "S1", "S3"} {
+		rdb.ZAddXX(ctx, k.Inflight, redis.Z{Score: base, Member: s})
+	}
+	leased := claimUntilQuiet(t, st, 10)
+	if _, again := leased["S0"]; again {
+		t.Errorf("S0, finished, leased again at %v (%s)", leased["S0"], leaseState(t, rdb, k, "S0"))
+	}
+	if dead := deadReasons(t, rdb, k); dead["S2"] != queue.ReasonMalformed {
+		t.Errorf("dead letters %v, want S2 malformed (%s)", dead, leaseState(t, rdb, k, "S2"))
+	}
+	for _, o := range orphanRecords(t, rdb, k) {
+		t.Error(o)
 	}
 }
