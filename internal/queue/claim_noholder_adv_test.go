@@ -107,6 +107,25 @@ func TestAdvClaimExpiredBatchMemberWhoseRecordNamesNoLiveHolder(t *testing.T) {
 					t.Errorf("S2 (record %q) leased at %v, dead-lettered as %q: want dead-lettered as malformed, or leased once at %d",
 						rec, leased["S2"], dead["S2"], int64(base)+2)
 				}
+				// The old holder, late, owns none of them any more (owned()
+				// reads the record without the closing bar as its own).
+				all := []string{"S0", "S1", "S2", "S3"}
+				before := dumpQueueKeys(t, rdb, k)
+				if n, err := st.HandBack(ctx, "b:a", all); err != nil || n != 0 {
+					t.Errorf("the old holder's hand-back moved %d (%v)", n, err)
+				}
+				if r, err := st.Retry(ctx, queue.RetryArgs{Token: "b:a", Serials: all}); err != nil || r.Moved != 0 {
+					t.Errorf("the old holder's retry moved %d (%v)", r.Moved, err)
+				}
+				if n, err := st.Bury(ctx, queue.BuryArgs{Token: "b:a", Serials: all, Reason: queue.ReasonNotFound}); err != nil || n != 0 {
+					t.Errorf("the old holder's bury moved %d (%v)", n, err)
+				}
+				if n, err := st.Finish(ctx, "b:a", all, false); err != nil || n != 0 {
+					t.Errorf("the old holder's finish removed %d (%v)", n, err)
+				}
+				if d := queueKeyDiff(before, dumpQueueKeys(t, rdb, k)); len(d) > 0 {
+					t.Errorf("the old holder's late calls changed the keys: %v", d)
+				}
 				for _, o := range orphanRecords(t, rdb, k) {
 					t.Error(o)
 				}
