@@ -45,6 +45,30 @@ func expireBatch(t *testing.T, rdb *redis.Client, k queue.Keys, tok string, at f
 	}
 }
 
+// othersLeasedOnce checks that S0, S1 and S3 (noHolderBatch's) were each
+// leased once, at their deadlines.
+func othersLeasedOnce(t *testing.T, leased map[string][]int64, base float64) {
+	t.Helper()
+	for i, s := range []string{"S0", "S1", "S3"} {
+		want := int64(base) + int64([]int{0, 1, 3}[i])
+		if fmt.Sprint(leased[s]) != fmt.Sprint([]int64{want}) {
+			t.Errorf("%s leased at %v, want once at %d", s, leased[s], want)
+		}
+	}
+}
+
+// noOrphansConsistentCounts checks that no lease record is left where no
+// claim finds it and that every batch is counted as the scripts keep it.
+func noOrphansConsistentCounts(t *testing.T, rdb *redis.Client, k queue.Keys) {
+	t.Helper()
+	for _, o := range orphanRecords(t, rdb, k) {
+		t.Error(o)
+	}
+	if state := leaseKeysState(t, rdb, k); !countsConsistent(state) {
+		t.Errorf("batch counts inconsistent:\n  leases %v\n  lists %v\n  records %v", state.leases, state.leasebatch, state.lease)
+	}
+}
+
 // claimUntilQuiet claims with limit until a claim leases and buries
 // nothing, and returns every deadline each serial was leased at.
 func claimUntilQuiet(t *testing.T, st *queue.Store, limit int) map[string][]int64 {
@@ -93,12 +117,7 @@ func TestAdvClaimExpiredBatchMemberWhoseRecordNamesNoLiveHolder(t *testing.T) {
 				}
 				expireBatch(t, rdb, k, "b:a", base)
 				leased := claimUntilQuiet(t, st, limit)
-				for i, s := range []string{"S0", "S1", "S3"} {
-					want := int64(base) + int64([]int{0, 1, 3}[i])
-					if fmt.Sprint(leased[s]) != fmt.Sprint([]int64{want}) {
-						t.Errorf("%s leased at %v, want once at %d", s, leased[s], want)
-					}
-				}
+				othersLeasedOnce(t, leased, base)
 				dead := deadReasons(t, rdb, k)
 				switch {
 				case len(leased["S2"]) == 0 && dead["S2"] == queue.ReasonMalformed:
@@ -126,12 +145,7 @@ func TestAdvClaimExpiredBatchMemberWhoseRecordNamesNoLiveHolder(t *testing.T) {
 				if d := queueKeyDiff(before, dumpQueueKeys(t, rdb, k)); len(d) > 0 {
 					t.Errorf("the old holder's late calls changed the keys: %v", d)
 				}
-				for _, o := range orphanRecords(t, rdb, k) {
-					t.Error(o)
-				}
-				if state := leaseKeysState(t, rdb, k); !countsConsistent(state) {
-					t.Errorf("batch counts inconsistent:\n  leases %v\n  lists %v\n  records %v", state.leases, state.leasebatch, state.lease)
-				}
+				noOrphansConsistentCounts(t, rdb, k)
 			})
 		}
 	}
@@ -231,12 +245,7 @@ func TestAdvClaimExpiredBatchKeepsEveryMemberThatMovedLegitimately(t *testing.T)
 					rdb.ZAddXX(ctx, k.Inflight, redis.Z{Score: base, Member: s})
 				}
 				leased := claimUntilQuiet(t, st, limit)
-				for i, s := range []string{"S0", "S1", "S3"} {
-					want := int64(base) + int64([]int{0, 1, 3}[i])
-					if fmt.Sprint(leased[s]) != fmt.Sprint([]int64{want}) {
-						t.Errorf("%s leased at %v, want once at %d", s, leased[s], want)
-					}
-				}
+				othersLeasedOnce(t, leased, base)
 				want := tc.want(base)
 				if fmt.Sprint(leased["S2"]) != fmt.Sprint(want.leasedAt) {
 					t.Errorf("S2 leased at %v, want %v", leased["S2"], want.leasedAt)
@@ -250,12 +259,7 @@ func TestAdvClaimExpiredBatchKeepsEveryMemberThatMovedLegitimately(t *testing.T)
 				if drop, err := st.Fence(ctx, "b:a", 0, []string{"S0", "S1", "S2", "S3"}); err != nil || len(drop) != 4 {
 					t.Errorf("the old holder's fence drops %v (%v), want all four", drop, err)
 				}
-				for _, o := range orphanRecords(t, rdb, k) {
-					t.Error(o)
-				}
-				if state := leaseKeysState(t, rdb, k); !countsConsistent(state) {
-					t.Errorf("batch counts inconsistent:\n  leases %v\n  lists %v\n  records %v", state.leases, state.leasebatch, state.lease)
-				}
+				noOrphansConsistentCounts(t, rdb, k)
 			})
 		}
 	}
@@ -311,12 +315,7 @@ func TestAdvUnbatchReportsAMemberWhoseRecordNamesNoHolder(t *testing.T) {
 			if dead := deadReasons(t, rdb, k); fmt.Sprint(dead) != fmt.Sprint(map[string]string{"S2": queue.ReasonMalformed}) {
 				t.Errorf("dead letters %v, want S2 malformed", dead)
 			}
-			for _, o := range orphanRecords(t, rdb, k) {
-				t.Error(o)
-			}
-			if state := leaseKeysState(t, rdb, k); !countsConsistent(state) {
-				t.Errorf("batch counts inconsistent:\n  leases %v\n  lists %v\n  records %v", state.leases, state.leasebatch, state.lease)
-			}
+			noOrphansConsistentCounts(t, rdb, k)
 		})
 	}
 }
