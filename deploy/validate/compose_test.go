@@ -2,12 +2,14 @@ package validate
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	yaml "go.yaml.in/yaml/v3"
 )
@@ -38,6 +40,9 @@ type composeService struct {
 	Restart     string         `yaml:"restart"`
 	ReadOnly    bool           `yaml:"read_only"`
 	User        string         `yaml:"user"`
+	// How long `docker compose stop` waits after SIGTERM before SIGKILL
+	// (Compose's default is 10s).
+	StopGracePeriod string `yaml:"stop_grace_period"`
 }
 
 type composeBuild struct {
@@ -208,8 +213,42 @@ func TestComposeStack(t *testing.T) {
 	if p.Services["orderdelay"].DependsOn["migrate"].Condition != "service_completed_successfully" {
 		t.Error("orderdelay must start after migrate completed successfully")
 	}
+	checkComposeStop(t, p.Services["orderdelay"])
 	checkComposePrometheus(t, p, mounts["prometheus"])
 	checkComposeGrafana(t, p, mounts["grafana"])
+}
+
+// checkComposeStop: `docker compose stop` or `down` must leave the daemon
+// its whole stop (the drain, then the hand-back, with Redis hanging) before
+// it sends SIGKILL, as terminationGracePeriodSeconds does on Kubernetes.
+// Compose's default of 10s is below the default drain alone.
+func checkComposeStop(t *testing.T, s composeService) {
+	t.Helper()
+	drain := durationSetting(t, envOf(s), "ORDERDELAY_DRAIN_TIMEOUT")
+	want := stopBound(drain)
+	if s.StopGracePeriod == "" {
+		t.Errorf("service orderdelay has no stop_grace_period: Compose kills it after 10s, before its stop's longest %v (drain %v)", want, drain)
+		return
+	}
+	got, err := time.ParseDuration(s.StopGracePeriod)
+	if err != nil {
+		t.Fatalf("service orderdelay: stop_grace_period %q: %v", s.StopGracePeriod, err)
+	}
+	if got < want {
+		t.Errorf("service orderdelay: stop_grace_period %v < the stop's longest %v (drain %v; Redis hanging): Compose kills it mid-stop", got, want, drain)
+	}
+}
+
+// envOf is a service's environment as the manifests' checks read it.
+func envOf(s composeService) map[string]envVar {
+	env := map[string]envVar{}
+	for k, v := range s.Environment {
+		if v == nil { // "KEY:" with no value: Compose passes it from the shell
+			continue
+		}
+		env[k] = envVar{Value: fmt.Sprint(v), Source: "literal"}
+	}
+	return env
 }
 
 func checkComposePrometheus(t *testing.T, p *composeProject, mounts map[string]string) {
