@@ -224,3 +224,42 @@ func TestDatabaseErrorWordedAsARefusalIsNoRefusal(t *testing.T) {
 		t.Errorf("%d log lines blame the Redis ACL for a PostgreSQL error", n)
 	}
 }
+
+// A hand-back refused by Redis (the shutdown's, or a late claim's) says
+// what the other refused calls say: the one error naming the ACL and
+// config_warning{check="redis_permissions"}, counted in
+// errors_total{stage="remove"}, not a bare warning an
+// operator would read as Redis being away. Nothing is lost: every entry is
+// still leased, to come back when its lease expires.
+func TestRefusedHandBackWarnsOfThePermission(t *testing.T) {
+	e, od := refusedEnv(t)
+	core, logs := observer.New(zap.DebugLevel)
+	cfg := Config{Keys: e.Keys, Workers: 1, BatchSize: 50, Lease: 10 * time.Second, StatementTimeout: 5 * time.Second,
+		HeadCheck: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}
+	c, err := New(cfg, od, e.Store, e.m, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("hb", 3, past)
+	e.Enqueue(serials, past)
+	res := claimN(t, c, len(serials))
+	e.acl("-zadd")
+	c.handBack(res.items)
+
+	if w := testutil.ToFloat64(e.m.ConfigWarning.WithLabelValues(metrics.CheckRedisPermissions)); w != 1 {
+		t.Errorf("config_warning{redis_permissions} = %v after a refused hand-back, want 1", w)
+	}
+	if n := testutil.ToFloat64(e.m.Errors.WithLabelValues(metrics.StageRemove)); n != 1 {
+		t.Errorf("errors_total{remove} = %v after one refused hand-back, want 1", n)
+	}
+	lines, named := refusalLines(logs)
+	if named != 1 || len(lines) != 1 {
+		t.Errorf("a refused hand-back logged %d lines carrying the refusal, %d of them naming the ACL; want the one that names it", len(lines), named)
+	}
+	for _, s := range serials {
+		if !e.RDB.HExists(context.Background(), e.Keys.Lease, s).Val() {
+			t.Errorf("%s: no longer leased after a refused hand-back", s)
+		}
+	}
+}

@@ -796,8 +796,11 @@ func (h orderHandler) handBack(items []item) {
 	for tok, serials := range byToken(items) {
 		n, err := c.q.HandBack(ctx, tok, serials)
 		if err != nil {
-			c.log.Warn("hand-back failed; the entries return when their lease expires",
-				zap.Int("orders", len(serials)), zap.Error(err))
+			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
+			if !c.refused(err, metrics.StageRemove) {
+				c.log.Warn("hand-back failed; the entries return when their lease expires",
+					zap.Int("orders", len(serials)), zap.Error(err))
+			}
 			continue
 		}
 		total += n
