@@ -129,6 +129,25 @@ func refusalLines(logs *observer.ObservedLogs) (all []observer.LoggedEntry, name
 	return all, named
 }
 
+// refusedDue is a refusedEnv's consumer (one worker, batches of 50, a
+// 10 s lease), logging to the observer it returns, and three orders due
+// a second ago, their serials made from prefix.
+func refusedDue(t *testing.T, prefix string) (*env, *Consumer, *observer.ObservedLogs, []string) {
+	t.Helper()
+	e, od := refusedEnv(t)
+	core, logs := observer.New(zap.DebugLevel)
+	cfg := Config{Keys: e.Keys, Workers: 1, BatchSize: 50, Lease: 10 * time.Second, StatementTimeout: 5 * time.Second,
+		HeadCheck: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}
+	c, err := New(cfg, od, e.Store, e.m, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders(prefix, 3, past)
+	e.Enqueue(serials, past)
+	return e, c, logs, serials
+}
+
 // A refusal is logged once: the error that names the fix (the ACL), not
 // that and a warning of the caller's with the same error. Each path that
 // meets one — the scan loop's claim and head check, the fence, the
@@ -145,17 +164,7 @@ func TestRefusalIsLoggedOnce(t *testing.T) {
 		{"finish", "hdel", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e, od := refusedEnv(t)
-			core, logs := observer.New(zap.DebugLevel)
-			cfg := Config{Keys: e.Keys, Workers: 1, BatchSize: 50, Lease: 10 * time.Second, StatementTimeout: 5 * time.Second,
-				HeadCheck: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}
-			c, err := New(cfg, od, e.Store, e.m, zap.New(core))
-			if err != nil {
-				t.Fatal(err)
-			}
-			past := e.RedisNow().Add(-time.Second)
-			serials := e.Orders("once", 3, past)
-			e.Enqueue(serials, past)
+			e, c, logs, serials := refusedDue(t, "once")
 			if tc.loop {
 				e.acl("-" + tc.cmd)
 				stop := runConsumer(t, c)
@@ -232,17 +241,7 @@ func TestDatabaseErrorWordedAsARefusalIsNoRefusal(t *testing.T) {
 // operator would read as Redis being away. Nothing is lost: every entry is
 // still leased, to come back when its lease expires.
 func TestRefusedHandBackWarnsOfThePermission(t *testing.T) {
-	e, od := refusedEnv(t)
-	core, logs := observer.New(zap.DebugLevel)
-	cfg := Config{Keys: e.Keys, Workers: 1, BatchSize: 50, Lease: 10 * time.Second, StatementTimeout: 5 * time.Second,
-		HeadCheck: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}
-	c, err := New(cfg, od, e.Store, e.m, zap.New(core))
-	if err != nil {
-		t.Fatal(err)
-	}
-	past := e.RedisNow().Add(-time.Second)
-	serials := e.Orders("hb", 3, past)
-	e.Enqueue(serials, past)
+	e, c, logs, serials := refusedDue(t, "hb")
 	res := claimN(t, c, len(serials))
 	e.acl("-zadd")
 	c.handBack(res.items)
