@@ -2,6 +2,7 @@ package maintain
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -85,6 +86,11 @@ type Reconciler struct {
 	// its order closes, or maxSkipIntervals after it was last due.
 	skip map[string]*skipEntry
 	now  func() time.Time
+
+	// resume is where the next pass starts: after the last row the pass
+	// before read, when that pass stopped at maxPagesPerRun pages or on
+	// an error; the beginning once a pass read to the end.
+	resume orders.Cursor
 }
 
 // skipEntry is one order the reconciler leaves out for a while.
@@ -136,8 +142,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // starting after the last row of the one before, so overdue orders that are
 // legitimately still in Redis (a backlog, a reschedule that did not move the
 // row's deadline) never hide the lost ones behind them. At most
-// maxPagesPerRun pages, within PassTimeout; the next pass starts from the
-// beginning again.
+// maxPagesPerRun pages, within PassTimeout. A pass that stops before the
+// end (its pages used up, or an error) leaves the next one to go on from
+// the page it had reached, so however many overdue rows stay pending ahead
+// of a lost order (queued ones, poisonous ones dead-lettered by the fast
+// path), the walk reaches it; a pass that reads to the end leaves the next
+// to start from the beginning. An order that is lost behind where the walk
+// has reached is found when the walk comes round again: within one pass
+// when the overdue rows fill at most maxPagesPerRun pages.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := r.loop.Bound(ctx)
 	defer cancel()
@@ -159,17 +171,30 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 		}
 	}
 	total := 0
-	var cur orders.Cursor
+	cur := r.resume
 	for range maxPagesPerRun {
 		n, next, more, err := r.page(ctx, cur)
 		total += n
-		if err != nil || !more {
+		if err != nil {
+			r.resume = cur // this page again, not the pages before it
+			if errors.Is(err, errOtherReplica) {
+				return total, nil // its pass goes on where this one stopped
+			}
 			return total, err
+		}
+		if !more {
+			r.resume = orders.Cursor{}
+			return total, nil
 		}
 		cur = next
 	}
+	r.resume = cur
 	return total, nil
 }
+
+// errOtherReplica ends a pass whose page found another replica
+// reconciling (the advisory lock taken): not a failure.
+var errOtherReplica = errors.New("another replica is reconciling")
 
 // page reconciles the page of overdue orders after cur, in one transaction,
 // and returns how many it closed and where the next page starts.
@@ -188,7 +213,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		return 0, cur, false, fmt.Errorf("reconcile lock: %w", err)
 	}
 	if !got {
-		return 0, cur, false, nil // another replica is reconciling
+		return 0, cur, false, errOtherReplica
 	}
 	// The server bounds every statement of the page, like the fast path's.
 	if err := r.store.SetLocalTimeouts(ctx, tx); err != nil {
