@@ -278,6 +278,14 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 			}
 		}
 		if closed > 0 {
+			if err := ctx.Err(); err != nil {
+				// The pass ended before its COMMIT (typically the queue's
+				// check answered after the pass's deadline: go-redis does
+				// not cut a read at one). database/sql has rolled the
+				// transaction back and would send no COMMIT: nothing
+				// closed, and nothing in doubt.
+				return 0, cur, false, fmt.Errorf("reconcile: the pass ended before its commit, nothing closed: %w", err)
+			}
 			if err := tx.Commit(); err != nil {
 				err = orders.CommitError(err, closed)
 				r.m.InDoubt.Add(float64(orders.InDoubt(err)))
