@@ -788,13 +788,20 @@ func (h orderHandler) bury(items []item, reason, lastErr string) {
 }
 
 // handBack returns claims to the queue with their true deadlines.
-func (h orderHandler) handBack(items []item) {
+func (h orderHandler) handBack(items []item) { h.handBackWith(items, h.c.q.HandBack) }
+
+// handBackWith hands items back with the store's call for it, one call
+// per lease token.
+func (h orderHandler) handBackWith(items []item, call func(ctx context.Context, token string, serials []string) (int, error)) {
 	c := h.c
+	if len(items) == 0 {
+		return
+	}
 	ctx, cancel := bookkeeping()
 	defer cancel()
 	total := 0
 	for tok, serials := range byToken(items) {
-		n, err := c.q.HandBack(ctx, tok, serials)
+		n, err := call(ctx, tok, serials)
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			if !c.refused(err, metrics.StageRemove) {

@@ -255,6 +255,16 @@ func (s *Store) ReleaseTasks(ctx context.Context, token string, ids []string) (i
 	if !ValidPollToken(token) {
 		return 0, ErrInvalidPollToken
 	}
+	return s.Release(ctx, token, ids)
+}
+
+// Release hands back tasks ids still leased under token, the daemon's own
+// or a poll's, keeping what they have spent (see releaseScript): a task
+// never run, or one whose runs left nothing, goes back into the queue key
+// with its true deadline; any other is due again at once as a backoff
+// with its attempts. It returns how many it handed back. HandBack, which
+// the order queue uses, drops the lease record and its attempts with it.
+func (s *Store) Release(ctx context.Context, token string, ids []string) (int, error) {
 	k := s.keys
 	args := scriptArgs(ids, token)
 	n, err := releaseScript.Run(ctx, s.rdb, []string{k.Queue, k.Inflight, k.Deadlines, k.Lease}, args...).Int()
