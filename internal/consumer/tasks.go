@@ -42,7 +42,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		}
 	}
 	now := c.now()
-	var done, later, down, untried []item
+	var done, later, down, untried, cut []item
 	var untriedErr, laterErr, downErr error
 	failed := map[int][]item{} // by attempts after this one
 	lastErr := map[int]string{}
@@ -53,7 +53,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 			continue
 		}
 		if workCtx.Err() != nil {
-			c.handBack([]item{it})
+			cut = append(cut, it) // handed back below, in one call
 			continue
 		}
 		if na := noAttempt(errs[i]); na != nil { // see NoAttemptError
@@ -70,6 +70,7 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 		failed[a] = append(failed[a], it)
 		lastErr[a] = errs[i].Error()
 	}
+	c.handBack(cut)
 	c.finish(done)
 	c.m.Closed.Add(float64(len(done)))
 	for a, group := range failed {
