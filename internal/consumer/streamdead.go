@@ -33,7 +33,9 @@ func (c *Consumer) sweepStream(ctx context.Context, redisNow int64) {
 	if err != nil {
 		if ctx.Err() == nil {
 			c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
-			c.log.Warn("sweeping the stream's pending entries failed; retried on the next pass", zap.Error(err))
+			if !c.refused(err, metrics.StageClaim) {
+				c.log.Warn("sweeping the stream's pending entries failed; retried on the next pass", zap.Error(err))
+			}
 		}
 		return
 	}
