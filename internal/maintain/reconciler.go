@@ -2,6 +2,7 @@ package maintain
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -89,8 +90,10 @@ type Reconciler struct {
 
 	// resume is where the next pass starts: after the last row the pass
 	// before read, when that pass stopped at maxPagesPerRun pages or on
-	// an error; the beginning once a pass read to the end.
-	resume orders.Cursor
+	// an error; the beginning once a pass read to the end. failedAt is the
+	// page the pass before failed on, if it did (see failed).
+	resume   orders.Cursor
+	failedAt *orders.Cursor
 }
 
 // skipEntry is one order the reconciler leaves out for a while.
@@ -172,16 +175,28 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	}
 	total := 0
 	cur := r.resume
-	for range maxPagesPerRun {
+	for i := range maxPagesPerRun {
+		if i > 0 {
+			// Closing paused while the pass runs: no page starts after it.
+			if paused, err := queue.NewStore(r.rdb, r.cfg.Keys).Paused(ctx); err != nil || paused {
+				r.resume = cur
+				if err != nil {
+					return total, fmt.Errorf("reconcile: %w", err)
+				}
+				return total, nil
+			}
+		}
 		n, next, more, err := r.page(ctx, cur)
 		total += n
+		if errors.Is(err, errOtherReplica) {
+			r.resume = cur // its pass goes on where this one stopped
+			return total, nil
+		}
 		if err != nil {
-			r.resume = cur // this page again, not the pages before it
-			if errors.Is(err, errOtherReplica) {
-				return total, nil // its pass goes on where this one stopped
-			}
+			r.failed(cur, next)
 			return total, err
 		}
+		r.failedAt = nil
 		if !more {
 			r.resume = orders.Cursor{}
 			return total, nil
@@ -190,6 +205,32 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	}
 	r.resume = cur
 	return total, nil
+}
+
+// failed sets where the next pass starts after the page at cur failed
+// (next: after its rows, or cur when it failed before reading them). The
+// first time, the next pass tries that page again. A page that failed the
+// pass before too fails the same way every pass, as a page can (an order
+// whose close fails in a way the page does not isolate, an overdue
+// statement failing on a row): the walk passes it by, to the page after
+// it, or, when its rows are not known, starts again from the beginning, so
+// neither the pages before it nor those after it wait on it for good. Its
+// orders come round with the walk.
+func (r *Reconciler) failed(cur, next orders.Cursor) {
+	if r.failedAt == nil || !sameCursor(*r.failedAt, cur) {
+		r.failedAt, r.resume = &cur, cur
+		return
+	}
+	r.failedAt = nil
+	if sameCursor(next, cur) {
+		r.resume = orders.Cursor{}
+	} else {
+		r.resume = next
+	}
+}
+
+func sameCursor(a, b orders.Cursor) bool {
+	return a.Serial == b.Serial && a.ExpiresAt.Equal(b.ExpiresAt)
 }
 
 // errOtherReplica ends a pass whose page found another replica
@@ -219,6 +260,13 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	if err := r.store.SetLocalTimeouts(ctx, tx); err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 	}
+	// A shop's deferred constraint or constraint trigger that refuses an
+	// order's close fires at the close statement, where the page isolates
+	// the order (closeIsolating), not at COMMIT, where it would fail the
+	// whole page, every pass.
+	if _, err := tx.ExecContext(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
+	}
 	// The overdue statement locks every row of the page (FOR UPDATE SKIP
 	// LOCKED), the rows of orders still in Redis too; overdueSavepoint lets
 	// the page let go of them below (keepOnlyLost).
@@ -241,13 +289,13 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	}
 	lost, err := r.missing(ctx, serials)
 	if err != nil {
-		return 0, cur, false, err
+		return 0, next, false, err
 	}
 	now := r.now()
 	lost = slices.DeleteFunc(lost, func(s string) bool { e := r.skip[s]; return e != nil && now.Before(e.until) })
 	if len(lost) < len(rows) {
 		if lost, err = r.keepOnlyLost(ctx, tx, lost); err != nil {
-			return 0, cur, false, fmt.Errorf("reconcile: %w", err)
+			return 0, next, false, fmt.Errorf("reconcile: %w", err)
 		}
 	}
 	// Orders that failed before are tried last: the others close first.
@@ -266,7 +314,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	if len(lost) > 0 {
 		done, err := r.closeFenced(ctx, tx, lost, &st)
 		if err != nil {
-			return 0, cur, false, fmt.Errorf("reconcile close: %w", err)
+			return 0, next, false, fmt.Errorf("reconcile close: %w", err)
 		}
 		closed = len(done)
 		for _, sn := range done {
@@ -274,7 +322,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		}
 		if r.cfg.Outbox {
 			if err := orders.RecordClosed(ctx, tx, done, "reconciled"); err != nil {
-				return 0, cur, false, err
+				return 0, next, false, err
 			}
 		}
 		if closed > 0 {
@@ -284,12 +332,17 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 				// not cut a read at one). database/sql has rolled the
 				// transaction back and would send no COMMIT: nothing
 				// closed, and nothing in doubt.
-				return 0, cur, false, fmt.Errorf("reconcile: the pass ended before its commit, nothing closed: %w", err)
+				return 0, next, false, fmt.Errorf("reconcile: the pass ended before its commit, nothing closed: %w", err)
 			}
 			if err := tx.Commit(); err != nil {
+				if errors.Is(err, sql.ErrTxDone) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
+					// database/sql answered for itself (the context ended
+					// just before the COMMIT would go out): none was sent.
+					return 0, next, false, fmt.Errorf("reconcile: the pass ended before its commit, nothing closed: %w", err)
+				}
 				err = orders.CommitError(err, closed)
 				r.m.InDoubt.Add(float64(orders.InDoubt(err)))
-				return 0, cur, false, fmt.Errorf("reconcile commit: %w", err)
+				return 0, next, false, fmt.Errorf("reconcile commit: %w", err)
 			}
 			r.m.Reconciled.Add(float64(closed))
 		}
@@ -297,7 +350,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	if st.slow != nil {
 		// Every row tried alone timed out: the database is slow, not a
 		// row. What closed is committed; the pass ends here.
-		return closed, cur, false, fmt.Errorf("reconcile close: %w", st.slow)
+		return closed, next, false, fmt.Errorf("reconcile close: %w", st.slow)
 	}
 	return closed, next, more, nil
 }
@@ -486,8 +539,8 @@ func (r *Reconciler) skipFailed(serial string) (first bool) {
 }
 
 // closeOneByOne closes serials one statement each (closeIsolating), until
-// maxCostly of them cost a timeout: the rest is skipped for this pass
-// (the timed-out ones for longer, see Reconciler.skip), so a page spends
+// maxCostly of them cost a timeout: the rest is skipped until the walk
+// comes round to them (the timed-out ones for longer, see Reconciler.skip), so a page spends
 // at most maxCostly timeouts holding its rows locked. If those were
 // statement timeouts of orders that had not failed before, the database is
 // taken to be slow (st.slow) and the pass ends after this page.
@@ -497,7 +550,7 @@ func (r *Reconciler) closeOneByOne(ctx context.Context, tx *sqlx.Tx, serials []s
 			if st.timeouts >= maxCostly && st.slow == nil {
 				st.slow = fmt.Errorf("%d orders in a row timed out closed alone: the database is slow", st.timeouts)
 			}
-			r.log.Warn("reconcile: rows that cost a timeout each; the rest of the page is left for the next pass",
+			r.log.Warn("reconcile: rows that cost a timeout each; the rest of the page is left until the walk comes round to it",
 				zap.Int("orders", len(serials)-i))
 			return closed, append(skipped, serials[i:]...), nil
 		}
