@@ -87,6 +87,15 @@ func (h taskHandler) claim(ctx context.Context, limit int) (claimResult, error) 
 	return h.c.claimAs(ctx, limit, h.c.token(), false)
 }
 
+// head also reads {Q}:inflight (queue.Store.NextDue): a task another
+// replica handed back with its attempts, or turned into a backoff, waits
+// there, due, where the order queue's head check (the queue key alone)
+// would not see it before the scan interval.
+func (h taskHandler) head(ctx context.Context) (int64, bool, error) {
+	_, next, err := h.c.q.NextDue(ctx)
+	return next, next >= 0, err
+}
+
 func (h taskHandler) process(workCtx, batchCtx context.Context, _ time.Duration, items []item) {
 	h.c.processTasks(workCtx, batchCtx, items)
 }
