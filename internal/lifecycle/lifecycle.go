@@ -19,6 +19,9 @@
 // the last: in the daemon, the signal handler's, listed before the
 // listeners'.
 //
+// A stage may bound its stop (Stage.StopWithin): actors still running when
+// it passes are abandoned, named to Group.Abandoned, and the stop goes on.
+//
 // A Watch goes on like a Run until its own stage is stopped, even after it
 // called stop: a signal handler listed first keeps the signals caught (a
 // second one ignored) until everything after it has stopped.
@@ -39,7 +42,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"time"
 )
 
 // Actor is one part of the daemon.
@@ -61,6 +66,14 @@ type Actor struct {
 type Stage struct {
 	Name   string
 	Actors []Actor
+	// StopWithin, if set, bounds how long stopping the stage waits for
+	// its actors once their context is cancelled. Those still running
+	// then are abandoned (Group.Abandoned is told their names) and the
+	// stop goes on with the stage before: an actor blocked on a dependency
+	// that never answers (a read no deadline can cut) cannot hold the
+	// whole stop. They end with the process. An abandoned stage is no
+	// failure of the run (Run's error is unchanged by it).
+	StopWithin time.Duration
 }
 
 // Group is the daemon: its stages in start order.
@@ -73,6 +86,9 @@ type Group struct {
 	// Stopped, if set, is told each stage's name once all of its actors
 	// have returned (logs, tests).
 	Stopped func(stage string)
+	// Abandoned, if set, is told a stage's name and the actors still
+	// running when its StopWithin passed.
+	Abandoned func(stage string, actors []string)
 }
 
 // Run starts the stages, waits for the parent context to end or an actor
@@ -112,6 +128,9 @@ func (g Group) Run(parent context.Context) error {
 		name   string
 		cancel context.CancelFunc
 		wg     *sync.WaitGroup
+		within time.Duration
+		mu     *sync.Mutex
+		active map[string]int // actor name -> its Run and Watch still running
 	}
 	var started []running
 start:
@@ -119,7 +138,8 @@ start:
 		// A stage's actors stop when the run stops them, not when the
 		// parent context ends: that is what keeps the order.
 		ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-		r := running{name: st.Name, cancel: cancel, wg: new(sync.WaitGroup)}
+		r := running{name: st.Name, cancel: cancel, wg: new(sync.WaitGroup), within: st.StopWithin,
+			mu: new(sync.Mutex), active: map[string]int{}}
 		started = append(started, r)
 		for _, a := range st.Actors {
 			if runCtx.Err() != nil {
@@ -136,8 +156,18 @@ start:
 					continue
 				}
 				r.wg.Add(1)
+				r.mu.Lock()
+				r.active[a.Name]++
+				r.mu.Unlock()
 				go func() {
 					defer r.wg.Done()
+					defer func() {
+						r.mu.Lock()
+						if r.active[a.Name]--; r.active[a.Name] == 0 {
+							delete(r.active, a.Name)
+						}
+						r.mu.Unlock()
+					}()
 					if err := run(ctx); err != nil {
 						fail(a.Name, err)
 					}
@@ -147,15 +177,47 @@ start:
 	}
 	<-stoppingDone
 	for i := len(started) - 1; i >= 0; i-- {
-		started[i].cancel()
-		started[i].wg.Wait()
+		r := started[i]
+		r.cancel()
+		if left := waitWithin(r.wg, r.within, r.mu, r.active); len(left) > 0 {
+			if g.Abandoned != nil {
+				g.Abandoned(r.name, left)
+			}
+			continue
+		}
 		if g.Stopped != nil {
-			g.Stopped(started[i].name)
+			g.Stopped(r.name)
 		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	return first
+}
+
+// waitWithin waits for wg, for at most within when it is set, and returns
+// the names of the actors still running (sorted) if it gave up.
+func waitWithin(wg *sync.WaitGroup, within time.Duration, mu *sync.Mutex, active map[string]int) []string {
+	if within <= 0 {
+		wg.Wait()
+		return nil
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(within)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	left := make([]string, 0, len(active))
+	for name := range active {
+		left = append(left, name)
+	}
+	slices.Sort(left)
+	return left
 }
 
 // watch is w as a Run, given stop; nil without w.

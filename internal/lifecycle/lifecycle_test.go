@@ -296,3 +296,60 @@ func TestAWatchEndsTheRunCleanlyAndStopsLast(t *testing.T) {
 		t.Errorf("the second signal was not seen by the watch before it stopped: %q", ev)
 	}
 }
+
+// An actor that does not return when stopped (a call blocked on a
+// dependency that never answers: lib/pq cannot cut a read) holds its
+// stage's stop only for the stage's StopWithin: then the run names it as
+// abandoned, stops the stages before it as usual, and returns — with no
+// failure: abandoning is not one. An actor of the same stage that returned
+// is not named.
+func TestAStageThatDoesNotStopWithinItsBoundIsAbandoned(t *testing.T) {
+	j := &journal{}
+	stuck, left, ready, bReady := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	defer func() { close(stuck); <-left }() // let the abandoned actor go before goleak looks
+	var abandoned []string
+	g := Group{
+		Stages: []Stage{
+			{Name: "first", Actors: []Actor{loop(j, "a", nil, nil)}},
+			{Name: "work", StopWithin: time.Second, Actors: []Actor{
+				{Name: "b", Run: func(ctx context.Context) error {
+					close(bReady)
+					<-ctx.Done()
+					j.add("stopped b")
+					return nil
+				}},
+				{Name: "blocked", Run: func(ctx context.Context) error {
+					defer close(left)
+					close(ready)
+					<-ctx.Done()
+					<-stuck // never returns while the test runs
+					return nil
+				}},
+			}},
+		},
+		Abandoned: func(stage string, actors []string) {
+			abandoned = append(abandoned, stage+": "+strings.Join(actors, ","))
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-ready
+	<-bReady
+	cancel()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute): // a guard against a hang, not a budget
+		t.Fatal("the run did not return: the stage's stop waited for the blocked actor")
+	}
+	if err != nil {
+		t.Errorf("Run = %v, want nil: the parent context ended the run, and abandoning is no failure", err)
+	}
+	if want := []string{"work: blocked"}; !slices.Equal(abandoned, want) {
+		t.Errorf("Abandoned told %q, want %q", abandoned, want)
+	}
+	if ev := j.events(); !slices.Contains(ev, "stopped a") || !slices.Contains(ev, "stopped b") {
+		t.Errorf("events %q: the other actors were not stopped", ev)
+	}
+}
