@@ -386,7 +386,13 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 			{Name: "signals", Actors: []lifecycle.Actor{signals}},
 			{Name: "http", Actors: []lifecycle.Actor{serve}},
 			{Name: "checks", Actors: checks},
-			{Name: "work", Actors: work},
+			{Name: "work", Actors: work, StopWithin: d.workStopBound()},
+		},
+		Abandoned: func(stage string, actors []string) {
+			d.log.Error("stopping: still running after the longest stop its dependencies' timeouts allow; "+
+				"left as they are, to end with the process (a dependency that never answers, such as PostgreSQL holding its replies: "+
+				"no timeout cuts a read of its driver); what they held comes back when its leases expire",
+				zap.String("stage", stage), zap.Strings("actors", actors), zap.Duration("waited", d.workStopBound()))
 		},
 		Stopping: func(cause error) {
 			d.api.SetStopping()
@@ -403,6 +409,28 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 			}
 		},
 	}
+}
+
+// workStopBound is the longest the work stage's stop takes while every
+// dependency answers within its timeouts (README: How it works,
+// shutdown): the scan loop's Redis call in flight, the longest drain (the
+// order queue's, or a task queue's half lease), the batch's Redis call in
+// flight when it passes, and the hand-back (its deadline, or the read in
+// flight past it). What still runs then waits on something no timeout
+// cuts — PostgreSQL holding its replies: lib/pq cannot cut a read, and its
+// cancel request is held too — and is abandoned (lifecycle.Stage), to end
+// with the process; the leases bring back what it held. 0 (no bound) when
+// the Redis client has no read timeout: then nothing bounds the stop.
+func (d *daemon) workStopBound() time.Duration {
+	read := redisReadTimeout(d.cfg)
+	if read <= 0 {
+		return 0
+	}
+	drain := d.cfg.DrainTimeout
+	if d.tasks != nil && !d.cfg.DryRun {
+		drain = max(drain, d.tasks.LongestDrain())
+	}
+	return read + drain + read + max(consumer.BookkeepingTimeout, read)
 }
 
 // signals is the actor that ends the run, cleanly, on the first SIGTERM or

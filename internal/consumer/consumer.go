@@ -67,9 +67,11 @@ const (
 	// dependencyBackoffMax caps the wait after a failed Redis or PostgreSQL
 	// call, so the daemon catches up quickly when the dependency returns.
 	dependencyBackoffMax = 10 * time.Second
-	// bookkeepingTimeout bounds the Redis calls that record the outcome of a
-	// batch; they run even after the drain timeout cancelled the SQL.
-	bookkeepingTimeout = 5 * time.Second
+	// BookkeepingTimeout bounds the Redis calls that record the outcome of
+	// a batch, the hand-back among them; they run even after the drain
+	// timeout cancelled the SQL.
+	BookkeepingTimeout = 5 * time.Second
+	bookkeepingTimeout = BookkeepingTimeout
 	// sleepFloor is the shortest sleep before a deadline.
 	sleepFloor = time.Millisecond
 )
@@ -291,6 +293,10 @@ type claimResult struct {
 	paused                     bool
 	dead                       map[string]int
 }
+
+// DrainTimeout is how long Run lets in-flight batches finish once its
+// context ends (Config.DrainTimeout).
+func (c *Consumer) DrainTimeout() time.Duration { return c.cfg.DrainTimeout }
 
 // Run scans and closes until ctx is cancelled, then shuts down in this
 // order (each step happens before the next):

@@ -126,6 +126,19 @@ func (m *Manager) Run(ctx context.Context) {
 	wg.Wait()
 }
 
+// LongestDrain is the longest a queue the daemon serves lets its batches
+// run after a stop begins (half its lease, see consumerConfig); 0 when it
+// serves none.
+func (m *Manager) LongestDrain() time.Duration {
+	var d time.Duration
+	for _, c := range m.cons {
+		if c != nil {
+			d = max(d, c.DrainTimeout())
+		}
+	}
+	return d
+}
+
 // consumerConfig is the consumer of a queue the daemon serves: its keys,
 // batch, lease, retry policy and action. A shutdown lets in-flight batches
 // finish for half the lease (DrainTimeout), then hands back what is left.
