@@ -209,13 +209,15 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 
 // failed sets where the next pass starts after the page at cur failed
 // (next: after its rows, or cur when it failed before reading them). The
-// first time, the next pass tries that page again. A page that failed the
-// pass before too fails the same way every pass, as a page can (an order
-// whose close fails in a way the page does not isolate, an overdue
-// statement failing on a row): the walk passes it by, to the page after
-// it, or, when its rows are not known, starts again from the beginning, so
-// neither the pages before it nor those after it wait on it for good. Its
-// orders come round with the walk.
+// first time, the next pass tries that page again, isolating as a row's
+// any error the server answers (pageState.suspect): an order whose close
+// raises an error taken for the database's is then skipped alone. A page
+// that still fails is passed by, to the page after it, its orders coming
+// round with the walk; or, when it failed before its rows were known (a
+// custom overdue statement failing on a row), the walk starts again from
+// the beginning, so the pages before it still get their passes — the rows
+// behind such a row wait until the statement is mended (every pass logs
+// the error and counts it in errors_total{stage="reconcile"}).
 func (r *Reconciler) failed(cur, next orders.Cursor) {
 	if r.failedAt == nil || !sameCursor(*r.failedAt, cur) {
 		r.failedAt, r.resume = &cur, cur
@@ -258,13 +260,6 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	}
 	// The server bounds every statement of the page, like the fast path's.
 	if err := r.store.SetLocalTimeouts(ctx, tx); err != nil {
-		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
-	}
-	// A shop's deferred constraint or constraint trigger that refuses an
-	// order's close fires at the close statement, where the page isolates
-	// the order (closeIsolating), not at COMMIT, where it would fail the
-	// whole page, every pass.
-	if _, err := tx.ExecContext(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 	}
 	// The overdue statement locks every row of the page (FOR UPDATE SKIP
@@ -310,7 +305,10 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		}
 		return 1
 	})
-	var st pageState
+	// A page that failed the pass before (see failed) may hold a row whose
+	// close raises an error taken for the database's: this time such an
+	// error, if the server answered it, is isolated as a row's.
+	st := pageState{suspect: r.failedAt != nil && sameCursor(*r.failedAt, cur)}
 	if len(lost) > 0 {
 		done, err := r.closeFenced(ctx, tx, lost, &st)
 		if err != nil {
@@ -319,11 +317,6 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 		closed = len(done)
 		for _, sn := range done {
 			delete(r.skip, sn)
-		}
-		if r.cfg.Outbox {
-			if err := orders.RecordClosed(ctx, tx, done, "reconciled"); err != nil {
-				return 0, next, false, err
-			}
 		}
 		if closed > 0 {
 			if err := ctx.Err(); err != nil {
@@ -407,6 +400,9 @@ const (
 type pageState struct {
 	costly, timeouts int
 	slow             error // set when maxCostly statement timeouts ran: the database is slow
+	// suspect: the page failed the pass before; an error the server
+	// answered is isolated as a row's (closeIsolating).
+	suspect bool
 }
 
 // closeFenced closes the lost orders in tx and returns those it closed,
@@ -476,12 +472,26 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 		return nil, nil, err
 	}
 	done, err := r.store.CloseOn(ctx, tx, serials)
+	if err == nil && r.cfg.Outbox {
+		err = orders.RecordClosed(ctx, tx, done, "reconciled")
+	}
+	if err == nil {
+		// A shop's deferred constraint or constraint trigger that refuses
+		// a close is checked here, inside the savepoint, where the order
+		// is isolated, not at COMMIT, where it would fail the whole page
+		// every pass; then deferred again, so the next close's events can
+		// be written before its checks run.
+		err = setConstraints(ctx, tx, "IMMEDIATE")
+		if err == nil {
+			err = setConstraints(ctx, tx, "DEFERRED")
+		}
+	}
 	if err == nil {
 		err = orders.ReleaseSavepoint(ctx, tx, closeSavepoint)
 		return done, nil, err
 	}
 	contended := orders.Contended(err)
-	if orders.Transient(err) && !contended {
+	if orders.Transient(err) && !contended && !(st.suspect && orders.Answered(err)) {
 		return nil, nil, err
 	}
 	if rerr := orders.RollbackToSavepoint(ctx, tx, closeSavepoint); rerr != nil {
@@ -520,6 +530,13 @@ func (r *Reconciler) closeIsolating(ctx context.Context, tx *sqlx.Tx, serials []
 		return nil, nil, err
 	}
 	return append(a, b...), append(pa, pb...), nil
+}
+
+// setConstraints sets the mode of every deferrable constraint of tx
+// (SET CONSTRAINTS ALL mode): IMMEDIATE also checks those still pending.
+func setConstraints(ctx context.Context, tx *sqlx.Tx, mode string) error {
+	_, err := tx.ExecContext(ctx, "SET CONSTRAINTS ALL "+mode)
+	return err
 }
 
 // skipFailed records that closing serial cost a timeout and reports

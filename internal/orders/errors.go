@@ -130,6 +130,18 @@ func rowDependent42(e *pq.Error) bool {
 	return e.Where != "" || e.InternalQuery != "" || strings.Contains(e.Message, "row-level security")
 }
 
+// Answered reports an error the server raised for a statement on a
+// session that lives on (severity ERROR, not a connection exception): the
+// transaction can roll back to a savepoint and go on. Whether the error is
+// about a row or about the database, the server could still answer.
+func Answered(err error) bool {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return false
+	}
+	return pqErr.Severity != "FATAL" && pqErr.Severity != "PANIC" && !strings.HasPrefix(string(pqErr.Code), "08")
+}
+
 // Unavailable is Transient less the errors a broken statement causes: at
 // start-up, a statement that does not prepare (class 42) is a configuration
 // error, not a database to wait for.

@@ -374,3 +374,28 @@ func TestTimedOutIsTheServersWhateverItsLanguage(t *testing.T) {
 			err, orders.TimedOut(err), orders.Contended(err), orders.Transient(err))
 	}
 }
+
+// Answered: the server raised the error for a statement and the session
+// lives on, whatever the error says; not a connection exception, not a
+// FATAL, not a driver's or the network's error.
+func TestAnsweredIsAnErrorTheSessionSurvives(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&pq.Error{Severity: "ERROR", Code: "25006"}, true},
+		{&pq.Error{Severity: "ERROR", Code: "P0001"}, true},
+		{fmt.Errorf("close: %w", &pq.Error{Severity: "ERROR", Code: "55000"}), true},
+		{&pq.Error{Severity: "ERROR", Code: "08006"}, false},
+		{&pq.Error{Severity: "FATAL", Code: "57P01"}, false},
+		{&pq.Error{Severity: "PANIC", Code: "XX000"}, false},
+		{driver.ErrBadConn, false},
+		{io.EOF, false},
+		{context.DeadlineExceeded, false},
+		{nil, false},
+	} {
+		if got := orders.Answered(tc.err); got != tc.want {
+			t.Errorf("Answered(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
