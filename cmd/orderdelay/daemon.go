@@ -389,9 +389,10 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 			{Name: "work", Actors: work, StopWithin: d.workStopBound()},
 		},
 		Abandoned: func(stage string, actors []string) {
-			d.log.Error("stopping: still running after the longest stop its dependencies' timeouts allow; "+
-				"left as they are, to end with the process (a dependency that never answers, such as PostgreSQL holding its replies: "+
-				"no timeout cuts a read of its driver); what they held comes back when its leases expire",
+			d.log.Error("stopping: still running after the longest stop its dependencies' timeouts allow for a batch in flight and its hand-back; "+
+				"left as they are, to end with the process, and what they held comes back when its leases expire "+
+				"(PostgreSQL holding its replies: no timeout cuts a read of its driver; or a batch that committed as Redis hung, "+
+				"recording its outcome call after call, each of which then fails)",
 				zap.String("stage", stage), zap.Strings("actors", actors), zap.Duration("waited", d.workStopBound()))
 		},
 		Stopping: func(cause error) {

@@ -67,8 +67,9 @@ type Stage struct {
 	Name   string
 	Actors []Actor
 	// StopWithin, if set, bounds how long stopping the stage waits for
-	// its actors once their context is cancelled. Those still running
-	// then are abandoned (Group.Abandoned is told their names) and the
+	// its actors once their context is cancelled (for a Start still
+	// running when the run ends, once the run's context has). Those still
+	// running then are abandoned (Group.Abandoned is told their names) and the
 	// stop goes on with the stage before: an actor blocked on a dependency
 	// that never answers (a read no deadline can cut) cannot hold the
 	// whole stop. They end with the process. An abandoned stage is no
@@ -146,7 +147,14 @@ start:
 				break start
 			}
 			if a.Start != nil {
-				if err := a.Start(runCtx); err != nil {
+				returned, err := startWithin(runCtx, a.Start, st.StopWithin)
+				if !returned {
+					if g.Abandoned != nil {
+						g.Abandoned(st.Name, []string{a.Name})
+					}
+					break start
+				}
+				if err != nil {
 					fail(a.Name, err)
 					break start
 				}
@@ -192,6 +200,30 @@ start:
 	mu.Lock()
 	defer mu.Unlock()
 	return first
+}
+
+// startWithin runs start and returns its error. With within set, it waits
+// for start only until within after ctx ended, and reports whether start
+// returned: one that did not is left running (abandoned).
+func startWithin(ctx context.Context, start func(context.Context) error, within time.Duration) (returned bool, err error) {
+	if within <= 0 {
+		return true, start(ctx)
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- start(ctx) }()
+	select {
+	case err := <-ch:
+		return true, err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(within)
+	defer t.Stop()
+	select {
+	case err := <-ch:
+		return true, err
+	case <-t.C:
+		return false, nil
+	}
 }
 
 // waitWithin waits for wg, for at most within when it is set, and returns

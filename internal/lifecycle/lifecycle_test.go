@@ -353,3 +353,51 @@ func TestAStageThatDoesNotStopWithinItsBoundIsAbandoned(t *testing.T) {
 		t.Errorf("events %q: the other actors were not stopped", ev)
 	}
 }
+
+// A Start still running when the run stops (a start-up check blocked on a
+// dependency that never answers) holds the stop only for its stage's
+// StopWithin too: it is abandoned, named, nothing after it starts, and the
+// stages before it stop as usual.
+func TestAStartThatDoesNotReturnWithinItsStagesBoundIsAbandoned(t *testing.T) {
+	j := &journal{}
+	stuck, left, ready := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	defer func() { close(stuck); <-left }()
+	var abandoned []string
+	g := Group{
+		Stages: []Stage{
+			{Name: "first", Actors: []Actor{loop(j, "a", nil, nil)}},
+			{Name: "work", StopWithin: 100 * time.Millisecond, Actors: []Actor{
+				{Name: "preflight", Start: func(ctx context.Context) error {
+					defer close(left)
+					close(ready)
+					<-ctx.Done()
+					<-stuck
+					return nil
+				}},
+				{Name: "after", Run: func(ctx context.Context) error { j.add("run after"); return nil }},
+			}},
+		},
+		Abandoned: func(stage string, actors []string) {
+			abandoned = append(abandoned, stage+": "+strings.Join(actors, ","))
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	<-ready
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	case <-time.After(time.Minute): // a guard against a hang, not a budget
+		t.Fatal("the run did not return: the stop waited for the blocked Start")
+	}
+	if want := []string{"work: preflight"}; !slices.Equal(abandoned, want) {
+		t.Errorf("Abandoned told %q, want %q", abandoned, want)
+	}
+	if ev := j.events(); !slices.Contains(ev, "stopped a") || slices.Contains(ev, "run after") {
+		t.Errorf("events %q: want the first stage stopped and nothing after the abandoned Start run", ev)
+	}
+}
