@@ -6,7 +6,6 @@ import (
 	neturl "net/url"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -158,27 +157,8 @@ func TestAdvStopAfterACommitWhileRedisHangsIsNotAbandoned(t *testing.T) {
 		"ORDERDELAY_REDIS_URL": ru.String(), "ORDERDELAY_CLOSE_SQL": lockedCloseSQL,
 		"ORDERDELAY_DRAIN_TIMEOUT": "1s", "ORDERDELAY_RECONCILE_INTERVAL": "0",
 	})
-	var (
-		mu      sync.Mutex
-		stopped []string
-	)
-	d := startDaemon(t, cfg, daemonOptions{stopped: func(stage string) {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = append(stopped, stage)
-	}})
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := direct.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock(778)%'`); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if d.ended() || time.Now().After(deadline) {
-			t.Fatalf("the batch's close never waited on the lock (ended %v: %v)", d.ended(), d.err)
-		}
-	}
+	d, stoppedStages := startStageRecording(t, cfg)
+	awaitCloseOnTheLock(t, direct, d)
 	if n, _ := rdb.ZCard(ctx, keys.Queue).Result(); n != 0 {
 		t.Fatalf("%d entries left in the queue key: the batch is to hold them all", n)
 	}
@@ -200,9 +180,7 @@ func TestAdvStopAfterACommitWhileRedisHangsIsNotAbandoned(t *testing.T) {
 	if d.err != nil {
 		t.Errorf("runDaemon = %v", d.err)
 	}
-	mu.Lock()
-	got := strings.Join(stopped, ",")
-	mu.Unlock()
+	got := strings.Join(stoppedStages(), ",")
 	if !strings.Contains(got, "work") {
 		t.Errorf("stages stopped %q: the work stage was abandoned (its bound %v) though every call it waited on ended at its timeout",
 			got, (&daemon{cfg: cfg}).workStopBound())

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/orderdelay/orderdelay/internal/config"
@@ -84,27 +85,8 @@ func TestDaemonStopEndsWhilePostgresHoldsItsReplies(t *testing.T) {
 		"ORDERDELAY_STATEMENT_TIMEOUT": "50s", "ORDERDELAY_DRAIN_TIMEOUT": "300ms",
 		"ORDERDELAY_RECONCILE_INTERVAL": "0",
 	})
-	var (
-		mu      sync.Mutex
-		stopped []string
-	)
-	d := startDaemon(t, cfg, daemonOptions{stopped: func(stage string) {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = append(stopped, stage)
-	}})
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := direct.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock(778)%'`); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if d.ended() || time.Now().After(deadline) {
-			t.Fatalf("the batch's close never waited on the lock (ended %v: %v)", d.ended(), d.err)
-		}
-	}
+	d, stoppedStages := startStageRecording(t, cfg)
+	awaitCloseOnTheLock(t, direct, d)
 	px.Stall(time.Hour) // every answer PostgreSQL sends from now on is held
 	d.cancel()
 	select {
@@ -117,13 +99,50 @@ func TestDaemonStopEndsWhilePostgresHoldsItsReplies(t *testing.T) {
 	if d.err != nil {
 		t.Errorf("runDaemon = %v, want nil: a stop whose work stage was abandoned is no failure", d.err)
 	}
-	mu.Lock()
-	got := append([]string(nil), stopped...)
-	mu.Unlock()
+	got := stoppedStages()
 	if strings.Contains(strings.Join(got, ","), "work") || !strings.Contains(strings.Join(got, ","), "http") {
 		t.Errorf("stages stopped %q: want the stages before work stopped, and work abandoned", got)
 	}
 	if n, _ := rdb.ZCard(ctx, keys.Leases).Result(); n != 1 {
 		t.Errorf("%d batch leases after the stop, want the abandoned batch's one (its lease brings hang-1 back)", n)
+	}
+}
+
+// startStageRecording starts the daemon of cfg and returns it with the
+// names of the stages it has stopped so far.
+func startStageRecording(t *testing.T, cfg config.Config) (*daemonRun, func() []string) {
+	t.Helper()
+	var (
+		mu      sync.Mutex
+		stopped []string
+	)
+	d := startDaemon(t, cfg, daemonOptions{stopped: func(stage string) {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = append(stopped, stage)
+	}})
+	return d, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), stopped...)
+	}
+}
+
+// awaitCloseOnTheLock waits until a close of lockedCloseSQL waits on the
+// advisory lock the test holds (db reaches the daemon's database
+// directly): the batch is in flight.
+func awaitCloseOnTheLock(t *testing.T, db *sqlx.DB, d *daemonRun) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock(778)%'`); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if d.ended() || time.Now().After(deadline) {
+			t.Fatalf("the batch's close never waited on the lock (ended %v: %v)", d.ended(), d.err)
+		}
 	}
 }

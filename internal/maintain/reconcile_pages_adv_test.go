@@ -22,37 +22,8 @@ import (
 // queued the lost order is never closed, however many passes run.
 func TestAdvReconcilerLostOrderBehindMorePagesOfQueuedOrdersThanAPassReads(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	ctx := context.Background()
-	const pageSize = 2
-	older := time.Now().Add(-2 * time.Hour)
-	// One more page than a pass reads, plus one row so the lost order
-	// does not start a page.
-	queued := e.Orders("queued", pageSize*maxPagesPerRun+1, older)
-	e.Enqueue(queued, e.RedisNow().Add(24*time.Hour)) // extended in Redis only
-	lost := e.Orders("lost", 1, time.Now().Add(-time.Hour))[0]
-	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: pageSize},
-		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	// A pass reads pageSize*maxPagesPerRun rows: two passes together read
-	// every row there is, a third is to spare.
-	const passes = 3
-	total := 0
-	for range passes {
-		n, err := r.RunOnce(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += n
-	}
-	for _, s := range queued {
-		if st := e.Status(s); st != "pending" {
-			t.Fatalf("%s is %s, but it is still queued (its deadline extended a day in Redis)", s, st)
-		}
-	}
-	if st := e.Status(lost); st != "closed" {
-		t.Fatalf("after %d passes (closed %d) the lost order %s is %s: %d overdue orders still queued ahead of it "+
-			"(more than the %d pages of %d one pass reads) hide it from every pass",
-			passes, total, lost, st, len(queued), maxPagesPerRun, pageSize)
-	}
+	r, queued, lost := queuedAheadOfALostOrder(t, e, 2)
+	threePassesReachTheLostOrder(t, e, r, queued, lost, "overdue orders still queued")
 }
 
 // Invariant "poison never blocks", reconciler, the same pages: poisonous
@@ -64,7 +35,6 @@ func TestAdvReconcilerLostOrderBehindMorePagesOfQueuedOrdersThanAPassReads(t *te
 // safety net for every lost order with a later deadline, for good.
 func TestAdvReconcilerLostOrderBehindMorePagesOfPoisonThanAPassReads(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	ctx := context.Background()
 	const pageSize = 2
 	poison := e.Orders("poison", pageSize*maxPagesPerRun+1, time.Now().Add(-2*time.Hour))
 	e.CloseTrigger("refuse_poison", "NEW.serial_no LIKE 'poison-%'",
@@ -72,38 +42,47 @@ func TestAdvReconcilerLostOrderBehindMorePagesOfPoisonThanAPassReads(t *testing.
 	lost := e.Orders("lost", 1, time.Now().Add(-time.Hour))[0]
 	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: pageSize},
 		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-	const passes = 3 // two read every row there is
+	threePassesReachTheLostOrder(t, e, r, poison, lost, "poisonous orders")
+}
+
+// threePassesReachTheLostOrder runs three passes of r (two read every row
+// there is when ahead fills one page more than a pass reads, the third is
+// to spare) and checks that the orders ahead stay pending and the lost
+// one behind them is closed.
+func threePassesReachTheLostOrder(t *testing.T, e *env, r *Reconciler, ahead []string, lost, what string) {
+	t.Helper()
+	const passes = 3
 	total := 0
 	for range passes {
-		n, err := r.RunOnce(ctx)
+		n, err := r.RunOnce(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		total += n
 	}
-	for _, s := range poison {
+	for _, s := range ahead {
 		if st := e.Status(s); st != "pending" {
-			t.Fatalf("%s is %s, but the shop's trigger refuses its close", s, st)
+			t.Fatalf("%s is %s, want pending (still queued, or its close refused)", s, st)
 		}
 	}
 	if st := e.Status(lost); st != "closed" {
-		t.Fatalf("after %d passes (closed %d) the lost order %s is %s: %d poisonous orders ahead of it "+
+		t.Fatalf("after %d passes (closed %d) the lost order %s is %s: %d %s ahead of it "+
 			"(more than the %d pages of %d one pass reads) hide it from every pass",
-			passes, total, lost, st, len(poison), maxPagesPerRun, pageSize)
+			passes, total, lost, st, len(ahead), what, maxPagesPerRun, r.cfg.PageSize)
 	}
 }
 
 // queuedAheadOfALostOrder makes one row more than a pass reads of overdue
 // orders still queued (their deadlines extended in Redis only), then one
 // lost order behind them, and a reconciler reading pages of pageSize.
-func queuedAheadOfALostOrder(t *testing.T, e *env, pageSize int) (r *Reconciler, lost string) {
+func queuedAheadOfALostOrder(t *testing.T, e *env, pageSize int) (r *Reconciler, queued []string, lost string) {
 	t.Helper()
-	queued := e.Orders("queued", pageSize*maxPagesPerRun+1, time.Now().Add(-2*time.Hour))
+	queued = e.Orders("queued", pageSize*maxPagesPerRun+1, time.Now().Add(-2*time.Hour))
 	e.Enqueue(queued, e.RedisNow().Add(24*time.Hour))
 	lost = e.Orders("lost", 1, time.Now().Add(-time.Hour))[0]
 	r = NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: pageSize},
 		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	return r, lost
+	return r, queued, lost
 }
 
 func runPass(t *testing.T, r *Reconciler) int {
@@ -122,7 +101,7 @@ func runPass(t *testing.T, r *Reconciler) int {
 func TestReconcilerPassMeetingAnotherReplicaKeepsItsPlace(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	r, lost := queuedAheadOfALostOrder(t, e, 2)
+	r, _, lost := queuedAheadOfALostOrder(t, e, 2)
 	if n := runPass(t, r); n != 0 {
 		t.Fatalf("the first pass closed %d, want 0 (it reads only queued orders)", n)
 	}
@@ -150,7 +129,7 @@ func TestReconcilerPassMeetingAnotherReplicaKeepsItsPlace(t *testing.T) {
 // lost behind where it had reached is closed when it comes round.
 func TestReconcilerWalkComesRoundToAnOrderLostBehindIt(t *testing.T) {
 	e := newEnv(t, orderStatements())
-	r, lost := queuedAheadOfALostOrder(t, e, 2)
+	r, _, lost := queuedAheadOfALostOrder(t, e, 2)
 	runPass(t, r) // the first 40 queued orders
 	// Lost now, ahead of every row the walk has read.
 	head := e.Orders("head", 1, time.Now().Add(-3*time.Hour))[0]

@@ -175,7 +175,7 @@ func TestAdvReconcilerPagesStartedAfterAPauseCloseNothing(t *testing.T) {
 func TestAdvReconcilerDeadlinesMovedAcrossTheCursorBetweenPasses(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	ctx := context.Background()
-	r, lost := queuedAheadOfALostOrder(t, e, 2) // 41 queued at -2h, one lost at -1h
+	r, _, lost := queuedAheadOfALostOrder(t, e, 2) // 41 queued at -2h, one lost at -1h
 	if n := runPass(t, r); n != 0 {
 		t.Fatalf("the first pass closed %d, want 0 (it reads 40 queued orders)", n)
 	}

@@ -3,10 +3,6 @@ package tasks
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,32 +18,16 @@ import (
 // it with attempts 3 and settle its row FAILED. Four runs in all, one of
 // them cut.
 func TestAdvReleaseDurableCutRunKeepsRowAndRedisAttemptsInStep(t *testing.T) {
-	t.Setenv("OD_SHUT_SECRET", "0123456789abcdef0123456789abcdef")
-	var runs atomic.Int32
-	second := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body) //nolint:errcheck // only counted
-		if runs.Add(1) == 2 {
-			close(second)
-			<-r.Context().Done() // the drain cuts run 2
-			return
-		}
-		w.WriteHeader(http.StatusInternalServerError)
-	}))
-	defer srv.Close()
+	srvURL, runs, second := secondRunCutWebhook(t)
 	db, _ := testenv.Postgres(t)
 	s := newShutdownEnv(t, `durable: true, lease: 1m, batch_size: 1, workers: 1, retry: {backoff: [10ms], max_attempts: 3}, `+
-		`action: {type: webhook, url: '`+srv.URL+`', timeout: 20s, secret_env: OD_SHUT_SECRET}`, db)
+		`action: {type: webhook, url: '`+srvURL+`', timeout: 20s, secret_env: OD_SHUT_SECRET}`, db)
 	ctx := context.Background()
 	if _, _, err := s.r.Durable.Put(ctx, "a", json.RawMessage(`{}`), time.Now().Add(-time.Second), client.Create); err != nil {
 		t.Fatal(err)
 	}
 	stop := s.run(300 * time.Millisecond)
-	select {
-	case <-second:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the task's second run did not start (%d runs)", runs.Load())
-	}
+	awaitSecondRun(t, second, runs)
 	stop()
 	tk, err := s.r.Client.GetTask(ctx, "a")
 	if err != nil {

@@ -19,32 +19,12 @@ import (
 // fails slowly on a queue whose replicas are restarted (a rolling
 // deploy, an autoscaler) is run without end and never dead-lettered.
 func TestAdvShutdownHandBackKeepsTheAttemptsATaskSpent(t *testing.T) {
-	t.Setenv("OD_SHUT_SECRET", "0123456789abcdef0123456789abcdef")
-	var runs atomic.Int32
-	second := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// Read whole, so the server notices the client going away.
-		io.Copy(io.Discard, r.Body) //nolint:errcheck // only counted
-		switch runs.Add(1) {
-		case 1:
-			w.WriteHeader(http.StatusInternalServerError) // attempt 1 fails
-		case 2:
-			close(second)
-			<-r.Context().Done() // attempt 2 runs until the drain cuts it
-		default:
-			w.WriteHeader(http.StatusInternalServerError)
-		}
-	}))
-	defer srv.Close()
+	srvURL, runs, second := secondRunCutWebhook(t)
 	s := newShutdownEnv(t, `lease: 1m, batch_size: 1, workers: 1, retry: {backoff: [10ms], max_attempts: 3}, `+
-		`action: {type: webhook, url: '`+srv.URL+`', timeout: 20s, secret_env: OD_SHUT_SECRET}`, nil)
+		`action: {type: webhook, url: '`+srvURL+`', timeout: 20s, secret_env: OD_SHUT_SECRET}`, nil)
 	ids := s.put("a", 1, time.Now().Add(-time.Second))
 	stop := s.run(300 * time.Millisecond)
-	select {
-	case <-second:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the task's second run did not start (%d runs)", runs.Load())
-	}
+	awaitSecondRun(t, second, runs)
 	stop()
 	if n := runs.Load(); n != 2 {
 		t.Fatalf("%d runs before the stop returned, want 2", n)
@@ -55,5 +35,37 @@ func TestAdvShutdownHandBackKeepsTheAttemptsATaskSpent(t *testing.T) {
 	}
 	if tk.Attempts != 1 {
 		t.Errorf("%s handed back with attempts %d, want the 1 its failed first run spent (state %s)", ids[0], tk.Attempts, tk.State)
+	}
+}
+
+// secondRunCutWebhook is a webhook endpoint (its secret in OD_SHUT_SECRET)
+// whose every run fails but the second, which runs until the client goes
+// away (a drain cuts it); second is closed when that run begins.
+func secondRunCutWebhook(t *testing.T) (url string, runs *atomic.Int32, second <-chan struct{}) {
+	t.Helper()
+	t.Setenv("OD_SHUT_SECRET", "0123456789abcdef0123456789abcdef")
+	runs = new(atomic.Int32)
+	began := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read whole, so the server notices the client going away.
+		io.Copy(io.Discard, r.Body) //nolint:errcheck // only counted
+		if runs.Add(1) == 2 {
+			close(began)
+			<-r.Context().Done()
+			return
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, runs, began
+}
+
+// awaitSecondRun waits until secondRunCutWebhook's second run has begun.
+func awaitSecondRun(t *testing.T, second <-chan struct{}, runs *atomic.Int32) {
+	t.Helper()
+	select {
+	case <-second:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the task's second run did not start (%d runs)", runs.Load())
 	}
 }
