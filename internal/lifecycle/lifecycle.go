@@ -130,28 +130,38 @@ func (g Group) Run(parent context.Context) error {
 		cancel context.CancelFunc
 		wg     *sync.WaitGroup
 		within time.Duration
-		mu     *sync.Mutex
+		// stopBy is when a bounded stage stops waiting: within after its
+		// stop began (after the run ended, for a stage stopped mid-Start).
+		stopBy time.Time
+		mu     sync.Mutex
 		active map[string]int // actor name -> its Run and Watch still running
+		// startLeft names the Start that was still running at stopBy.
+		startLeft []string
 	}
-	var started []running
+	// stopping begins r's stop: its actors' context is cancelled and, for
+	// a bounded stage, the time it may take starts (once).
+	stopping := func(r *running) {
+		r.cancel()
+		if r.within > 0 && r.stopBy.IsZero() {
+			r.stopBy = time.Now().Add(r.within)
+		}
+	}
+	var started []*running
 start:
 	for _, st := range g.Stages {
 		// A stage's actors stop when the run stops them, not when the
 		// parent context ends: that is what keeps the order.
 		ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-		r := running{name: st.Name, cancel: cancel, wg: new(sync.WaitGroup), within: st.StopWithin,
-			mu: new(sync.Mutex), active: map[string]int{}}
+		r := &running{name: st.Name, cancel: cancel, wg: new(sync.WaitGroup), within: st.StopWithin, active: map[string]int{}}
 		started = append(started, r)
 		for _, a := range st.Actors {
 			if runCtx.Err() != nil {
 				break start
 			}
 			if a.Start != nil {
-				returned, err := startWithin(runCtx, a.Start, st.StopWithin)
+				returned, err := startWithin(runCtx, a.Start, r.within, func() time.Time { stopping(r); return r.stopBy })
 				if !returned {
-					if g.Abandoned != nil {
-						g.Abandoned(st.Name, []string{a.Name})
-					}
+					r.startLeft = []string{a.Name}
 					break start
 				}
 				if err != nil {
@@ -186,8 +196,9 @@ start:
 	<-stoppingDone
 	for i := len(started) - 1; i >= 0; i-- {
 		r := started[i]
-		r.cancel()
-		if left := waitWithin(r.wg, r.within, r.mu, r.active); len(left) > 0 {
+		stopping(r)
+		left := waitUntil(r.wg, r.stopBy, &r.mu, r.active)
+		if left = append(r.startLeft, left...); len(left) > 0 {
 			if g.Abandoned != nil {
 				g.Abandoned(r.name, left)
 			}
@@ -203,9 +214,11 @@ start:
 }
 
 // startWithin runs start and returns its error. With within set, it waits
-// for start only until within after ctx ended, and reports whether start
-// returned: one that did not is left running (abandoned).
-func startWithin(ctx context.Context, start func(context.Context) error, within time.Duration) (returned bool, err error) {
+// for start only until the time stopBy gives once ctx has ended (stopBy
+// also begins the stage's stop, so the stage's Runs already started are
+// told at once), and reports whether start returned: one that did not is
+// left running (abandoned).
+func startWithin(ctx context.Context, start func(context.Context) error, within time.Duration, stopBy func() time.Time) (returned bool, err error) {
 	if within <= 0 {
 		return true, start(ctx)
 	}
@@ -216,7 +229,7 @@ func startWithin(ctx context.Context, start func(context.Context) error, within 
 		return true, err
 	case <-ctx.Done():
 	}
-	t := time.NewTimer(within)
+	t := time.NewTimer(time.Until(stopBy()))
 	defer t.Stop()
 	select {
 	case err := <-ch:
@@ -226,16 +239,16 @@ func startWithin(ctx context.Context, start func(context.Context) error, within 
 	}
 }
 
-// waitWithin waits for wg, for at most within when it is set, and returns
-// the names of the actors still running (sorted) if it gave up.
-func waitWithin(wg *sync.WaitGroup, within time.Duration, mu *sync.Mutex, active map[string]int) []string {
-	if within <= 0 {
+// waitUntil waits for wg, until by when it is set, and returns the names
+// of the actors still running (sorted) if it gave up.
+func waitUntil(wg *sync.WaitGroup, by time.Time, mu *sync.Mutex, active map[string]int) []string {
+	if by.IsZero() {
 		wg.Wait()
 		return nil
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	t := time.NewTimer(within)
+	t := time.NewTimer(time.Until(by))
 	defer t.Stop()
 	select {
 	case <-done:
