@@ -346,9 +346,21 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 			return nil
 		}})
 	}
-	work := []lifecycle.Actor{{Name: "postgres", Start: func(ctx context.Context) error {
+	// The database preflight (ping, statements) is the work stage's first
+	// Start, bounded like the stage's stop. With migrations it runs in a
+	// stage of its own with no bound instead: golang-migrate marks the
+	// schema dirty while a migration runs, and one cut by the process's
+	// exit would leave it so, for an operator to force.
+	var schema []lifecycle.Stage
+	var work []lifecycle.Actor
+	preflightDB := lifecycle.Actor{Name: "postgres", Start: func(ctx context.Context) error {
 		return d.prepareDB(ctx, opts.migrate)
-	}}}
+	}}
+	if opts.migrate {
+		schema = []lifecycle.Stage{{Name: "schema", Actors: []lifecycle.Actor{preflightDB}}}
+	} else {
+		work = append(work, preflightDB)
+	}
 	if opts.started != nil {
 		work = append(work, lifecycle.Actor{Name: "started", Run: func(ctx context.Context) error {
 			opts.started(ctx, d)
@@ -381,13 +393,15 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 		}})
 	}
 	work = append(work, lifecycle.Actor{Name: "consumer", Run: d.cons.Run})
+	stages := []lifecycle.Stage{
+		{Name: "signals", Actors: []lifecycle.Actor{signals}},
+		{Name: "http", Actors: []lifecycle.Actor{serve}},
+		{Name: "checks", Actors: checks},
+	}
+	stages = append(stages, schema...)
+	stages = append(stages, lifecycle.Stage{Name: "work", Actors: work, StopWithin: d.workStopBound()})
 	return lifecycle.Group{
-		Stages: []lifecycle.Stage{
-			{Name: "signals", Actors: []lifecycle.Actor{signals}},
-			{Name: "http", Actors: []lifecycle.Actor{serve}},
-			{Name: "checks", Actors: checks},
-			{Name: "work", Actors: work, StopWithin: d.workStopBound()},
-		},
+		Stages: stages,
 		Abandoned: func(stage string, actors []string) {
 			d.log.Error("stopping: still running after the longest stop its dependencies' timeouts allow for a batch in flight and its hand-back; "+
 				"left as they are, to end with the process, and what they held comes back when its leases expire "+
