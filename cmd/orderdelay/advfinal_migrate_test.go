@@ -91,7 +91,7 @@ CREATE EVENT TRIGGER wait_for_lock ON ddl_command_start EXECUTE FUNCTION wait_fo
 	// see it: it never fails a stop that waits.)
 	select {
 	case <-d.done:
-	case <-time.After((&daemon{cfg: cfg}).workStopBound() + 5*time.Second):
+	case <-time.After(workStopBoundOf(t, cfg) + 5*time.Second):
 		release()
 		<-d.done
 		t.Logf("the stop waited for the migration")
@@ -107,6 +107,6 @@ CREATE EVENT TRIGGER wait_for_lock ON ddl_command_start EXECUTE FUNCTION wait_fo
 	if dirty {
 		_, merr := orders.Migrate(dsn)
 		t.Errorf("a stop during run --migrate abandoned the migration (the work stage's Start, bound %v) and the process's exit "+
-			"left the schema dirty: the next migrate says %v", (&daemon{cfg: cfg}).workStopBound(), merr)
+			"left the schema dirty: the next migrate says %v", workStopBoundOf(t, cfg), merr)
 	}
 }

@@ -53,7 +53,7 @@ func TestAdvStopEndsWhilePostgresHoldsItsRepliesAtStartup(t *testing.T) {
 		}
 	}
 	d.cancel()
-	bound := (&daemon{cfg: cfg}).workStopBound()
+	bound := workStopBoundOf(t, cfg)
 	select {
 	case <-d.done:
 	case <-time.After(time.Minute): // a guard against a hang, not a budget: the work stage's bound is 7.3 s
@@ -183,6 +183,6 @@ func TestAdvStopAfterACommitWhileRedisHangsIsNotAbandoned(t *testing.T) {
 	got := strings.Join(stoppedStages(), ",")
 	if !strings.Contains(got, "work") {
 		t.Errorf("stages stopped %q: the work stage was abandoned (its bound %v) though every call it waited on ended at its timeout",
-			got, (&daemon{cfg: cfg}).workStopBound())
+			got, workStopBoundOf(t, cfg))
 	}
 }

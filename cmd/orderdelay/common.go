@@ -104,42 +104,19 @@ func newRedis(cfg config.Config) (redis.UniversalClient, error) {
 	}
 }
 
-// redisReadTimeout is the read timeout of the Redis client newRedis makes
-// (go-redis's default, 5 s, unless the URL's read_timeout says otherwise),
-// or 0 when its reads have none.
-func redisReadTimeout(cfg config.Config) time.Duration {
+// readTimeoutOf is the read timeout of a client newRedis made, as go-redis
+// settled it (its default, 5 s, unless the URL's read_timeout says
+// otherwise), or 0 when its reads have none.
+func readTimeoutOf(rdb redis.UniversalClient) time.Duration {
 	var t time.Duration
-	switch cfg.RedisMode {
-	case "sentinel":
-		o, err := redis.ParseFailoverURL(cfg.RedisURL)
-		if err != nil {
-			return 0
-		}
-		t = o.ReadTimeout
-	case "cluster":
-		o, err := redis.ParseClusterURL(cfg.RedisURL)
-		if err != nil {
-			return 0
-		}
-		t = o.ReadTimeout
-	default:
-		o, err := redis.ParseURL(cfg.RedisURL)
-		if err != nil {
-			return 0
-		}
-		t = o.ReadTimeout
+	switch c := rdb.(type) {
+	case *redis.Client: // standalone and sentinel
+		t = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		t = c.Options().ReadTimeout
 	}
-	switch {
-	case t == 0:
-		return goRedisReadTimeout
-	case t < 0: // -1: none; -2: no deadline set on the socket at all
-		return 0
-	}
-	return t
+	return max(t, 0) // 0: none; -1: no deadline set on the socket at all
 }
-
-// goRedisReadTimeout is go-redis's read timeout when the options set none.
-const goRedisReadTimeout = 5 * time.Second
 
 // withApplicationName sets PostgreSQL's application_name (unless the user
 // set one), so pg_stat_activity and the reference schema's closed_by say

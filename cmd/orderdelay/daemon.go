@@ -437,7 +437,7 @@ func (d *daemon) actors(signals, serve lifecycle.Actor, opts daemonOptions) life
 // with the process; the leases bring back what it held. 0 (no bound) when
 // the Redis client has no read timeout: then nothing bounds the stop.
 func (d *daemon) workStopBound() time.Duration {
-	read := redisReadTimeout(d.cfg)
+	read := readTimeoutOf(d.rdb)
 	if read <= 0 {
 		return 0
 	}

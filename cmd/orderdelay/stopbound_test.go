@@ -28,7 +28,7 @@ func TestRedisReadTimeoutIsTheClients(t *testing.T) {
 		{"sentinel", "redis://127.0.0.1:26379/0?master_name=m&read_timeout=2s", 2 * time.Second},
 		{"cluster", "redis://127.0.0.1:7000?addr=127.0.0.1:7001", 5 * time.Second},
 	} {
-		if got := redisReadTimeout(config.Config{RedisMode: tc.mode, RedisURL: tc.url}); got != tc.want {
+		if got := readTimeoutOf(testRedis(t, config.Config{RedisMode: tc.mode, RedisURL: tc.url})); got != tc.want {
 			t.Errorf("%s %s: read timeout %v, want %v", tc.mode, tc.url, got, tc.want)
 		}
 	}
@@ -37,12 +37,12 @@ func TestRedisReadTimeoutIsTheClients(t *testing.T) {
 // The work stage's stop bound is what README's shutdown adds up, less the
 // HTTP shutdown and the pools: 35 s of the 44 s with the defaults.
 func TestWorkStopBoundIsTheDocumentedStop(t *testing.T) {
-	d := &daemon{cfg: config.Config{RedisURL: "redis://127.0.0.1:6379/0", DrainTimeout: 20 * time.Second}}
-	if got := d.workStopBound(); got != 35*time.Second {
+	cfg := config.Config{RedisURL: "redis://127.0.0.1:6379/0", DrainTimeout: 20 * time.Second}
+	if got := workStopBoundOf(t, cfg); got != 35*time.Second {
 		t.Errorf("work stage bound %v with the defaults, want 35s (read 5 + drain 20 + read 5 + hand-back 5)", got)
 	}
-	d.cfg.RedisURL += "?read_timeout=-1"
-	if got := d.workStopBound(); got != 0 {
+	cfg.RedisURL += "?read_timeout=-1"
+	if got := workStopBoundOf(t, cfg); got != 0 {
 		t.Errorf("work stage bound %v with no read timeout, want 0 (none: nothing bounds a Redis read)", got)
 	}
 }
@@ -145,4 +145,23 @@ func awaitCloseOnTheLock(t *testing.T, db *sqlx.DB, d *daemonRun) {
 			t.Fatalf("the batch's close never waited on the lock (ended %v: %v)", d.ended(), d.err)
 		}
 	}
+}
+
+// testRedis is the client newRedis makes of cfg (it connects to nothing
+// until used), closed when the test ends.
+func testRedis(t *testing.T, cfg config.Config) redis.UniversalClient {
+	t.Helper()
+	rdb, err := newRedis(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// workStopBoundOf is the work stage's stop bound of a daemon of cfg
+// without task queues.
+func workStopBoundOf(t *testing.T, cfg config.Config) time.Duration {
+	t.Helper()
+	return (&daemon{cfg: cfg, rdb: testRedis(t, cfg)}).workStopBound()
 }
