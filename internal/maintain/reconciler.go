@@ -156,14 +156,6 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := r.loop.Bound(ctx)
 	defer cancel()
-	// A pause means nobody is closed (the payment provider is down, say):
-	// the safety net waits too.
-	if paused, err := queue.NewStore(r.rdb, r.cfg.Keys).Paused(ctx); err != nil || paused {
-		if err != nil {
-			return 0, fmt.Errorf("reconcile: %w", err)
-		}
-		return 0, nil
-	}
 	if r.skip == nil {
 		r.skip = map[string]*skipEntry{}
 	}
@@ -175,16 +167,17 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	}
 	total := 0
 	cur := r.resume
-	for i := range maxPagesPerRun {
-		if i > 0 {
-			// Closing paused while the pass runs: no page starts after it.
-			if paused, err := queue.NewStore(r.rdb, r.cfg.Keys).Paused(ctx); err != nil || paused {
-				r.resume = cur
-				if err != nil {
-					return total, fmt.Errorf("reconcile: %w", err)
-				}
-				return total, nil
+	q := queue.NewStore(r.rdb, r.cfg.Keys)
+	for range maxPagesPerRun {
+		// A pause means nobody is closed (the payment provider is down,
+		// say): the safety net waits too, from the next page on when it
+		// is set while the pass runs.
+		if paused, err := q.Paused(ctx); err != nil || paused {
+			r.resume = cur
+			if err != nil {
+				return total, fmt.Errorf("reconcile: %w", err)
 			}
+			return total, nil
 		}
 		n, next, more, err := r.page(ctx, cur)
 		total += n
@@ -319,18 +312,14 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 			delete(r.skip, sn)
 		}
 		if closed > 0 {
-			if err := ctx.Err(); err != nil {
-				// The pass ended before its COMMIT (typically the queue's
-				// check answered after the pass's deadline: go-redis does
-				// not cut a read at one). database/sql has rolled the
-				// transaction back and would send no COMMIT: nothing
-				// closed, and nothing in doubt.
-				return 0, next, false, fmt.Errorf("reconcile: the pass ended before its commit, nothing closed: %w", err)
-			}
 			if err := tx.Commit(); err != nil {
 				if errors.Is(err, sql.ErrTxDone) || (ctx.Err() != nil && errors.Is(err, ctx.Err())) {
-					// database/sql answered for itself (the context ended
-					// just before the COMMIT would go out): none was sent.
+					// The pass ended before its COMMIT (typically the
+					// queue's check answered after the pass's deadline:
+					// go-redis does not cut a read at one): database/sql
+					// answered for itself, having rolled the transaction
+					// back, and sent no COMMIT. Nothing closed, and
+					// nothing in doubt.
 					return 0, next, false, fmt.Errorf("reconcile: the pass ended before its commit, nothing closed: %w", err)
 				}
 				err = orders.CommitError(err, closed)
