@@ -31,7 +31,7 @@ import (
 // none by Redis.
 const (
 	redisReadTimeout = 5 * time.Second // go-redis's ReadTimeout (and dial's): the URL sets none
-	bookkeeping      = 5 * time.Second // a hand-back's own deadline (consumer.bookkeepingTimeout)
+	bookkeeping      = 5 * time.Second // a hand-back's own deadline (consumer.BookkeepingTimeout)
 	httpShutdown     = 5 * time.Second // requests in progress (cmd/orderdelay httpShutdownTimeout)
 	poolClose        = 2 * time.Second // each of the two database pools (cmd/orderdelay poolCloseWait)
 )

@@ -547,7 +547,7 @@ func TestSettingsConfigMap(t *testing.T) {
 // (the clients leave ContextTimeoutEnabled off). README: How it works.
 const (
 	redisReadTimeout = 5 * time.Second     // go-redis's default; read_timeout in ORDERDELAY_REDIS_URL changes it
-	handBackDeadline = 5 * time.Second     // consumer.bookkeepingTimeout
+	handBackDeadline = 5 * time.Second     // consumer.BookkeepingTimeout
 	httpShutdown     = 5 * time.Second     // cmd/orderdelay httpShutdownTimeout
 	poolsClose       = 2 * 2 * time.Second // cmd/orderdelay poolCloseWait, for each of two pools
 )

@@ -71,7 +71,6 @@ const (
 	// a batch, the hand-back among them; they run even after the drain
 	// timeout cancelled the SQL.
 	BookkeepingTimeout = 5 * time.Second
-	bookkeepingTimeout = BookkeepingTimeout
 	// sleepFloor is the shortest sleep before a deadline.
 	sleepFloor = time.Millisecond
 )

@@ -104,7 +104,8 @@ func (h taskHandler) finish(items []item) { h.finishLeases(items, true) }
 
 // handBack keeps what the tasks have spent (queue.Store.Release): a task
 // cut mid-run by a stop, after an earlier run failed, keeps its attempts,
-// so max_attempts still bounds its runs however often replicas restart.
+// so a stop never gives a task back the attempts its failed runs spent
+// (the cut run spends none).
 func (h taskHandler) handBack(items []item) { h.handBackWith(items, h.c.q.Release) }
 
 // forwardHandler forwards due tasks to a stream or a list (Config.Forward).

@@ -696,7 +696,7 @@ func serialsOf(items []item) []string {
 }
 
 func bookkeeping() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), bookkeepingTimeout)
+	return context.WithTimeout(context.Background(), BookkeepingTimeout)
 }
 
 // The lease bookkeeping after a batch: each is the handler's (a dry run
