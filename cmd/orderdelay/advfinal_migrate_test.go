@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -58,13 +57,8 @@ CREATE EVENT TRIGGER wait_for_lock ON ddl_command_start EXECUTE FUNCTION wait_fo
 		}
 	}
 	defer release()
-	url := testenv.RedisURL()
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
 	cfg := daemonConfig(t, keys, dsn, map[string]string{
-		"ORDERDELAY_REDIS_URL": url + sep + "read_timeout=1s", "ORDERDELAY_DRAIN_TIMEOUT": "300ms",
+		"ORDERDELAY_REDIS_URL": redisURLWithReadTimeout(time.Second), "ORDERDELAY_DRAIN_TIMEOUT": "300ms",
 		"ORDERDELAY_RECONCILE_INTERVAL": "0",
 	})
 	d := startDaemon(t, cfg, daemonOptions{migrate: true})

@@ -29,13 +29,8 @@ func TestAdvStopEndsWhilePostgresHoldsItsRepliesAtStartup(t *testing.T) {
 	direct, _, dsn, px := testenv.PostgresViaProxy(t)
 	t.Cleanup(func() { px.Stall(0) }) // runs first: the database can then be dropped
 	px.Stall(time.Hour)               // every answer PostgreSQL sends from now on is held
-	url := testenv.RedisURL()
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
 	cfg := daemonConfig(t, keys, dsn, map[string]string{
-		"ORDERDELAY_REDIS_URL": url + sep + "read_timeout=1s", "ORDERDELAY_DRAIN_TIMEOUT": "300ms",
+		"ORDERDELAY_REDIS_URL": redisURLWithReadTimeout(time.Second), "ORDERDELAY_DRAIN_TIMEOUT": "300ms",
 		"ORDERDELAY_RECONCILE_INTERVAL": "0",
 	})
 	d := startDaemon(t, cfg, daemonOptions{})

@@ -75,13 +75,8 @@ func TestDaemonStopEndsWhilePostgresHoldsItsReplies(t *testing.T) {
 	if _, err := lock.ExecContext(ctx, "SELECT pg_advisory_lock(778)"); err != nil {
 		t.Fatal(err)
 	}
-	url := testenv.RedisURL()
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
 	cfg := daemonConfig(t, keys, dsn, map[string]string{
-		"ORDERDELAY_REDIS_URL": url + sep + "read_timeout=1s", "ORDERDELAY_CLOSE_SQL": lockedCloseSQL,
+		"ORDERDELAY_REDIS_URL": redisURLWithReadTimeout(time.Second), "ORDERDELAY_CLOSE_SQL": lockedCloseSQL,
 		"ORDERDELAY_STATEMENT_TIMEOUT": "50s", "ORDERDELAY_DRAIN_TIMEOUT": "300ms",
 		"ORDERDELAY_RECONCILE_INTERVAL": "0",
 	})
@@ -164,4 +159,15 @@ func testRedis(t *testing.T, cfg config.Config) redis.UniversalClient {
 func workStopBoundOf(t *testing.T, cfg config.Config) time.Duration {
 	t.Helper()
 	return (&daemon{cfg: cfg, rdb: testRedis(t, cfg)}).workStopBound()
+}
+
+// redisURLWithReadTimeout is the test Redis's URL with go-redis's read
+// timeout set to d, so a stall costs d per call rather than 5 s.
+func redisURLWithReadTimeout(d time.Duration) string {
+	url := testenv.RedisURL()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "read_timeout=" + d.String()
 }
