@@ -64,16 +64,7 @@ func TestAdvFinalAStageRunIsStoppedWhileItsLaterStartIsAbandoned(t *testing.T) {
 			j.add("abandoned " + stage + ": " + strings.Join(actors, ","))
 		},
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	<-ready
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(time.Minute): // a guard against a hang, not a budget
-		t.Fatal("the run did not return")
-	}
+	runThenStop(t, g, ready) //nolint:errcheck // the run's error is not what this test checks
 	mu.Lock()
 	defer mu.Unlock()
 	if len(atAbandon) == 0 {
@@ -96,16 +87,7 @@ func TestAdvFinalAStageWithAnAbandonedStartIsNotReportedStopped(t *testing.T) {
 		Abandoned: func(stage string, actors []string) { j.add("abandoned " + stage + ": " + strings.Join(actors, ",")) },
 		Stopped:   func(stage string) { j.add("stopped stage " + stage) },
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	<-ready
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(time.Minute): // a guard against a hang, not a budget
-		t.Fatal("the run did not return")
-	}
+	runThenStop(t, g, ready) //nolint:errcheck // the run's error is not what this test checks
 	ev := j.events()
 	if !slices.Contains(ev, "abandoned work: check") {
 		t.Fatalf("events %q: the Start was not abandoned, the test proved nothing", ev)

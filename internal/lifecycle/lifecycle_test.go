@@ -331,19 +331,7 @@ func TestAStageThatDoesNotStopWithinItsBoundIsAbandoned(t *testing.T) {
 			abandoned = append(abandoned, stage+": "+strings.Join(actors, ","))
 		},
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	<-ready
-	<-bReady
-	cancel()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(time.Minute): // a guard against a hang, not a budget
-		t.Fatal("the run did not return: the stage's stop waited for the blocked actor")
-	}
-	if err != nil {
+	if err := runThenStop(t, g, ready, bReady); err != nil {
 		t.Errorf("Run = %v, want nil: the parent context ended the run, and abandoning is no failure", err)
 	}
 	if want := []string{"work: blocked"}; !slices.Equal(abandoned, want) {
@@ -381,23 +369,34 @@ func TestAStartThatDoesNotReturnWithinItsStagesBoundIsAbandoned(t *testing.T) {
 			abandoned = append(abandoned, stage+": "+strings.Join(actors, ","))
 		},
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	<-ready
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
-	case <-time.After(time.Minute): // a guard against a hang, not a budget
-		t.Fatal("the run did not return: the stop waited for the blocked Start")
+	if err := runThenStop(t, g, ready); err != nil {
+		t.Errorf("Run = %v, want nil", err)
 	}
 	if want := []string{"work: preflight"}; !slices.Equal(abandoned, want) {
 		t.Errorf("Abandoned told %q, want %q", abandoned, want)
 	}
 	if ev := j.events(); !slices.Contains(ev, "stopped a") || slices.Contains(ev, "run after") {
 		t.Errorf("events %q: want the first stage stopped and nothing after the abandoned Start run", ev)
+	}
+}
+
+// runThenStop runs g, waits until every channel of ready is closed, ends
+// the run and returns Run's error; a run that does not return fails the
+// test (a guard against a hang, not a budget).
+func runThenStop(t *testing.T, g Group, ready ...<-chan struct{}) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	for _, ch := range ready {
+		<-ch
+	}
+	cancel()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("the run did not return: its stop waited for an actor that does not return")
+		return nil
 	}
 }
