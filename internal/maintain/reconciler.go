@@ -94,7 +94,14 @@ type Reconciler struct {
 	// page the pass before failed on, if it did (see failed).
 	resume   orders.Cursor
 	failedAt *orders.Cursor
+	// narrow, when set, is a page that failed twice being read again in
+	// smaller pages, down to the row that fails it (see failed).
+	narrow *narrowing
 }
+
+// narrowing: left rows of a page that failed twice are still to be read
+// again, in pages of size rows.
+type narrowing struct{ left, size int }
 
 // skipEntry is one order the reconciler leaves out for a while.
 type skipEntry struct {
@@ -179,17 +186,26 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 			}
 			return total, nil
 		}
-		n, next, more, err := r.page(ctx, cur)
+		size := r.cfg.PageSize
+		if r.narrow != nil {
+			size = r.narrow.size
+		}
+		n, next, more, err := r.page(ctx, cur, size)
 		total += n
 		if errors.Is(err, errOtherReplica) {
 			r.resume = cur // its pass goes on where this one stopped
 			return total, nil
 		}
 		if err != nil {
-			r.failed(cur, next)
+			r.failed(cur, next, size)
 			return total, err
 		}
 		r.failedAt = nil
+		if r.narrow != nil {
+			if r.narrow.left -= size; r.narrow.left <= 0 || !more {
+				r.narrow = nil // past the page that failed: full pages again
+			}
+		}
 		if !more {
 			r.resume = orders.Cursor{}
 			return total, nil
@@ -200,27 +216,39 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	return total, nil
 }
 
-// failed sets where the next pass starts after the page at cur failed
-// (next: after its rows, or cur when it failed before reading them). The
-// first time, the next pass tries that page again, isolating as a row's
-// any error the server answers (pageState.suspect): an order whose close
-// raises an error taken for the database's is then skipped alone. A page
-// that still fails is passed by, to the page after it, its orders coming
-// round with the walk; or, when it failed before its rows were known (a
-// custom overdue statement failing on a row), the walk starts again from
-// the beginning, so the pages before it still get their passes — the rows
-// behind such a row wait until the statement is mended (every pass logs
-// the error and counts it in errors_total{stage="reconcile"}).
-func (r *Reconciler) failed(cur, next orders.Cursor) {
-	if r.failedAt == nil || !sameCursor(*r.failedAt, cur) {
-		r.failedAt, r.resume = &cur, cur
-		return
-	}
-	r.failedAt = nil
-	if sameCursor(next, cur) {
-		r.resume = orders.Cursor{}
-	} else {
+// failed sets where the next pass starts after the page at cur, of size
+// rows, failed (next: after its rows, or cur when it failed before reading
+// them). The first time, the next pass tries that page again, isolating
+// as a row's any error the server answers (pageState.suspect): an order
+// whose close raises an error taken for the database's is then skipped
+// alone. A page that still fails holds a row whose close fails in a way
+// no page can isolate (one that ends its own session): its rows are read
+// again in pages halved at each failure (narrowing), so its other orders
+// close, down to the one row, which is passed by and comes round with the
+// walk. A page that failed before its rows were known (a custom overdue
+// statement failing on a row) starts the walk again from the beginning,
+// so the pages before it still get their passes — the rows behind such a
+// row wait until the statement is mended (every pass logs the error and
+// counts it in errors_total{stage="reconcile"}).
+func (r *Reconciler) failed(cur, next orders.Cursor, size int) {
+	known := !sameCursor(next, cur)
+	switch {
+	case r.narrow != nil && known && size > 1:
+		r.narrow.size, r.resume = size/2, cur
+	case r.narrow != nil && known: // the row itself
 		r.resume = next
+		if r.narrow.left--; r.narrow.left <= 0 {
+			r.narrow = nil
+		}
+	case r.failedAt == nil || !sameCursor(*r.failedAt, cur):
+		r.failedAt, r.resume = &cur, cur
+	case !known:
+		r.failedAt, r.resume = nil, orders.Cursor{}
+	case size > 1:
+		r.failedAt, r.resume = nil, cur
+		r.narrow = &narrowing{left: size, size: size / 2}
+	default: // a page of one row failed twice: that row
+		r.failedAt, r.resume = nil, next
 	}
 }
 
@@ -234,7 +262,7 @@ var errOtherReplica = errors.New("another replica is reconciling")
 
 // page reconciles the page of overdue orders after cur, in one transaction,
 // and returns how many it closed and where the next page starts.
-func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, next orders.Cursor, more bool, err error) {
+func (r *Reconciler) page(ctx context.Context, cur orders.Cursor, size int) (closed int, next orders.Cursor, more bool, err error) {
 	tx, err := r.store.DB().BeginTxx(ctx, nil)
 	if err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
@@ -261,7 +289,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	if err := orders.Savepoint(ctx, tx, overdueSavepoint); err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile: %w", err)
 	}
-	rows, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(r.cfg.PageSize), cur)
+	rows, err := r.store.Overdue(ctx, tx, r.cfg.Grace.Milliseconds(), int64(size), cur)
 	if err != nil {
 		return 0, cur, false, fmt.Errorf("reconcile overdue: %w", err)
 	}
@@ -270,7 +298,7 @@ func (r *Reconciler) page(ctx context.Context, cur orders.Cursor) (closed int, n
 	}
 	last := rows[len(rows)-1]
 	next = orders.Cursor{ExpiresAt: last.ExpiresAt, Serial: last.Serial}
-	more = len(rows) == r.cfg.PageSize
+	more = len(rows) == size
 	serials := make([]string, len(rows))
 	for i, o := range rows {
 		serials[i] = o.Serial
