@@ -225,7 +225,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 // no page can isolate (one that ends its own session): its rows are read
 // again in pages halved at each failure (narrowing), so its other orders
 // close, down to the one row, which is passed by and comes round with the
-// walk. A page that failed before its rows were known (a custom overdue
+// walk, full pages resuming after it (a second such row on the page fails
+// a full page twice and is narrowed down to in turn). A page that failed
+// before its rows were known (a custom overdue
 // statement failing on a row) starts the walk again from the beginning,
 // so the pages before it still get their passes — the rows behind such a
 // row wait until the statement is mended (every pass logs the error and
@@ -235,15 +237,12 @@ func (r *Reconciler) failed(cur, next orders.Cursor, size int) {
 	switch {
 	case r.narrow != nil && known && size > 1:
 		r.narrow.size, r.resume = size/2, cur
-	case r.narrow != nil && known: // the row itself
-		r.resume = next
-		if r.narrow.left--; r.narrow.left <= 0 {
-			r.narrow = nil
-		}
+	case r.narrow != nil && known: // the row itself: passed by, full pages after it
+		r.resume, r.narrow = next, nil
 	case r.failedAt == nil || !sameCursor(*r.failedAt, cur):
 		r.failedAt, r.resume = &cur, cur
-	case !known:
-		r.failedAt, r.resume = nil, orders.Cursor{}
+	case !known: // from the beginning, in full pages
+		r.failedAt, r.resume, r.narrow = nil, orders.Cursor{}, nil
 	case size > 1:
 		r.failedAt, r.resume = nil, cur
 		r.narrow = &narrowing{left: size, size: size / 2}
