@@ -19,16 +19,7 @@ import (
 // TestReconcilerWalkPassesByAPageThatFailsEveryPass).
 func killOnClose(t *testing.T, e *env, serial string) {
 	t.Helper()
-	if _, err := e.DB.Exec(`CREATE FUNCTION kill_close() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no = '` + serial + `' THEN
-    PERFORM pg_terminate_backend(pg_backend_pid());
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER kill_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION kill_close();`); err != nil {
-		t.Fatal(err)
-	}
+	e.CloseTrigger("kill_close", "NEW.serial_no = '"+serial+"'", "PERFORM pg_terminate_backend(pg_backend_pid())")
 }
 
 // Invariant "poison never blocks" (its bound as 4feab47 states it: "down

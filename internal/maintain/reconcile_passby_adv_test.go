@@ -50,25 +50,7 @@ func TestAdvPassByPoisonPageMatesAreClosed(t *testing.T) {
 			if e.CloseFailures() == 0 {
 				t.Fatalf("the poisonous order's close never ran: the test proved nothing")
 			}
-			if st := e.Status(poison); st != "pending" {
-				t.Fatalf("the poisonous order is %s, want pending", st)
-			}
-			for _, s := range behind {
-				if st := e.Status(s); st != "closed" {
-					t.Errorf("%s (on the page behind the poisonous one) is %s", s, st)
-				}
-			}
-			var pending []string
-			for _, s := range append(before, after...) {
-				if e.Status(s) != "closed" {
-					pending = append(pending, s)
-				}
-			}
-			if len(pending) > 0 {
-				t.Fatalf("after %d passes the lost orders %v, on the poisonous order's page, are still pending: "+
-					"the page is passed by whole every time the walk comes round (%d failed passes, last: %s)",
-					passes, pending, len(errs), errs[len(errs)-1])
-			}
+			pageMatesClosed(t, e, poison, before, after, behind, passes, errs, "the poisonous order")
 		})
 	}
 }
@@ -125,5 +107,32 @@ FOR UPDATE SKIP LOCKED`
 		t.Fatalf("after %d passes the lost orders %v behind a row the overdue statement fails on are pending: "+
 			"each second failure starts the walk from the beginning, which reaches the row again (last: %v)",
 			passes, pending, errs[len(errs)-1])
+	}
+}
+
+// pageMatesClosed checks, after passes passes that failed with errs, that
+// the poisonous order of what is still pending, the lost orders behind
+// its page closed, and its lost page mates (before and after it) closed
+// too rather than passed by with it.
+func pageMatesClosed(t *testing.T, e *env, poison string, before, after, behind []string, passes int, errs []string, what string) {
+	t.Helper()
+	if st := e.Status(poison); st != "pending" {
+		t.Fatalf("the poisonous order is %s, want pending", st)
+	}
+	for _, s := range behind {
+		if st := e.Status(s); st != "closed" {
+			t.Errorf("%s (on the page behind the poisonous one) is %s", s, st)
+		}
+	}
+	var pending []string
+	for _, s := range append(before, after...) {
+		if e.Status(s) != "closed" {
+			pending = append(pending, s)
+		}
+	}
+	if len(pending) > 0 {
+		t.Fatalf("after %d passes the lost orders %v, on the page of %s, are still pending: "+
+			"the page is passed by whole every time the walk comes round (%d failed passes, last: %s)",
+			passes, pending, what, len(errs), errs[len(errs)-1])
 	}
 }

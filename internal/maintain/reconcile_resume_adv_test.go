@@ -220,16 +220,7 @@ func TestReconcilerWalkPassesByAPageThatFailsEveryPass(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	const pageSize = 1
 	poison := e.Orders("poison", 1, time.Now().Add(-3*time.Hour))[0]
-	if _, err := e.DB.Exec(`CREATE FUNCTION kill_close() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no = '` + poison + `' THEN
-    PERFORM pg_terminate_backend(pg_backend_pid());
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER kill_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION kill_close();`); err != nil {
-		t.Fatal(err)
-	}
+	killOnClose(t, e, poison)
 	lost := e.Orders("lost", 1, time.Now().Add(-time.Hour))[0]
 	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: pageSize},
 		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel+1)))

@@ -28,16 +28,7 @@ func TestAdvWholeSessionEndingPoisonPageMatesAreClosed(t *testing.T) {
 	poison := e.Orders("p", 1, time.Now().Add(-2*time.Hour))[0]
 	after := e.Orders("q", 1, time.Now().Add(-2*time.Hour))
 	behind := e.Orders("z", 2, time.Now().Add(-time.Hour))
-	if _, err := e.DB.Exec(`CREATE FUNCTION kill_close() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no = '` + poison + `' THEN
-    PERFORM pg_terminate_backend(pg_backend_pid());
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER kill_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION kill_close();`); err != nil {
-		t.Fatal(err)
-	}
+	killOnClose(t, e, poison)
 	r := NewReconciler(ReconcilerConfig{Keys: e.Keys, Grace: 5 * time.Minute, PageSize: 4},
 		e.RDB, e.Store, e.m, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel+1)))
 	const passes = 12 // the walk comes round four times at least
@@ -50,23 +41,5 @@ CREATE TRIGGER kill_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION 
 	if len(errs) == 0 {
 		t.Fatal("no pass failed: the poisonous order's close never ended its session, the test proved nothing")
 	}
-	if st := e.Status(poison); st != "pending" {
-		t.Fatalf("the poisonous order is %s, want pending", st)
-	}
-	for _, s := range behind {
-		if st := e.Status(s); st != "closed" {
-			t.Errorf("%s (on the page behind the poisonous one) is %s", s, st)
-		}
-	}
-	var pending []string
-	for _, s := range append(before, after...) {
-		if e.Status(s) != "closed" {
-			pending = append(pending, s)
-		}
-	}
-	if len(pending) > 0 {
-		t.Fatalf("after %d passes the lost orders %v, on the page of an order whose close ends the session, are still pending: "+
-			"the page is passed by whole every time the walk comes round (%d failed passes, last: %s)",
-			passes, pending, len(errs), errs[len(errs)-1])
-	}
+	pageMatesClosed(t, e, poison, before, after, behind, passes, errs, "an order whose close ends the session")
 }
