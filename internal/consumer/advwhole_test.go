@@ -2,7 +2,7 @@ package consumer
 
 import (
 	"context"
-	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/metrics"
 	"github.com/orderdelay/orderdelay/internal/orders"
 	"github.com/orderdelay/orderdelay/internal/queue"
 	"github.com/orderdelay/orderdelay/internal/testenv"
@@ -115,35 +117,26 @@ WHERE datname = current_database() AND state = 'idle in transaction' AND backend
 // Invariant "poison never blocks", fast path, for the reconciler's
 // TestAdvWholeSessionEndingPoisonPageMatesAreClosed poison: an order whose
 // close ends its backend's session (a shop's trigger or extension that
-// crashes it). lib/pq answers "bad connection", which the worker takes
-// for the database's (orders.Transient): the batch is retried whole with
-// a dependency backoff, no attempt spent, no split (DESIGN: connection
-// loss is transient for every batch). Its batch mates come due with it
-// at the same time and are claimed with it again, every time: they are
-// never closed, and the reconciler leaves them, since they are queued.
+// crashes it). lib/pq answers "bad connection", which the worker took for
+// the database's (orders.Transient): the batch was retried whole with a
+// dependency backoff, no attempt spent, no split, and its batch mates,
+// due with it and claimed with it again every time, were never closed
+// (failed before this change). Now the database answers a fresh
+// connection at once, so the batch is split down to the order, which is
+// retried alone with an attempt spent and dead-lettered after
+// MaxAttempts, its row left pending; PostgreSQL is never marked down.
 func TestAdvWholeSessionEndingPoisonDoesNotHoldItsBatchMates(t *testing.T) {
-	if os.Getenv("ORDERDELAY_ADV_REPRO") != "1" {
-		t.Skip("fails as the fast path stands (older than this change): a close that ends its own session answers " +
-			"'bad connection', taken for the database's, so the batch is retried whole, never split; ORDERDELAY_ADV_REPRO=1 runs it")
-	}
 	t.Parallel()
 	e := newEnv(t, orderStatements())
+	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
 	poison := e.Orders("poison", 1, past)[0]
-	good := e.Orders("good", 3, past)
-	if _, err := e.DB.Exec(`CREATE FUNCTION kill_close() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.status = 'closed' AND NEW.serial_no = '` + poison + `' THEN
-    PERFORM pg_terminate_backend(pg_backend_pid());
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER kill_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION kill_close();`); err != nil {
-		t.Fatal(err)
-	}
+	good := e.Orders("good", 5, past)
+	e.CloseTrigger("kill_close", "NEW.serial_no = '"+poison+"'", "PERFORM pg_terminate_backend(pg_backend_pid())")
 	e.Enqueue(append([]string{poison}, good...), past)
+	const maxAttempts = 3
 	c := e.consumer(Config{BatchSize: 10, Workers: 1, StatementTimeout: 2 * time.Second, Lease: 10 * time.Second,
-		BackoffMax: 50 * time.Millisecond})
+		BackoffMax: 50 * time.Millisecond, MaxAttempts: maxAttempts})
 	runConsumer(t, c)
 	eventually(t, "the poisonous order's batch mates closed", 20*time.Second, func() bool {
 		for _, s := range good {
@@ -153,7 +146,82 @@ CREATE TRIGGER kill_close BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION 
 		}
 		return true
 	})
+	eventually(t, "the poisonous order dead-lettered", 20*time.Second, func() bool {
+		got, err := e.cl.Get(ctx, poison)
+		return err == nil && got.State == client.StateDead
+	})
+	got, _ := e.cl.Get(ctx, poison)
+	if got.Reason != queue.ReasonCloseFailed || got.Attempts != maxAttempts || !strings.Contains(got.LastError, "ends its database session") {
+		t.Errorf("dead letter of %s: reason %q, attempts %d, last error %q; want %q after %d attempts, saying its close ends its session",
+			poison, got.Reason, got.Attempts, got.LastError, queue.ReasonCloseFailed, maxAttempts)
+	}
 	if st := e.Status(poison); st != "pending" {
 		t.Errorf("the poisonous order is %s, want pending", st)
+	}
+	if v := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(queue.ReasonCloseFailed)); v != 1 {
+		t.Errorf("dead_lettered_total{close_failed} %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 1 {
+		t.Errorf("PostgreSQL marked down (%v) by one order's close ending its own session", v)
+	}
+}
+
+// The other side of the same case: the close statement's connection is cut
+// while it runs (every connection at the proxy, which then refuses new
+// ones: an outage, a failover in progress). The ping finds no database, so
+// the batch is not taken for a poisonous order's: it is retried whole after
+// the dependency backoff, PostgreSQL marked down, no attempt spent, nothing
+// split or dead-lettered; and it closes once the database is back.
+func TestAdvWholeSessionCutByAnOutageIsNotAnOrdersFault(t *testing.T) {
+	t.Parallel()
+	e, px := newProxiedEnv(t)
+	ctx := context.Background()
+	past := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("cut", 6, past)
+	if _, err := e.DB.Exec(`CREATE SEQUENCE close_started`); err != nil {
+		t.Fatal(err)
+	}
+	// Only the first try is slow: the statement is in flight when the
+	// proxy goes down.
+	e.CloseTrigger("slow_first", "NEW.serial_no = '"+serials[0]+"'",
+		"IF nextval('close_started') = 1 THEN PERFORM pg_sleep(2); END IF")
+	e.Enqueue(serials, past)
+	core, logs := observer.New(zap.InfoLevel)
+	c := e.consumer(Config{BatchSize: 10, Workers: 1, StatementTimeout: 5 * time.Second, Lease: 20 * time.Second,
+		BackoffMax: 100 * time.Millisecond, MaxAttempts: 2})
+	c.log = zap.New(core)
+	e.m.SetUp(metrics.DepPostgres, true)
+	runConsumer(t, c)
+	eventually(t, "the close in flight", 20*time.Second, func() bool {
+		var called bool
+		return e.DB.Get(&called, "SELECT is_called FROM close_started") == nil && called
+	})
+	px.Down()
+	eventually(t, "the batch given back for the outage", 20*time.Second, func() bool {
+		return logs.FilterMessageSnippet("database or queue unavailable").Len() > 0
+	})
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 0 {
+		t.Errorf("PostgreSQL not marked down by an outage that cut the close")
+	}
+	for _, s := range serials {
+		got, err := e.cl.Get(ctx, s)
+		if err != nil || got.Attempts != 0 || got.State == client.StateDead {
+			t.Errorf("%s after the cut: %+v (%v); want it kept with no attempt spent", s, got, err)
+		}
+	}
+	px.Up()
+	eventually(t, "every order closed once the database is back", 20*time.Second, func() bool {
+		for _, s := range serials {
+			if e.Status(s) != "closed" {
+				return false
+			}
+		}
+		return true
+	})
+	if n := logs.FilterMessageSnippet("splitting the batch to isolate the order that ends it").Len(); n != 0 {
+		t.Errorf("an outage was taken for an order's close ending its session %d times", n)
+	}
+	if v := testutil.ToFloat64(e.m.DeadLettered.WithLabelValues(queue.ReasonCloseFailed)); v != 0 {
+		t.Errorf("dead_lettered_total{close_failed} %v after an outage, want 0", v)
 	}
 }

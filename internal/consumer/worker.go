@@ -104,8 +104,7 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 			c.unavailableAfter(workCtx, items, err, "close", true, held)
 			return err
 		}
-		c.failed(workCtx, batchCtx, stmt, items, err, "close", held)
-		return err
+		return c.failed(workCtx, batchCtx, stmt, items, err, "close", held)
 	}
 	c.m.SetUp(metrics.DepPostgres, true)
 	c.pgBackReset()
@@ -153,8 +152,7 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 			c.m.Errors.WithLabelValues(metrics.StageLookup).Inc()
 			c.m.Skipped.WithLabelValues(metrics.SkipSettled).Add(float64(nSettled))
 			c.finish(done)
-			c.failed(workCtx, batchCtx, stmt, rest, err, "lookup", held)
-			return err
+			return c.failed(workCtx, batchCtx, stmt, rest, err, "lookup", held)
 		}
 		state := make(map[string]bool, len(found))
 		for _, f := range found {
@@ -292,11 +290,12 @@ func (c *Consumer) stillPending(items []item) {
 	}
 }
 
-// failed handles a batch whose statement failed. held is oneByOne's (nil
-// elsewhere): an order it tried alone that may close later is recorded
-// there instead of retried at once, so that it comes due after the
-// batch's untried rest.
-func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, held *heldRetries) {
+// failed handles a batch whose statement failed, and returns err, as a
+// rowSessionError when it took err for one of these orders' (a close that
+// ends its own session). held is oneByOne's (nil elsewhere): an order it
+// tried alone that may close later is recorded there instead of retried
+// at once, so that it comes due after the batch's untried rest.
+func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration, items []item, err error, stage string, held *heldRetries) error {
 	var fenceErr *orders.FenceError
 	// A statement the client cut at its own deadline (not the batch's)
 	// while the server ran it is taken for a statement timeout: under
@@ -331,7 +330,7 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 			zap.String("serial", items[0].serial), zap.Error(err))
 		if held != nil {
 			held.add(c, items, c.contendedBackoff(items[0]), err.Error())
-			return
+			return err
 		}
 		c.retry(items, c.contendedBackoff(items[0]), false, err.Error())
 	case batchCtx.Err() != nil && (errors.As(err, &fenceErr) || orders.Transient(err)):
@@ -357,9 +356,28 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 			zap.Int("orders", len(items)), zap.Error(err))
 		if held != nil {
 			held.add(c, items, c.entryBackoff(1), "not finished: "+why)
-			return
+			return err
 		}
 		c.retry(items, c.entryBackoff(1), false, "not finished: "+why)
+	case errors.As(err, new(*orders.SessionEndedError)) && c.databaseAnswers(batchCtx, stmt):
+		// The close's own session ended under it, yet the database
+		// answers a fresh connection at once: not an outage (that fails
+		// the ping too, and is the case below) but, as far as anyone can
+		// tell, one of these orders whose close ends its backend (a
+		// shop's trigger or extension that terminates or crashes it).
+		// Retried whole, it would hold its batch mates back with it on
+		// every claim, so it is isolated like a row's error: in halves,
+		// down to the order, which alone is retried with an attempt
+		// spent and dead-lettered after MaxAttempts — an outage that
+		// happens to look like this spends one attempt of one order.
+		if len(items) > 1 {
+			c.log.Warn("the close's database session ended while the database answers; splitting the batch to isolate the order that ends it",
+				zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
+			c.split(workCtx, batchCtx, stmt, items)
+		} else {
+			c.sessionEnder(items[0], err)
+		}
+		return rowSessionError{err}
 	case errors.As(err, &fenceErr) || orders.Transient(err):
 		// A fence error is the queue's, not PostgreSQL's; one that is
 		// Redis refusing the fence's script (an ACL changed) is logged
@@ -375,6 +393,42 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 			zap.String("serial", items[0].serial), zap.Error(err))
 		c.bury(items, queue.ReasonCloseFailed, err.Error())
 	}
+	return err
+}
+
+// rowSessionError is a statement's error that failed took for one of its
+// orders': the close's session ended while the database answered.
+type rowSessionError struct{ error }
+
+func (e rowSessionError) Unwrap() error { return e.error }
+
+// databaseAnswers reports whether the database answers a statement on a
+// connection of the pool within the statement timeout, the batch's time
+// not yet out (a Store without Ping never does).
+func (c *Consumer) databaseAnswers(batchCtx context.Context, stmt time.Duration) bool {
+	p, ok := c.store.(interface{ Ping(context.Context) error })
+	if !ok || batchCtx.Err() != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(batchCtx, stmt)
+	defer cancel()
+	return p.Ping(ctx) == nil
+}
+
+// sessionEnder retries an order whose close, alone, ended its database
+// session while the database answered (failed), with an attempt spent,
+// and dead-letters it when that was its last.
+func (c *Consumer) sessionEnder(it item, err error) {
+	why := "closing this order ends its database session while the database answers: " + err.Error()
+	if it.attempts+1 >= c.cfg.MaxAttempts {
+		c.log.Error("closing this order ends its database session every time; dead-lettering it",
+			zap.String("serial", it.serial), zap.Int("attempts", it.attempts+1), zap.Error(err))
+		c.bury([]item{it}, queue.ReasonCloseFailed, why)
+		return
+	}
+	c.log.Warn("closing this order ended its database session while the database answers; retrying it alone",
+		zap.String("serial", it.serial), zap.Int("attempts", it.attempts+1), zap.Error(err))
+	c.retry([]item{it}, c.entryBackoff(it.attempts), true, why)
 }
 
 // unavailable retries items after the database (or, for a fence error, the
@@ -481,6 +535,9 @@ func (c *Consumer) oneByOne(workCtx, batchCtx context.Context, stmt time.Duratio
 		case err != nil && batchCtx.Err() != nil:
 			// The batch's deadline cut it (failed held it): the rest
 			// goes back untried, above.
+		case errors.As(err, new(rowSessionError)):
+			// Its close ended its own session, the database up: that
+			// order's, retried alone (failed); the rest goes on.
 		case err != nil && !orders.Contended(err) && orders.Transient(err):
 			// The database (or the queue) went away: that order was
 			// retried after the dependency backoff; the rest goes back
@@ -597,7 +654,7 @@ func (c *Consumer) split(workCtx, batchCtx context.Context, stmt time.Duration, 
 	err := c.closeItems(workCtx, batchCtx, stmt, items[:half])
 	if batchCtx.Err() != nil && workCtx.Err() == nil {
 		delay := c.entryBackoff(1)
-		if err != nil && !orders.Transient(err) {
+		if err != nil && (!orders.Transient(err) || errors.As(err, new(rowSessionError))) {
 			delay = c.entryBackoff(0)
 		}
 		c.retry(items[half:], delay, false, "not tried: the batch's time ran out isolating an order")

@@ -261,6 +261,54 @@ func (e *BeginError) Error() string { return "begin: " + e.Err.Error() }
 
 func (e *BeginError) Unwrap() error { return e.Err }
 
+// SessionEndedError is the error of a close's own statement (the close,
+// or its events) whose session ended while it ran, with no answer to it
+// (SessionEnded): the connection broke, or the server ended the backend.
+// Either the database went away (an outage, a failover: every session
+// ends) or something the statement did ended its own session (a shop's
+// trigger or extension that terminates or crashes its backend on one
+// row). The error alone cannot tell them apart; a fresh connection can
+// (the consumer pings the database before it takes it for a row's).
+// Errors of BEGIN, of COMMIT and of the statements around the close are
+// never one: nothing about a row ends those.
+type SessionEndedError struct{ Err error }
+
+func (e *SessionEndedError) Error() string { return e.Err.Error() }
+
+func (e *SessionEndedError) Unwrap() error { return e.Err }
+
+// SessionEnded reports an error of a statement that was sent and whose
+// session ended with no answer to it: a broken connection (driver.ErrBadConn,
+// EOF, a reset, class 08) or a FATAL or PANIC the server sent. Not one: an
+// error the caller's context caused (a deadline, a cancel, a client-side
+// timeout), any error before a statement ran (ConnectError, BeginError),
+// and any error the server answered on a session that lives on.
+func SessionEnded(err error) bool {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, sql.ErrTxDone) || errors.Is(err, errMixedUp) ||
+		errors.As(err, new(*ConnectError)) || errors.As(err, new(*BeginError)) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return false
+	}
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) {
+		return !Answered(err)
+	}
+	return Transient(err)
+}
+
+// sessionEnded marks err as a SessionEndedError when it is one
+// (SessionEnded), for the close's own statements.
+func sessionEnded(err error) error {
+	if SessionEnded(err) {
+		return &SessionEndedError{Err: err}
+	}
+	return err
+}
+
 // InDoubtError is a close whose COMMIT got no answer (the connection broke,
 // the client's deadline passed while the server committed: unanswered) and whose
 // outcome the server could not confirm either way within commitStatusWait

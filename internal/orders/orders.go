@@ -250,6 +250,10 @@ func (s *Store) OneStatement() bool { return s.settleSQL != "" }
 // DB returns the store's database handle.
 func (s *Store) DB() *sqlx.DB { return s.db }
 
+// Ping reports whether the database answers a statement on a connection of
+// the pool (one that broke is replaced by a new one).
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
 // Querier is what the statements run on: the pool or a transaction.
 type Querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -421,12 +425,12 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	if one {
 		out, xid, err = s.settleOn(ctx, q, serials)
 		if err != nil {
-			return Outcome{}, nil, err
+			return Outcome{}, nil, sessionEnded(err)
 		}
 	} else {
 		closed, err := s.CloseOn(ctx, q, serials)
 		if err != nil {
-			return Outcome{}, nil, err
+			return Outcome{}, nil, sessionEnded(err)
 		}
 		out = Outcome{Closed: closed, Unknown: without(serials, closed)}
 	}
@@ -435,7 +439,7 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	}
 	if outbox != "" {
 		if err := RecordClosed(ctx, tx, out.Closed, outbox); err != nil {
-			return Outcome{}, nil, err
+			return Outcome{}, nil, sessionEnded(err)
 		}
 	}
 	if !one && len(out.Closed) > 0 {
