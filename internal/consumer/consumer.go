@@ -67,9 +67,9 @@ const (
 	// dependencyBackoffMax caps the wait after a failed Redis or PostgreSQL
 	// call, so the daemon catches up quickly when the dependency returns.
 	dependencyBackoffMax = 10 * time.Second
-	// BookkeepingTimeout bounds the Redis calls that record the outcome of
-	// a batch, the hand-back among them; they run even after the drain
-	// timeout cancelled the SQL.
+	// BookkeepingTimeout bounds each Redis call that records the outcome
+	// of a batch, the hand-back among them; they run even after the drain
+	// timeout cancelled the SQL, all of them within this much of it.
 	BookkeepingTimeout = 5 * time.Second
 	// sleepFloor is the shortest sleep before a deadline.
 	sleepFloor = time.Millisecond
@@ -190,6 +190,9 @@ type Consumer struct {
 	pgMu   sync.Mutex
 	// stopping is closed when shutdown begins; it cuts backoff waits.
 	stopping <-chan struct{}
+	// bookEnd is when every bookkeeping call's deadline ends, Unix ns:
+	// BookkeepingTimeout after the drain's cut (0 before it; bookkeeping).
+	bookEnd atomic.Int64
 	limiter  *rate.Limiter // nil: unlimited
 	// wake carries deadlines (Unix ms) the scanner should wake for:
 	// producers' (via pub/sub) and this replica's own retries.
@@ -309,6 +312,7 @@ func (c *Consumer) DrainTimeout() time.Duration { return c.cfg.DrainTimeout }
 // Closing Redis and PostgreSQL clients is the caller's job, after Run.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping = ctx.Done()
+	c.bookEnd.Store(0)
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	var wg sync.WaitGroup
@@ -332,6 +336,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	case <-done:
 	case <-timer.C:
 		c.log.Warn("drain timeout passed; handing back unfinished claims", zap.Duration("drain_timeout", c.cfg.DrainTimeout))
+		c.bookEnd.Store(time.Now().Add(BookkeepingTimeout).UnixNano())
 		cancelWork()
 		<-done
 	}

@@ -28,7 +28,7 @@ const ReasonFailed = queue.ReasonFailed
 // removed with their payloads, failed ones are retried by the queue's
 // policy and dead-lettered as "failed" after MaxAttempts.
 func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
-	tasks, err := loadTasks(c.q, items)
+	tasks, err := c.loadTasks(items)
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClaim).Inc()
 		c.log.Warn("reading task payloads failed; the tasks return when their lease expires", zap.Error(err))
@@ -91,15 +91,15 @@ func (c *Consumer) processTasks(workCtx, ctx context.Context, items []item) {
 	c.retryNoAttempt(workCtx, untried, later, down, untriedErr, laterErr, downErr)
 }
 
-// loadTasks reads the payloads of claimed items from st.
-func loadTasks(st *queue.Store, items []item) ([]Task, error) {
-	ctx, cancel := bookkeeping()
+// loadTasks reads the payloads of claimed items.
+func (c *Consumer) loadTasks(items []item) ([]Task, error) {
+	ctx, cancel := c.bookkeeping()
 	defer cancel()
 	leased := make([]queue.Leased, len(items))
 	for i, it := range items {
 		leased[i] = queue.Leased{Serial: it.serial, Deadline: it.deadline, Attempts: it.attempts}
 	}
-	return st.ReadTasks(ctx, leased)
+	return c.q.ReadTasks(ctx, leased)
 }
 
 // Forward configures a stream or list action.

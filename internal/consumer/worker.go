@@ -752,8 +752,19 @@ func serialsOf(items []item) []string {
 	return out
 }
 
-func bookkeeping() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), BookkeepingTimeout)
+// bookkeeping returns the context of one call recording a batch's
+// outcome: BookkeepingTimeout, and never past BookkeepingTimeout after
+// the drain's cut (Run). However many calls the batches still running
+// make after the cut — a batch whose close committed just before Redis
+// hung records its finish, retries and dead letters one after the other
+// — they end by then, or at the read in flight then: once the deadline
+// has passed, go-redis sends no command.
+func (c *Consumer) bookkeeping() (context.Context, context.CancelFunc) {
+	d := time.Now().Add(BookkeepingTimeout)
+	if cut := c.bookEnd.Load(); cut != 0 && cut < d.UnixNano() {
+		d = time.Unix(0, cut)
+	}
+	return context.WithDeadline(context.Background(), d)
 }
 
 // The lease bookkeeping after a batch: each is the handler's (a dry run
@@ -778,7 +789,7 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 	if len(items) == 0 {
 		return
 	}
-	ctx, cancel := bookkeeping()
+	ctx, cancel := c.bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
 		n, err := c.q.Finish(ctx, tok, serials, payloads)
@@ -803,7 +814,7 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 // retry turns leases into backoffs due after delay.
 func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reason string) {
 	c := h.c
-	ctx, cancel := bookkeeping()
+	ctx, cancel := c.bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
 		res, err := c.q.Retry(ctx, queue.RetryArgs{Token: tok, Serials: serials, Delay: delay, Spend: spend, LastError: reason})
@@ -828,7 +839,7 @@ func (h orderHandler) retry(items []item, delay time.Duration, spend bool, reaso
 // bury dead-letters items, adding the run that failed to their attempts.
 func (h orderHandler) bury(items []item, reason, lastErr string) {
 	c := h.c
-	ctx, cancel := bookkeeping()
+	ctx, cancel := c.bookkeeping()
 	defer cancel()
 	for tok, serials := range byToken(items) {
 		n, err := c.q.Bury(ctx, queue.BuryArgs{Token: tok, Serials: serials, Reason: reason, LastError: lastErr, CountRun: true})
@@ -854,7 +865,7 @@ func (h orderHandler) handBackWith(items []item, call func(ctx context.Context, 
 	if len(items) == 0 {
 		return
 	}
-	ctx, cancel := bookkeeping()
+	ctx, cancel := c.bookkeeping()
 	defer cancel()
 	total := 0
 	for tok, serials := range byToken(items) {
