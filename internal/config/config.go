@@ -126,7 +126,7 @@ var Settings = []Setting{
 		set: durationIn(func(c *Config) *time.Duration { return &c.StatementTimeout }, 10*time.Millisecond, 24*time.Hour)},
 	{Env: "ORDERDELAY_DRAIN_TIMEOUT", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultDrainTimeout), Help: "how long in-flight batches may finish on SIGTERM (at least 10ms; `0` is refused, not a default); must be below the lease",
 		set: durationIn(func(c *Config) *time.Duration { return &c.DrainTimeout }, 10*time.Millisecond, 24*time.Hour)},
-	{Env: "ORDERDELAY_MAX_ATTEMPTS", Group: GroupClosing, Kind: KindInt, Default: strconv.Itoa(consumer.DefaultMaxAttempts), Help: "attempts before an order without a row, or one whose close ends its database session, is dead-lettered",
+	{Env: "ORDERDELAY_MAX_ATTEMPTS", Group: GroupClosing, Kind: KindInt, Default: strconv.Itoa(consumer.DefaultMaxAttempts), Help: "attempts before an order without a row is dead-lettered",
 		set: intIn(func(c *Config) *int { return &c.MaxAttempts }, 1, 1000)},
 	{Env: "ORDERDELAY_BACKOFF_MAX", Group: GroupClosing, Kind: KindDuration, Default: duration(consumer.DefaultBackoffMax), Help: "cap of the exponential retry backoff (with jitter); also caps the wait after a failed Redis or PostgreSQL call (at most 10s)",
 		set: durationIn(func(c *Config) *time.Duration { return &c.BackoffMax }, time.Second, 24*time.Hour)},

@@ -88,7 +88,7 @@ type Config struct {
 	Lease            time.Duration // how long a claim is held
 	StatementTimeout time.Duration // deadline of one batch; below Lease
 	DrainTimeout     time.Duration // how long in-flight batches may finish on shutdown
-	MaxAttempts      int           // attempts before an order without a row, or one whose close ends its session, is dead-lettered
+	MaxAttempts      int           // attempts before an order without a row is dead-lettered
 	BackoffMax       time.Duration // cap of the per-entry retry backoff
 	CloseDelay       time.Duration // an entry is due this long after its deadline (0: at it)
 	HeadCheck        time.Duration // idle poll of the queue head; negative disables it

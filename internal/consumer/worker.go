@@ -367,15 +367,15 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// shop's trigger or extension that terminates or crashes it).
 		// Retried whole, it would hold its batch mates back with it on
 		// every claim, so it is isolated like a row's error: in halves,
-		// down to the order, which alone is retried with an attempt
-		// spent and dead-lettered after MaxAttempts — an outage that
-		// happens to look like this spends one attempt of one order.
+		// down to the order, which alone is retried with no attempt
+		// spent (sessionEnder: a session ended from outside looks the
+		// same).
 		if len(items) > 1 {
 			c.log.Warn("the close's database session ended while the database answers; splitting the batch to isolate the order that ends it",
 				zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
 			c.split(workCtx, batchCtx, stmt, items)
 		} else {
-			c.sessionEnder(items[0], err)
+			c.sessionEnder(items[0], err, held)
 		}
 		return rowSessionError{err}
 	case errors.As(err, &fenceErr) || orders.Transient(err):
@@ -416,19 +416,22 @@ func (c *Consumer) databaseAnswers(batchCtx context.Context, stmt time.Duration)
 }
 
 // sessionEnder retries an order whose close, alone, ended its database
-// session while the database answered (failed), with an attempt spent,
-// and dead-letters it when that was its last.
-func (c *Consumer) sessionEnder(it item, err error) {
-	why := "closing this order ends its database session while the database answers: " + err.Error()
-	if it.attempts+1 >= c.cfg.MaxAttempts {
-		c.log.Error("closing this order ends its database session every time; dead-lettering it",
-			zap.String("serial", it.serial), zap.Int("attempts", it.attempts+1), zap.Error(err))
-		c.bury([]item{it}, queue.ReasonCloseFailed, why)
+// session while the database answered (failed), alone and with no attempt
+// spent, like a contended row: nothing tells an order whose close ends
+// its backend from a session something else ended (an operator's or a
+// pooler's watchdog cutting slow statements, a load balancer cutting
+// connections), so it is never dead-lettered for it. A truly poisonous
+// order stays overdue, logged at each try, and never holds its batch
+// mates back.
+func (c *Consumer) sessionEnder(it item, err error, held *heldRetries) {
+	c.log.Warn("closing this order ended its database session while the database answers; retrying it alone",
+		zap.String("serial", it.serial), zap.Error(err))
+	why := "its close ended its database session while the database answered: " + err.Error()
+	if held != nil {
+		held.add(c, []item{it}, c.contendedBackoff(it), why)
 		return
 	}
-	c.log.Warn("closing this order ended its database session while the database answers; retrying it alone",
-		zap.String("serial", it.serial), zap.Int("attempts", it.attempts+1), zap.Error(err))
-	c.retry([]item{it}, c.entryBackoff(it.attempts), true, why)
+	c.retry([]item{it}, c.contendedBackoff(it), false, why)
 }
 
 // unavailable retries items after the database (or, for a fence error, the

@@ -262,7 +262,7 @@ func (e *BeginError) Error() string { return "begin: " + e.Err.Error() }
 func (e *BeginError) Unwrap() error { return e.Err }
 
 // SessionEndedError is the error of a close's own statement (the close,
-// or its events) whose session ended while it ran, with no answer to it
+// or its events), or of the lookup, whose session ended while it ran, with no answer to it
 // (SessionEnded): the connection broke, or the server ended the backend.
 // Either the database went away (an outage, a failover: every session
 // ends) or something the statement did ended its own session (a shop's
@@ -279,7 +279,7 @@ func (e *SessionEndedError) Unwrap() error { return e.Err }
 
 // SessionEnded reports an error of a statement that was sent and whose
 // session ended with no answer to it: a broken connection (driver.ErrBadConn,
-// EOF, a reset, class 08) or a FATAL or PANIC the server sent. Not one: an
+// EOF, a reset) or a FATAL or PANIC the server sent. Not one: an
 // error the caller's context caused (a deadline, a cancel, a client-side
 // timeout), any error before a statement ran (ConnectError, BeginError),
 // and any error the server answered on a session that lives on.
@@ -295,15 +295,19 @@ func SessionEnded(err error) bool {
 	}
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
-		return !Answered(err)
+		// An ERROR, whatever its code (a trigger can RAISE class 08),
+		// is the server answering on a session that lives on.
+		return pqErr.Severity == "FATAL" || pqErr.Severity == "PANIC"
 	}
 	return Transient(err)
 }
 
-// sessionEnded marks err as a SessionEndedError when it is one
-// (SessionEnded), for the close's own statements.
-func sessionEnded(err error) error {
-	if SessionEnded(err) {
+// sessionEnded marks err, the error of a statement run under ctx, as a
+// SessionEndedError when it is one (SessionEnded) and ctx has not ended:
+// a connection that broke as the caller's deadline passed may be the
+// driver's way of cutting the statement.
+func sessionEnded(ctx context.Context, err error) error {
+	if ctx.Err() == nil && SessionEnded(err) {
 		return &SessionEndedError{Err: err}
 	}
 	return err

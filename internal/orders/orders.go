@@ -425,12 +425,12 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	if one {
 		out, xid, err = s.settleOn(ctx, q, serials)
 		if err != nil {
-			return Outcome{}, nil, sessionEnded(err)
+			return Outcome{}, nil, sessionEnded(ctx, err)
 		}
 	} else {
 		closed, err := s.CloseOn(ctx, q, serials)
 		if err != nil {
-			return Outcome{}, nil, sessionEnded(err)
+			return Outcome{}, nil, sessionEnded(ctx, err)
 		}
 		out = Outcome{Closed: closed, Unknown: without(serials, closed)}
 	}
@@ -439,7 +439,7 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 	}
 	if outbox != "" {
 		if err := RecordClosed(ctx, tx, out.Closed, outbox); err != nil {
-			return Outcome{}, nil, sessionEnded(err)
+			return Outcome{}, nil, sessionEnded(ctx, err)
 		}
 	}
 	if !one && len(out.Closed) > 0 {
@@ -716,7 +716,7 @@ func (s *Store) lookupOnce(ctx context.Context, serials []string, st *callState)
 	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, s.stmts.Lookup, textArray(serials))
 	if err != nil {
-		return nil, err
+		return nil, sessionEnded(ctx, err)
 	}
 	defer rows.Close()
 	trim := blankPadded(rows)
@@ -734,7 +734,7 @@ func (s *Store) lookupOnce(ctx context.Context, serials []string, st *callState)
 		}
 		out = append(out, Found{Serial: trim(sn.String), Pending: pending.Bool})
 	}
-	return out, rows.Err()
+	return out, sessionEnded(ctx, rows.Err())
 }
 
 // Cursor is where a page of overdue orders starts: after the order with

@@ -38,7 +38,8 @@ func TestSessionEndedByWhatTheErrorSays(t *testing.T) {
 		{"sql.ErrConnDone", sql.ErrConnDone, true},
 		{"FATAL admin shutdown (pg_terminate_backend)", &pq.Error{Code: "57P01", Severity: "FATAL"}, true},
 		{"PANIC", &pq.Error{Code: "XX000", Severity: "PANIC"}, true},
-		{"connection exception (08006)", &pq.Error{Code: "08006", Severity: "ERROR"}, true},
+		{"connection exception (08006), FATAL", &pq.Error{Code: "08006", Severity: "FATAL"}, true},
+		{"class 08 a trigger raised (an ERROR: the session lives on)", &pq.Error{Code: "08006", Severity: "ERROR"}, false},
 
 		{"nil", nil, false},
 		{"context deadline", context.DeadlineExceeded, false},
