@@ -49,7 +49,7 @@ func runIDsLimited(ctx context.Context, db *sqlx.DB, query string, ids []string,
 	}
 	out, err := querySerials(ctx, tx, query, len(ids), pq.Array(ids))
 	if err != nil {
-		return nil, err
+		return nil, sessionEnded(ctx, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, err

@@ -146,6 +146,20 @@ func (r *sqlRun) failed(ctx context.Context, idx []int, err error) {
 		// Alone (or out of time): someone else's lock or transaction, or
 		// this task's slow row; retried without spending an attempt.
 		r.set(idx, consumer.Later(err))
+	case errors.As(err, new(*orders.SessionEndedError)) && r.databaseAnswers(ctx):
+		// The statement's session ended under it, yet the database
+		// answers at once: a task whose statement ends its own backend
+		// (a trigger or extension that terminates or crashes it), not an
+		// outage (that fails the ping too: the case below). Isolated like
+		// a task's data error, so it does not hold its batch mates back;
+		// the task alone is retried later with no attempt spent, since a
+		// session ended from outside (a watchdog cutting slow statements,
+		// a load balancer cutting connections) looks the same.
+		if len(idx) > 1 {
+			r.split(ctx, idx)
+		} else {
+			r.errs[idx[0]] = consumer.Later(fmt.Errorf("the statement ended its database session while the database answered: %w", err))
+		}
 	case orders.Transient(err) || errors.Is(err, orders.ErrBadShape):
 		// ErrBadShape: the result's shape is the statement's, the same for
 		// every task, like a class 42 error the statement itself raises.
@@ -156,6 +170,21 @@ func (r *sqlRun) failed(ctx context.Context, idx []int, err error) {
 	default:
 		r.errs[idx[0]] = err // this task's own failure: an attempt
 	}
+}
+
+// databaseAnswers reports whether the database answers a statement on a
+// connection of the pool, within a statement's timeout and the batch's
+// time.
+func (r *sqlRun) databaseAnswers(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if r.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.timeout)
+		defer cancel()
+	}
+	return r.db.PingContext(ctx) == nil
 }
 
 // split runs the two halves of idx one after the other, so a task whose
