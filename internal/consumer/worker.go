@@ -95,12 +95,14 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 	if err != nil {
 		c.m.Errors.WithLabelValues(metrics.StageClose).Inc()
 		c.m.InDoubt.Add(float64(orders.InDoubt(err)))
-		if ownDeadline(ctx, batchCtx) && batchCtx.Err() != nil && errors.As(err, new(*orders.BeginError)) {
+		if workCtx.Err() == nil && ownDeadline(ctx, batchCtx) && batchCtx.Err() != nil && errors.As(err, new(*orders.BeginError)) {
 			// The close had a deadline of its own, before the batch's,
 			// and its BEGIN (which the driver cannot cut) answered only
 			// after both: the database did not answer for a whole
 			// statement's time — an outage or a stall, never a row cut by
-			// the batch's running out while it isolated one.
+			// the batch's running out while it isolated one. Not after the
+			// drain's cut, which ends every batch's context: failed hands
+			// the batch back then.
 			c.unavailableAfter(workCtx, items, err, "close", true, held)
 			return err
 		}

@@ -266,3 +266,43 @@ func TestStatsCountLeasedEntriesAsOverdue(t *testing.T) {
 		t.Errorf("next deadline %s, want %s", st.NextDeadline, now.Add(time.Hour))
 	}
 }
+
+// A batch the drain's cut reaches before its BEGIN was sent (on a loaded
+// machine the worker can take longer than the drain timeout to get
+// there): the BEGIN fails with the cancelled context, which the close's
+// own-deadline rule took for a database that did not answer — the batch
+// was retried (backing off, still held) and PostgreSQL marked down,
+// instead of handed back (TestShutdownHandsBackUnfinishedClaims flaked
+// on it under load).
+func TestCutBeforeBeginHandsTheBatchBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	due := e.RedisNow().Add(-time.Second)
+	serials := e.Orders("cut", 5, due)
+	e.Enqueue(serials, due)
+	c := e.consumer(Config{BatchSize: 10})
+	e.m.SetUp(metrics.DepPostgres, true)
+	res, err := c.claimBatch(ctx)
+	if err != nil || len(res.items) != len(serials) {
+		t.Fatalf("claim: %v, %d", err, len(res.items))
+	}
+	workCtx, cut := context.WithCancel(ctx)
+	cut() // the drain timeout passed before the worker sent its BEGIN
+	c.processClaim(workCtx, res.items, time.Now())
+	if n := e.held(); n != 0 {
+		t.Errorf("%d entries still held after the cut, want all handed back", n)
+	}
+	for _, s := range serials {
+		score, err := e.RDB.ZScore(ctx, e.Keys.Queue, s).Result()
+		if err != nil || int64(score) != queue.DeadlineMillis(due) {
+			t.Errorf("%s: queue score %v (%v), want its deadline %d", s, score, err, queue.DeadlineMillis(due))
+		}
+		if st := e.Status(s); st != "pending" {
+			t.Errorf("%s is %s, want pending", s, st)
+		}
+	}
+	if v := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)); v != 1 {
+		t.Errorf("PostgreSQL marked down by a shutdown's cut")
+	}
+}
