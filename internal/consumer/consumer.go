@@ -193,7 +193,7 @@ type Consumer struct {
 	// bookEnd is when every bookkeeping call's deadline ends, Unix ns:
 	// BookkeepingTimeout after the drain's cut (0 before it; bookkeeping).
 	bookEnd atomic.Int64
-	limiter  *rate.Limiter // nil: unlimited
+	limiter *rate.Limiter // nil: unlimited
 	// wake carries deadlines (Unix ms) the scanner should wake for:
 	// producers' (via pub/sub) and this replica's own retries.
 	wake chan int64
