@@ -193,14 +193,7 @@ func TestAdvSessSessionEnderInTheContendedPath(t *testing.T) {
 	c.log = zap.New(core)
 	e.m.SetUp(metrics.DepPostgres, true)
 	runConsumer(t, c)
-	eventually(t, "the good orders closed", 30*time.Second, func() bool {
-		for _, s := range good {
-			if e.Status(s) != "closed" {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "the good orders closed", 30*time.Second, e.allClosed(good))
 	eventually(t, "the session-ender retried alone more often than MaxAttempts", 30*time.Second, func() bool {
 		return logs.FilterMessageSnippet("ended its database session while the database answers; retrying it alone").Len() > maxAttempts
 	})
@@ -393,14 +386,7 @@ func TestAdvSessRescheduleAndPaymentDuringThePingAreKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	runConsumer(t, c)
-	eventually(t, "the good orders closed", 30*time.Second, func() bool {
-		for _, s := range good {
-			if e.Status(s) != "closed" {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "the good orders closed", 30*time.Second, e.allClosed(good))
 	if got, err := e.cl.Get(ctx, poison); err != nil || got.Attempts != 0 || got.State == client.StateDead {
 		t.Errorf("the session-ender: %+v (%v); want it kept, no attempt spent", got, err)
 	}

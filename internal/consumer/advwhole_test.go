@@ -141,14 +141,7 @@ func TestAdvWholeSessionEndingPoisonDoesNotHoldItsBatchMates(t *testing.T) {
 		BackoffMax: 50 * time.Millisecond, MaxAttempts: maxAttempts})
 	c.log = zap.New(core)
 	runConsumer(t, c)
-	eventually(t, "the poisonous order's batch mates closed", 20*time.Second, func() bool {
-		for _, s := range good {
-			if e.Status(s) != "closed" {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "the poisonous order's batch mates closed", 20*time.Second, e.allClosed(good))
 	eventually(t, "the poisonous order retried alone more often than MaxAttempts", 20*time.Second, func() bool {
 		return logs.FilterMessageSnippet("ended its database session while the database answers; retrying it alone").Len() > maxAttempts
 	})
@@ -211,14 +204,7 @@ func TestAdvWholeSessionCutByAnOutageIsNotAnOrdersFault(t *testing.T) {
 		}
 	}
 	px.Up()
-	eventually(t, "every order closed once the database is back", 20*time.Second, func() bool {
-		for _, s := range serials {
-			if e.Status(s) != "closed" {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, "every order closed once the database is back", 20*time.Second, e.allClosed(serials))
 	if n := logs.FilterMessageSnippet("splitting the batch to isolate the order that ends it").Len(); n != 0 {
 		t.Errorf("an outage was taken for an order's close ending its session %d times", n)
 	}

@@ -175,3 +175,15 @@ func claimN(t *testing.T, c *Consumer, n int) claimResult {
 	}
 	return res
 }
+
+// allClosed is a condition for eventually: every one of serials closed.
+func (e *env) allClosed(serials []string) func() bool {
+	return func() bool {
+		for _, s := range serials {
+			if e.Status(s) != "closed" {
+				return false
+			}
+		}
+		return true
+	}
+}

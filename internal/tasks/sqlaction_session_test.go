@@ -2,12 +2,9 @@ package tasks
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jmoiron/sqlx"
 
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/testenv"
@@ -79,7 +76,7 @@ END $$`); err != nil {
 // between an outage and an attempt.
 func TestSQLTaskSessionCutByAnOutageSpendsNoAttempt(t *testing.T) {
 	t.Parallel()
-	direct, dsn := testenv.Postgres(t)
+	direct, db, _, proxy := testenv.PostgresViaProxy(t)
 	ids := []string{"slow"}
 	sqlFixture(t, direct, ids...)
 	if _, err := direct.Exec(`CREATE FUNCTION slow_on(item text) RETURNS boolean LANGUAGE plpgsql AS $$
@@ -89,17 +86,6 @@ BEGIN
 END $$`); err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	db, err := sqlx.Open("postgres", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
 	go func() {
 		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 			var called bool
