@@ -763,7 +763,8 @@ func serialsOf(items []item) []string {
 // make after the cut — a batch whose close committed just before Redis
 // hung records its finish, retries and dead letters one after the other
 // — they end by then, or at the read in flight then: once the deadline
-// has passed, go-redis sends no command.
+// has passed, go-redis sends no command. The hand-back is the exception
+// (handBackWith): it keeps a deadline of its own.
 func (c *Consumer) bookkeeping() (context.Context, context.CancelFunc) {
 	d := time.Now().Add(BookkeepingTimeout)
 	if cut := c.bookEnd.Load(); cut != 0 && cut < d.UnixNano() {
@@ -870,7 +871,12 @@ func (h orderHandler) handBackWith(items []item, call func(ctx context.Context, 
 	if len(items) == 0 {
 		return
 	}
-	ctx, cancel := c.bookkeeping()
+	// A hand-back has a deadline of its own, even past the drain's cut
+	// (Run, step 3): a batch reaches it only after its database work,
+	// which may itself outlast the cut's bookkeeping deadline (a COMMIT
+	// whose answer was lost, asked about for commitStatusWait) while Redis
+	// answers all along; its entries would otherwise wait out their lease.
+	ctx, cancel := context.WithTimeout(context.Background(), BookkeepingTimeout)
 	defer cancel()
 	total := 0
 	for tok, serials := range byToken(items) {
