@@ -373,11 +373,11 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// spent (sessionEnder: a session ended from outside looks the
 		// same).
 		if len(items) > 1 {
-			c.log.Warn("the close's database session ended while the database answers; splitting the batch to isolate the order that ends it",
+			c.log.Warn("the statement's database session ended while the database answers; splitting the batch to isolate the order that ends it",
 				zap.String("stage", stage), zap.Int("orders", len(items)), zap.Error(err))
 			c.split(workCtx, batchCtx, stmt, items)
 		} else {
-			c.sessionEnder(items[0], err, held)
+			c.sessionEnder(items[0], err, stage, held)
 		}
 		return rowSessionError{err}
 	case errors.As(err, &fenceErr) || orders.Transient(err):
@@ -425,9 +425,9 @@ func (c *Consumer) databaseAnswers(batchCtx context.Context, stmt time.Duration)
 // connections), so it is never dead-lettered for it. A truly poisonous
 // order stays overdue, logged at each try, and never holds its batch
 // mates back.
-func (c *Consumer) sessionEnder(it item, err error, held *heldRetries) {
+func (c *Consumer) sessionEnder(it item, err error, stage string, held *heldRetries) {
 	c.log.Warn("closing this order ended its database session while the database answers; retrying it alone",
-		zap.String("serial", it.serial), zap.Error(err))
+		zap.String("stage", stage), zap.String("serial", it.serial), zap.Error(err))
 	why := "its close ended its database session while the database answered: " + err.Error()
 	if held != nil {
 		held.add(c, []item{it}, c.contendedBackoff(it), why)
