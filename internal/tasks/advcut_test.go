@@ -31,13 +31,7 @@ func TestAdvCutSQLTaskEndingItsSessionIsRetriedAfterTheContendedDelay(t *testing
 	db, _ := testenv.Postgres(t)
 	ids := []string{"killer", "poison1"}
 	sqlFixture(t, db, ids...)
-	if _, err := db.Exec(`CREATE FUNCTION kill_on(item text) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-  IF item = 'killer' THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
-  RETURN true;
-END $$`); err != nil {
-		t.Fatal(err)
-	}
+	killOn(t, db, "killer")
 	rdb, keys := testenv.Redis(t)
 	cl, err := client.New(rdb, keys.Queue)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
@@ -23,13 +25,7 @@ func TestSQLTaskWhoseStatementEndsItsSessionIsIsolated(t *testing.T) {
 	db, _ := testenv.Postgres(t)
 	ids := []string{"a", "b", "killer", "c", "d"}
 	sqlFixture(t, db, ids...)
-	if _, err := db.Exec(`CREATE FUNCTION kill_on(item text) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-  IF item = 'killer' THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
-  RETURN true;
-END $$`); err != nil {
-		t.Fatal(err)
-	}
+	killOn(t, db, "killer")
 	const stmt = `UPDATE items SET done = true WHERE id = ANY($1) AND kill_on(id) RETURNING id`
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -49,13 +45,7 @@ END $$`); err != nil {
 	// again, never an attempt, never dead-lettered.
 	db2, _ := testenv.Postgres(t)
 	sqlFixture(t, db2, ids...)
-	if _, err := db2.Exec(`CREATE FUNCTION kill_on(item text) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-  IF item = 'killer' THEN PERFORM nextval('tries'); PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
-  RETURN true;
-END $$`); err != nil {
-		t.Fatal(err)
-	}
+	killOn(t, db2, "killer")
 	q := startSQLQueue(t, db2, stmt, nil, ids...)
 	waitUntil(t, "the rest done and the killer tried more often than max_attempts", 60*time.Second, func() bool {
 		var n int
@@ -102,5 +92,18 @@ END $$`); err != nil {
 		if outcome(err) != "unavailable" {
 			t.Errorf("task %s: %s (%v), want unavailable: the connection was cut by an outage", ids[i], outcome(err), err)
 		}
+	}
+}
+
+// killOn makes kill_on(item) end its own session for the task id (counting
+// each time in the sqlFixture's sequence tries), true for any other.
+func killOn(t *testing.T, db *sqlx.DB, id string) {
+	t.Helper()
+	if _, err := db.Exec(`CREATE FUNCTION kill_on(item text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  IF item = '` + id + `' THEN PERFORM nextval('tries'); PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+  RETURN true;
+END $$`); err != nil {
+		t.Fatal(err)
 	}
 }
