@@ -69,7 +69,8 @@ const (
 	dependencyBackoffMax = 10 * time.Second
 	// BookkeepingTimeout bounds each Redis call that records the outcome
 	// of a batch, the hand-back among them; they run even after the drain
-	// timeout cancelled the SQL, all of them within this much of it.
+	// timeout cancelled the SQL, all but the hand-back within this much of
+	// it (Consumer.bookkeeping).
 	BookkeepingTimeout = 5 * time.Second
 	// sleepFloor is the shortest sleep before a deadline.
 	sleepFloor = time.Millisecond

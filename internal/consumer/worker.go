@@ -366,7 +366,8 @@ func (c *Consumer) failed(workCtx, batchCtx context.Context, stmt time.Duration,
 		// answers a fresh connection at once: not an outage (that fails
 		// the ping too, and is the case below) but, as far as anyone can
 		// tell, one of these orders whose close ends its backend (a
-		// shop's trigger or extension that terminates or crashes it).
+		// shop's trigger or extension that terminates it; one that
+		// crashes the server fails the ping: an outage for everyone).
 		// Retried whole, it would hold its batch mates back with it on
 		// every claim, so it is isolated like a row's error: in halves,
 		// down to the order, which alone is retried with no attempt

@@ -149,7 +149,7 @@ func (r *sqlRun) failed(ctx context.Context, idx []int, err error) {
 	case errors.As(err, new(*orders.SessionEndedError)) && r.databaseAnswers(ctx):
 		// The statement's session ended under it, yet the database
 		// answers at once: a task whose statement ends its own backend
-		// (a trigger or extension that terminates or crashes it), not an
+		// (a trigger or extension that terminates it), not an
 		// outage (that fails the ping too: the case below). Isolated like
 		// a task's data error, so it does not hold its batch mates back;
 		// the task alone is retried later with no attempt spent, since a
