@@ -205,6 +205,13 @@ func TestIsRefused(t *testing.T) {
 	}
 	ro := redis.NewClient(&redis.Options{Addr: addr, Username: "ro", Password: "pw"})
 	t.Cleanup(func() { ro.Close() })
+	// A user whose ACL names keys and channels: every command, on keys
+	// that start with "q" and on channel "w" only.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "keys", "on", ">pw", "resetkeys", "~q*", "resetchannels", "&w", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	narrow := redis.NewClient(&redis.Options{Addr: addr, Username: "keys", Password: "pw"})
+	t.Cleanup(func() { narrow.Close() })
 	if err := admin.Set(ctx, "str", "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +223,10 @@ func TestIsRefused(t *testing.T) {
 		{"a refused command", ro.HSet(ctx, "h", "f", "v").Err(), true},
 		{"a refused command in a script", ro.Eval(ctx, "return redis.call('HSET', KEYS[1], 'f', 'v')", []string{"h"}).Err(), true},
 		{"a refusal wrapped by a caller", fmt.Errorf("fence: %w", ro.HSet(ctx, "h", "f", "v").Err()), true},
+		{"a key refused to a command", narrow.HSet(ctx, "h", "f", "v").Err(), true},
+		{"a key refused in a script", narrow.Eval(ctx, "redis.call('HSET', KEYS[1], 'f', 'v') return redis.call('HSET', 'h', 'f', 'v')", []string{"q1"}).Err(), true},
+		{"a channel refused to a command", narrow.Publish(ctx, "c", "x").Err(), true},
+		{"a channel refused in a script", narrow.Eval(ctx, "return redis.call('PUBLISH', KEYS[1], 'x')", []string{"q2"}).Err(), true},
 		{"a key of the wrong type", admin.HSet(ctx, "str", "f", "v").Err(), false},
 		// Not Redis's answer, only worded like one: a PostgreSQL error from
 		// a shop's trigger, a task action's error.

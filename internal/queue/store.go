@@ -44,11 +44,13 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 var ErrReply = errors.New("unexpected reply")
 
 // IsRefused reports whether err is Redis refusing the connection's user a
-// command or key (its ACL): NOPERM from a command, or the error a script
-// gets when it calls a command its user may not run ("The user executing
-// the script can't run this command or subcommand", 6.2 to 7.x). Redis
-// answered: it is no outage, and no retry mends it until an operator
-// changes the ACL.
+// command, key or channel (its ACL): NOPERM from a command, or the error
+// a script gets when it calls a command its user may not run, or names a
+// key or a channel its user may not use ("The user executing the script
+// can't run this command or subcommand", "… can't access at least one of
+// the keys mentioned in the command arguments", "… can't publish to the
+// channel mentioned in the command", 6.2 to 7.x). Redis answered: it is no
+// outage, and no retry mends it until an operator changes the ACL.
 //
 // Only Redis's own reply counts (an error in err's chain that is a
 // redis.Error), so that another error merely worded like a refusal — a
@@ -60,7 +62,23 @@ func IsRefused(err error) bool {
 		return false
 	}
 	msg := reply.Error()
-	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "can't run this command")
+	if strings.Contains(msg, "NOPERM") {
+		return true
+	}
+	for _, refused := range scriptRefusals {
+		if strings.Contains(msg, refused) {
+			return true
+		}
+	}
+	return false
+}
+
+// scriptRefusals are the words of Redis's errors to a script whose user
+// may not run a command it calls, or use a key or channel it names.
+var scriptRefusals = []string{
+	"The user executing the script can't run this command",
+	"The user executing the script can't access at least one of the keys",
+	"The user executing the script can't publish to the channel",
 }
 
 // luaNowMS is the Lua function now_ms(): Redis's clock in integer
