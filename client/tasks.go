@@ -200,6 +200,11 @@ type ListItem struct {
 	// not acknowledged in time (0 on the first delivery). It is not part
 	// of the item in Redis: Take fills it in from the delivery count.
 	Attempts int `json:"attempts"`
+	// Delivery names this delivery among every delivery of the queue
+	// (decimal digits; opaque to callers). Ack sends it, so an Ack that
+	// comes after the item was returned and taken again acknowledges
+	// nothing. Take fills it in; keep it with the item until the Ack.
+	Delivery string `json:"delivery,omitempty"`
 }
 
 // Take takes the next item of a reliable list queue ("list" action with
@@ -219,13 +224,18 @@ func (c *Client) Take(ctx context.Context) (ListItem, error) {
 	return ListItem(it), err
 }
 
-// Ack acknowledges an item taken with Take. It returns ErrNotFound when the
-// item was not (or no longer) taken: it went back to the ready list after
-// the queue's ack_timeout and may be delivered again, or was dead-lettered.
-// Items are tracked by id: once the id is taken again, a late Ack
-// acknowledges that newer delivery.
-func (c *Client) Ack(ctx context.Context, id string) error {
-	ok, err := c.st.AckTaken(ctx, id)
+// Ack acknowledges the delivery of an item Take returned (its ID and
+// Delivery). It returns ErrNotFound when that delivery is no longer
+// taken: it went back to the ready list after the queue's ack_timeout
+// and may be delivered again (perhaps taken by another consumer already,
+// whose delivery this Ack leaves alone), or was dead-lettered. An item
+// without a Delivery (one Take did not return) is refused with an error
+// matching ErrNoDelivery, and nothing is acknowledged.
+func (c *Client) Ack(ctx context.Context, it ListItem) error {
+	ok, err := c.st.AckTaken(ctx, it.ID, it.Delivery)
+	if errors.Is(err, queue.ErrNoDelivery) {
+		return fmt.Errorf("client: ack of %q: %w", it.ID, ErrNoDelivery)
+	}
 	if err != nil {
 		return err
 	}
@@ -234,6 +244,10 @@ func (c *Client) Ack(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// ErrNoDelivery is returned by Ack for an item without a Delivery: Ack
+// takes the ListItem Take returned, not one built from an id.
+var ErrNoDelivery = errors.New("item has no delivery number (acknowledge the ListItem Take returned)")
 
 // TaskItem is one task for PutTasks.
 type TaskItem struct {

@@ -475,13 +475,23 @@ func TestTakeAndAck(t *testing.T) {
 	// An id that was never taken, or is not taken now, is not acked.
 	before := snapshot(t, rdb, k)
 	for _, id := range []string{"b", "zzz", ""} {
-		if err := c.Ack(ctx, id); !errors.Is(err, client.ErrNotFound) {
+		if err := c.Ack(ctx, client.ListItem{ID: id, Delivery: it.Delivery}); !errors.Is(err, client.ErrNotFound) {
 			t.Errorf("Ack(%q) of an item not taken: %v, want ErrNotFound", id, err)
 		}
 	}
+	// A delivery number that is not the item's (another item's, a stale
+	// or a malformed one), or none, acknowledges nothing.
+	for _, d := range []string{"0", "2", "-1", "x", it.Delivery + "0", " " + it.Delivery} {
+		if err := c.Ack(ctx, client.ListItem{ID: "a", Delivery: d}); !errors.Is(err, client.ErrNotFound) {
+			t.Errorf("Ack(a) with delivery %q (Take gave %q): %v, want ErrNotFound", d, it.Delivery, err)
+		}
+	}
+	if err := c.Ack(ctx, client.ListItem{ID: "a"}); !errors.Is(err, client.ErrNoDelivery) {
+		t.Errorf("Ack(a) without a delivery: %v, want ErrNoDelivery", err)
+	}
 	assertUnchanged(t, rdb, k, before, "Ack of items not taken")
 
-	if err := c.Ack(ctx, "a"); err != nil {
+	if err := c.Ack(ctx, it); err != nil {
 		t.Fatalf("Ack(a): %v", err)
 	}
 	for _, key := range []string{k.Processing, k.Unacked, k.Taken, k.Deliveries} {
@@ -489,32 +499,45 @@ func TestTakeAndAck(t *testing.T) {
 			t.Errorf("%s after the only ack: exists %d, %v; want gone", key, n, err)
 		}
 	}
-	if err := c.Ack(ctx, "a"); !errors.Is(err, client.ErrNotFound) {
+	if err := c.Ack(ctx, it); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("second Ack(a): %v, want ErrNotFound", err)
 	}
 
 	// b is taken, not acked in time, returned by the daemon and taken again:
 	// the second delivery says one attempt went before it.
-	if it, err := c.Take(ctx); err != nil || it.ID != "b" || it.Attempts != 0 {
-		t.Fatalf("Take = %+v, %v; want b, 0 attempts", it, err)
+	b, err := c.Take(ctx)
+	if err != nil || b.ID != "b" || b.Attempts != 0 {
+		t.Fatalf("Take = %+v, %v; want b, 0 attempts", b, err)
 	}
 	if it, err := c.Take(ctx); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("Take with the only item taken = %+v, %v; want ErrNotFound", it, err)
 	}
 	returnUnacked(t, rdb, k, "b")
-	if err := c.Ack(ctx, "b"); !errors.Is(err, client.ErrNotFound) {
+	if err := c.Ack(ctx, b); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("Ack of an item returned to the ready list: %v, want ErrNotFound", err)
 	}
-	if it, err := c.Take(ctx); err != nil || it.ID != "b" || it.Attempts != 1 || string(it.Payload) != `[1,2]` {
-		t.Fatalf("Take of the redelivered item = %+v, %v; want b, [1,2], 1 attempt", it, err)
+	again, err := c.Take(ctx)
+	if err != nil || again.ID != "b" || again.Attempts != 1 || string(again.Payload) != `[1,2]` {
+		t.Fatalf("Take of the redelivered item = %+v, %v; want b, [1,2], 1 attempt", again, err)
 	}
-	if err := c.Ack(ctx, "b"); err != nil {
+	if again.Delivery == b.Delivery {
+		t.Fatalf("the redelivery has the first delivery's number %q", b.Delivery)
+	}
+	// The first delivery's consumer, slower than ack_timeout, acks late:
+	// the redelivery stays taken.
+	if err := c.Ack(ctx, b); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("late Ack of the first delivery while the second is taken: %v, want ErrNotFound", err)
+	}
+	if err := c.Ack(ctx, again); err != nil {
 		t.Fatalf("Ack of the redelivery: %v", err)
 	}
 	for _, key := range []string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries} {
 		if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
 			t.Errorf("%s after every item was acked: exists %d, %v; want gone", key, n, err)
 		}
+	}
+	if f, err := rdb.HKeys(ctx, k.DeliveryIDs).Result(); err != nil || len(f) != 1 || f[0] != "" {
+		t.Errorf("%s after every item was acked: fields %q, %v; want only the last number given", k.DeliveryIDs, f, err)
 	}
 	if it, err := c.Take(ctx); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("Take after all acked = %+v, %v; want ErrNotFound", it, err)
@@ -540,7 +563,7 @@ func TestTakePassesOverAnIDTakenAlready(t *testing.T) {
 	if it, err := c.Take(ctx); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("third Take = %+v, %v; want ErrNotFound while x is taken", it, err)
 	}
-	if err := c.Ack(ctx, "x"); err != nil {
+	if err := c.Ack(ctx, first); err != nil {
 		t.Fatal(err)
 	}
 	it, err := c.Take(ctx)
@@ -759,5 +782,5 @@ func TestTaskCallsWithRedisDown(t *testing.T) {
 	check("DeleteTasks", err)
 	_, err = c.Take(ctx)
 	check("Take", err)
-	check("Ack", c.Ack(ctx, "t"))
+	check("Ack", c.Ack(ctx, client.ListItem{ID: "t", Delivery: "1"}))
 }

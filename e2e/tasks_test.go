@@ -426,7 +426,7 @@ queues:
 	if it.Attempts != 1 {
 		t.Errorf("redelivered with attempts %d, want 1", it.Attempts)
 	}
-	if err := rc.Ack(ctx, "rl-1"); err != nil {
+	if err := rc.Ack(ctx, it); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := tw.rdb.LLen(ctx, tw.keys("reliable").Processing).Result(); n != 0 {

@@ -337,7 +337,8 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 	cfg := reliableList(time.Hour, 3)
 	cfg.Forward.MaxLen = 3
 	ids := []string{"a", "b", "c", "d", "e"}
-	held := map[string]bool{}
+	held := map[string]client.ListItem{}
+	var late []client.ListItem // deliveries the recovery returned while their consumers held them
 	check := func(step int, what string) {
 		t.Helper()
 		q := e.RDB.ZRange(ctx, k.Queue, 0, -1).Val()
@@ -409,25 +410,40 @@ func comboListRun(t *testing.T, seed uint64, steps int) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if held[it.ID] {
+			if _, ok := held[it.ID]; ok {
 				t.Fatalf("seed %d step %d: %s taken while a consumer holds it", seed, step, it.ID)
 			}
-			held[it.ID] = true
+			held[it.ID] = it
 		case 4:
-			for h := range held {
+			if len(late) > 0 && rng.IntN(2) == 0 {
+				// A consumer slower than ack_timeout acks at last: whatever
+				// became of the item since (taken again, by a delivery of
+				// the same task or of a newer one, or dead), it acknowledges
+				// nothing, and a later delivery stays taken.
+				i := rng.IntN(len(late))
+				it := late[i]
+				late = slices.Delete(late, i, i+1)
+				what = "late ack " + it.ID + " #" + it.Delivery
+				if err := e.cl.Ack(ctx, it); !errors.Is(err, client.ErrNotFound) {
+					t.Fatalf("seed %d step %d: late ack of %s delivery %s: %v, want ErrNotFound", seed, step, it.ID, it.Delivery, err)
+				}
+				break
+			}
+			for h, it := range held {
 				what = "ack " + h
-				if err := e.cl.Ack(ctx, h); err != nil {
+				if err := e.cl.Ack(ctx, it); err != nil {
 					t.Fatalf("seed %d step %d: ack %s: %v", seed, step, h, err)
 				}
 				delete(held, h)
 				break
 			}
 		case 5:
-			for h := range held {
+			for h, it := range held {
 				what = "time out " + h
 				e.takenAgo(h, 2*time.Hour)
 				e.forwardOnce(cfg) // recovery: back to the ready list, or dead
 				delete(held, h)
+				late = append(late, it)
 				break
 			}
 		case 6:

@@ -106,7 +106,7 @@ func TestOperatorPurgeWhileTheIDIsTakenLeavesNoOrphan(t *testing.T) {
 			if err != nil || n != 1 {
 				t.Fatalf("purge: %d, %v", n, err)
 			}
-			if err := e.cl.Ack(ctx, "x"); err != nil {
+			if err := e.cl.Ack(ctx, it); err != nil {
 				t.Fatal(err)
 			}
 			e.assertNoOrphans("after the purge and the ack")

@@ -92,7 +92,7 @@ func TestReliableListRedeliversAfterTheQueuesAckTimeout(t *testing.T) {
 	if res.nextExpiry != -1 {
 		t.Errorf("next recovery %d with nothing taken, want -1", res.nextExpiry)
 	}
-	if err := e.cl.Ack(ctx, "rl-1"); !errors.Is(err, client.ErrNotFound) {
+	if err := e.cl.Ack(ctx, it); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("Ack of a redelivered item: %v, want ErrNotFound", err)
 	}
 	it, err = e.cl.Take(ctx)
@@ -104,7 +104,7 @@ func TestReliableListRedeliversAfterTheQueuesAckTimeout(t *testing.T) {
 	if want := e.RedisNow().Add(time.Hour).UnixMilli(); res.nextExpiry < want-5000 || res.nextExpiry > want {
 		t.Errorf("next recovery at %d, want about %d (taken now + 1h)", res.nextExpiry, want)
 	}
-	if err := e.cl.Ack(ctx, "rl-1"); err != nil {
+	if err := e.cl.Ack(ctx, it); err != nil {
 		t.Fatal(err)
 	}
 	if n := e.llen(e.Keys.Processing); n != 0 {
@@ -197,7 +197,7 @@ func TestReliableListItemNestedBeyondRedisCJSONCanBeAcked(t *testing.T) {
 	if err != nil || it.ID != "deep-1" || len(it.Payload) != len(deep) {
 		t.Fatalf("Take: id %q, %d payload bytes, %v", it.ID, len(it.Payload), err)
 	}
-	if err := e.cl.Ack(ctx, "deep-1"); err != nil {
+	if err := e.cl.Ack(ctx, it); err != nil {
 		t.Fatalf("Ack of a deeply nested item: %v", err)
 	}
 	if n := e.llen(e.Keys.Processing); n != 0 {

@@ -135,7 +135,7 @@ func TestReliableListStopsAtMaxLen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := e.cl.Ack(ctx, it.ID); err != nil {
+		if err := e.cl.Ack(ctx, it); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -421,7 +421,7 @@ func TestRetentionWorkloadOnPollAndReliableListQueues(t *testing.T) {
 						what = "take"
 						if it, err := e.cl.Take(ctx); err == nil && rnd.IntN(2) == 0 {
 							what = "take and ack " + it.ID
-							if err := e.cl.Ack(ctx, it.ID); err != nil && !errors.Is(err, client.ErrNotFound) {
+							if err := e.cl.Ack(ctx, it); err != nil && !errors.Is(err, client.ErrNotFound) {
 								t.Fatal(err)
 							}
 						}

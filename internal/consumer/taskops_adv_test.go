@@ -46,7 +46,7 @@ func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
 	if errB != nil && !errors.Is(errB, client.ErrNotFound) {
 		t.Fatal(errB)
 	}
-	if err := e.cl.Ack(ctx, "RL-X"); err != nil { // A is done
+	if err := e.cl.Ack(ctx, a); err != nil { // A is done
 		t.Fatalf("Ack A: %v", err)
 	}
 	// B (if it holds an item) crashes now and never acks.
@@ -73,7 +73,7 @@ func TestReliableListRequeueBesideAWaitingItemLosesNothing(t *testing.T) {
 	if err != nil || it.ID != "RL-X" {
 		t.Fatalf("Take of the other delivery: %+v, %v", it, err)
 	}
-	if err := e.cl.Ack(ctx, "RL-X"); err != nil {
+	if err := e.cl.Ack(ctx, it); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{e.Keys.Processing, e.Keys.Ready} {

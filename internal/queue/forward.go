@@ -22,7 +22,7 @@ import (
 //	KEYS[4] -> {queue}:stream or {queue}:ready
 //	KEYS[5] -> {queue}:dead  KEYS[6] -> {queue}:deadinfo
 //	KEYS[7] -> {queue}:unacked  KEYS[8] -> {queue}:taken  KEYS[9] -> {queue}:processing
-//	KEYS[10] -> {queue}:deliveries
+//	KEYS[10] -> {queue}:deliveries  KEYS[11] -> {queue}:deliveryids
 //	ARGV[1] -> "stream" | "list"; ARGV[2] -> limit
 //	ARGV[3] -> stream: MAXLEN ~; list: most items in the ready list (0: no cap)
 //	ARGV[4] -> queue name; ARGV[5] -> "1" to recover unacked list items
@@ -106,6 +106,10 @@ if ARGV[5] == '1' then
     -- would pass its id over.
     redis.call('HDEL', KEYS[8], id)
     redis.call('ZREM', KEYS[7], id)
+    -- The delivery's number goes with it (see takeScript): the next take
+    -- by a consumer older than delivery numbers writes none, and a late
+    -- ack of this delivery must not match that one.
+    redis.call('HDEL', KEYS[11], id)
     recovered = recovered + 1
   end
 end
@@ -184,7 +188,8 @@ func (s *Store) Forward(ctx context.Context, a ForwardArgs) (ForwardResult, erro
 		target = k.Ready
 	}
 	raw, err := forwardScript.Run(ctx, s.rdb,
-		[]string{k.Queue, k.Payload, k.Paused, target, k.Dead, k.DeadInfo, k.Unacked, k.Taken, k.Processing, k.Deliveries},
+		[]string{k.Queue, k.Payload, k.Paused, target, k.Dead, k.DeadInfo, k.Unacked, k.Taken, k.Processing, k.Deliveries,
+			k.DeliveryIDs},
 		a.Kind, a.Limit, a.MaxLen, a.Queue, boolArg(a.Reliable), a.AckTimeout.Milliseconds(), a.MaxAttempts).Slice()
 	if err != nil {
 		return ForwardResult{}, fmt.Errorf("forward: %w", err)

@@ -106,15 +106,16 @@ type Keys struct {
 	Events     string // stream of close events
 
 	// Task queues only.
-	Payload    string // task id -> payload
-	Stream     string // stream action target
-	Ready      string // list action target
-	Processing string // reliable list consumers' taken items
-	Unacked    string // taken task id -> when it was taken (Unix ms, Redis clock)
-	Taken      string // taken task id -> list item
-	Deliveries string // reliable list: task id -> times taken so far
-	Name       string // obsolete: the queue's name, written by daemons before MetaName; deleted at start
-	Meta       string // the daemon's settings producers' scripts obey (MetaDurable, MetaMaxPending)
+	Payload     string // task id -> payload
+	Stream      string // stream action target
+	Ready       string // list action target
+	Processing  string // reliable list consumers' taken items
+	Unacked     string // taken task id -> when it was taken (Unix ms, Redis clock)
+	Taken       string // taken task id -> list item
+	Deliveries  string // reliable list: task id -> times taken so far
+	DeliveryIDs string // reliable list: taken task id -> its delivery's number; field "" -> the last number given
+	Name        string // obsolete: the queue's name, written by daemons before MetaName; deleted at start
+	Meta        string // the daemon's settings producers' scripts obey (MetaDurable, MetaMaxPending)
 }
 
 // Fields of a task queue's Meta hash, written by the daemon at start (and
@@ -152,15 +153,16 @@ func NewKeys(key string) Keys {
 		Paused:     tag + "paused",
 		Events:     tag + "events",
 
-		Payload:    tag + "payload",
-		Stream:     tag + "stream",
-		Ready:      tag + "ready",
-		Processing: tag + "processing",
-		Unacked:    tag + "unacked",
-		Taken:      tag + "taken",
-		Deliveries: tag + "deliveries",
-		Name:       tag + "name",
-		Meta:       tag + "meta",
+		Payload:     tag + "payload",
+		Stream:      tag + "stream",
+		Ready:       tag + "ready",
+		Processing:  tag + "processing",
+		Unacked:     tag + "unacked",
+		Taken:       tag + "taken",
+		Deliveries:  tag + "deliveries",
+		DeliveryIDs: tag + "deliveryids",
+		Name:        tag + "name",
+		Meta:        tag + "meta",
 	}
 }
 

@@ -315,7 +315,7 @@ var advCallGens = map[string]func(r *rand.Rand, w *advWorld) advCall{
 		if r.IntN(2) == 0 {
 			kind, target, maxLen, reliable = "list", "ready", []int{0, 0, 1, 3, 6}[r.IntN(5)], r.IntN(2)
 		}
-		return advCall{[]string{"queue", "payload", "paused", target, "dead", "deadinfo", "unacked", "taken", "processing", "deliveries"},
+		return advCall{[]string{"queue", "payload", "paused", target, "dead", "deadinfo", "unacked", "taken", "processing", "deliveries", "deliveryids"},
 			[]any{kind, 1 + r.IntN(10), maxLen, "qname", reliable, 60000, 1 + r.IntN(4)}}
 	},
 	"streamBuryScript": func(r *rand.Rand, w *advWorld) advCall {
@@ -346,7 +346,7 @@ var advCallGens = map[string]func(r *rand.Rand, w *advWorld) advCall{
 		return advCall{[]string{"queue", "inflight", "deadlines", "lease"}, append([]any{w.token(r)}, w.pick(r, 0, 6)...)}
 	},
 	"takeScript": func(r *rand.Rand, w *advWorld) advCall {
-		return advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries"}, []any{1 + r.IntN(5)}}
+		return advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids"}, []any{1 + r.IntN(5)}}
 	},
 }
 
@@ -477,7 +477,17 @@ func TestAdvReorderedScriptsMatchTheOldOnesWithoutFailures(t *testing.T) {
 				t.Errorf("%s: error before %v, after %v", where, ra.Err, rb.Err)
 				continue
 			}
-			if ra.Err == nil && advHotPaths[v] && len(rb.Calls) > len(ra.Calls) && !k1 {
+			// Since the reorder a take also numbers its delivery (an
+			// HINCRBY and an HSET of {q}:deliveryids, the number the
+			// reply's third field), which the old take did not: the
+			// two commands, the field and that key are set aside.
+			numbered := 0
+			if v == "takeScript" {
+				if r, ok := rb.Reply.([]any); ok && len(r) == 3 {
+					rb.Reply, numbered = r[:2], 2
+				}
+			}
+			if ra.Err == nil && advHotPaths[v] && len(rb.Calls)-numbered > len(ra.Calls) && !k1 {
 				t.Errorf("%s: %d commands after the reorder, %d before (%v, %v)", where, len(rb.Calls), len(ra.Calls), rb.counts(), ra.counts())
 			}
 			if !reflect.DeepEqual(ra.Reply, rb.Reply) {
@@ -486,7 +496,10 @@ func TestAdvReorderedScriptsMatchTheOldOnesWithoutFailures(t *testing.T) {
 			if !slices.Equal(ra.publishes(), rb.publishes()) {
 				t.Errorf("%s: published %q before, %q after", where, ra.publishes(), rb.publishes())
 			}
-			d := dumpDiff(dumpAll(t, rdb, ka, known), dumpAll(t, rdb, kb, known))
+			da, db := dumpAll(t, rdb, ka, known), dumpAll(t, rdb, kb, known)
+			delete(da, "deliveryids")
+			delete(db, "deliveryids")
+			d := dumpDiff(da, db)
 			switch {
 			case ra.Err != nil:
 				tl.bothFail++

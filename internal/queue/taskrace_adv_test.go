@@ -3,6 +3,7 @@ package queue_test
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -86,9 +87,9 @@ func TestAdvAckRefusedAtItsZremLeavesNoCountForTheNextTaskOfTheID(t *testing.T) 
 		t.Run("-"+cmd, func(t *testing.T) {
 			e := newRefusalEnv(t)
 			fwd := e.listed("A-0", 2)
-			e.take("A-0")
+			first := e.take("A-0")
 			e.refused(cmd, func() error {
-				_, err := e.st.AckTaken(e.ctx, "A-0")
+				_, err := e.st.AckTaken(e.ctx, "A-0", first.Delivery)
 				return err
 			})
 			e.recoverAll(fwd)
@@ -100,7 +101,7 @@ func TestAdvAckRefusedAtItsZremLeavesNoCountForTheNextTaskOfTheID(t *testing.T) 
 				if it.Attempts != 1 {
 					t.Errorf("ack refused %s, a recovery: the redelivery has Attempts %d, want 1", cmd, it.Attempts)
 				}
-				if ok, err := e.st.AckTaken(e.ctx, "A-0"); err != nil || !ok {
+				if ok, err := e.st.AckTaken(e.ctx, "A-0", it.Delivery); err != nil || !ok {
 					t.Fatalf("ack: %v, %v", ok, err)
 				}
 			}
@@ -162,7 +163,7 @@ func TestAdvRecoveryOfARefusedTakeKeepsEveryCopyAProducerWrote(t *testing.T) {
 			if _, err := e.st.Take(e.ctx); !errors.Is(err, queue.ErrNothingToTake) {
 				t.Fatalf("second take while R-0 is taken: %v, want nothing to take", err)
 			}
-			if ok, err := e.st.AckTaken(e.ctx, "R-0"); err != nil || !ok {
+			if ok, err := e.st.AckTaken(e.ctx, "R-0", a.Delivery); err != nil || !ok {
 				t.Fatalf("ack: %v, %v", ok, err)
 			}
 			b := e.take("R-0")
@@ -183,8 +184,8 @@ func TestAdvAckAndRecoveryInEitherOrderKeepOneCopy(t *testing.T) {
 	t.Run("ack-first", func(t *testing.T) {
 		e := newRefusalEnv(t)
 		fwd := e.listed("O-0", 3)
-		e.take("O-0")
-		if ok, err := e.st.AckTaken(e.ctx, "O-0"); err != nil || !ok {
+		it := e.take("O-0")
+		if ok, err := e.st.AckTaken(e.ctx, "O-0", it.Delivery); err != nil || !ok {
 			t.Fatalf("ack: %v, %v", ok, err)
 		}
 		if res := e.recoverAll(fwd); res.Recovered != 0 {
@@ -197,11 +198,11 @@ func TestAdvAckAndRecoveryInEitherOrderKeepOneCopy(t *testing.T) {
 	t.Run("recovery-first", func(t *testing.T) {
 		e := newRefusalEnv(t)
 		fwd := e.listed("O-0", 3)
-		e.take("O-0")
+		it := e.take("O-0")
 		if res := e.recoverAll(fwd); res.Recovered != 1 {
 			t.Errorf("recovery recovered %d, want 1", res.Recovered)
 		}
-		if ok, err := e.st.AckTaken(e.ctx, "O-0"); err != nil || ok {
+		if ok, err := e.st.AckTaken(e.ctx, "O-0", it.Delivery); err != nil || ok {
 			t.Errorf("late ack: %v, %v; want false", ok, err)
 		}
 		if all, _ := e.copies("O-0", ""); all != 1 {
@@ -213,15 +214,17 @@ func TestAdvAckAndRecoveryInEitherOrderKeepOneCopy(t *testing.T) {
 	})
 }
 
-// A take refused at its HINCRBY (an ACL without it) has moved the item to
-// the processing list with its records: the poller got an error, not the
-// item, and the recovery returns it after the ack timeout without an
-// attempt spent, even at max_attempts 1.
+// A take refused at the HINCRBY of its delivery count (an ACL without it
+// on that key; the delivery's number, an HINCRBY of another key, was
+// written first) has moved the item to the processing list with its
+// records: the poller got an error, not the item, and the recovery
+// returns it after the ack timeout without an attempt spent, even at
+// max_attempts 1.
 func TestAdvTakeRefusedAtItsHincrbyIsReturnedUncounted(t *testing.T) {
 	e := newRefusalEnv(t)
 	fwd := e.listed("H-0", 1)
 	var it queue.ListItem
-	e.refused("hincrby", func() error {
+	e.refusedOnly("hincrby", e.k.DeliveryIDs, func() error {
 		var err error
 		it, err = e.st.Take(e.ctx)
 		return err
@@ -247,17 +250,15 @@ func mustItem(t *testing.T, s string) queue.ListItem {
 }
 
 // A consumer whose delivery the recovery returned (it was slower than the
-// ack timeout) acknowledges late, by id, after the item was delivered
-// again and acknowledged, and the producer wrote the id again with a new
-// payload: the ack finds the newer task's taken record and removes it —
-// the newer task, taken by another consumer (or by a take refused at its
-// HINCRBY, which after the reorder has moved it into the processing list
-// and delivered it to no one), is in no list and no recovery reaches it.
-// Before the reorder the refused take left the item in the ready list,
-// where the late ack's LREM of the processing list missed it; a
-// successful take loses it the same way on either side of the reorder.
+// ack timeout) acknowledges late, after the item was delivered again and
+// acknowledged, and the producer wrote the id again with a new payload.
+// When acks named only the id, the late ack found the newer task's taken
+// record and removed it — the newer task, taken by another consumer (or
+// by a take refused at its delivery count, which has moved it into the
+// processing list and delivered it to no one), was then in no list and no
+// recovery reached it. An ack names its delivery's number now (see
+// takeScript): the late one acknowledges nothing.
 func TestAdvLateAckOfARecoveredDeliveryLeavesANewerTask(t *testing.T) {
-	advRepro(t, "an ack names only the id: telling a late ack from the current delivery needs a delivery token in Take's reply and Ack's arguments, a change of the client API")
 	for _, refused := range []bool{false, true} {
 		name := map[bool]string{false: "taken", true: "take-refused-at-hincrby"}[refused]
 		t.Run(name, func(t *testing.T) {
@@ -265,8 +266,8 @@ func TestAdvLateAckOfARecoveredDeliveryLeavesANewerTask(t *testing.T) {
 			fwd := e.listed("L-0", 10)
 			first := e.take("L-0") // consumer 1, slower than the ack timeout
 			e.recoverAll(fwd)
-			e.take("L-0") // consumer 2
-			if ok, err := e.st.AckTaken(e.ctx, "L-0"); err != nil || !ok {
+			second := e.take("L-0") // consumer 2
+			if ok, err := e.st.AckTaken(e.ctx, "L-0", second.Delivery); err != nil || !ok {
 				t.Fatalf("consumer 2's ack: %v, %v", ok, err)
 			}
 			e.putAt("L-0", first.DeadlineMS+1, `{"v":2}`)
@@ -274,16 +275,19 @@ func TestAdvLateAckOfARecoveredDeliveryLeavesANewerTask(t *testing.T) {
 				t.Fatalf("forward of the newer task: %+v, %v", res, err)
 			}
 			if refused {
-				e.refused("hincrby", func() error {
+				e.refusedOnly("hincrby", e.k.DeliveryIDs, func() error {
 					_, err := e.st.Take(e.ctx)
 					return err
 				})
 			} else {
 				e.take("L-0") // consumer 3, which then crashes
 			}
-			ok, err := e.st.AckTaken(e.ctx, "L-0") // consumer 1, late
+			ok, err := e.st.AckTaken(e.ctx, "L-0", first.Delivery) // consumer 1, late
 			if err != nil {
 				t.Fatal(err)
+			}
+			if ok {
+				t.Errorf("consumer 1's late ack answered true: it acknowledged a later delivery")
 			}
 			e.recoverAll(fwd)
 			if _, with := e.copies("L-0", `"v":2`); with != 1 {
@@ -316,7 +320,7 @@ func TestAdvRecoveryOfARefusedAckKeepsTheCountOfAnIdenticalRePut(t *testing.T) {
 			first := e.take("I-0")
 			if refused == "ack-hdel" {
 				e.refused("hdel", func() error {
-					_, err := e.st.AckTaken(e.ctx, "I-0")
+					_, err := e.st.AckTaken(e.ctx, "I-0", first.Delivery)
 					return err
 				})
 			} else {
@@ -343,5 +347,51 @@ func TestAdvRecoveryOfARefusedAckKeepsTheCountOfAnIdenticalRePut(t *testing.T) {
 				t.Errorf("%s refused: the re-put task is dead-lettered (max_attempts 2) and in no list after one delivery of its own", refused)
 			}
 		})
+	}
+}
+
+// A consumer older than delivery numbers takes with a script that writes
+// none. After a newer consumer's delivery was returned (slower than the
+// ack timeout) and an older consumer took the item again, the newer
+// consumer's late ack must not match that delivery: the recovery drops a
+// returned delivery's number, so the late ack finds none.
+func TestLateAckDoesNotMatchADeliveryAnOlderConsumerTook(t *testing.T) {
+	e := newRefusalEnv(t)
+	fwd := e.listed("M-0", 10)
+	first := e.take("M-0") // a current consumer, slower than the ack timeout
+	if res := e.recoverAll(fwd); res.Recovered != 1 {
+		t.Fatalf("recovery recovered %d, want 1", res.Recovered)
+	}
+	if n, err := e.rdb.HExists(e.ctx, e.k.DeliveryIDs, "M-0").Result(); err != nil || n {
+		t.Fatalf("after the recovery M-0 still has a delivery number (%v, %v)", n, err)
+	}
+	old := scriptsBeforeReorder(t)["takeScript"] // an older consumer's take
+	v, err := e.rdb.Eval(e.ctx, old, []string{e.k.Ready, e.k.Processing, e.k.Unacked, e.k.Taken, e.k.Deliveries}, 100).Slice()
+	if err != nil || len(v) != 2 || mustItem(t, v[0].(string)).ID != "M-0" {
+		t.Fatalf("the older consumer's take: %v, %v", v, err)
+	}
+	if ok, err := e.st.AckTaken(e.ctx, "M-0", first.Delivery); err != nil || ok {
+		t.Errorf("late ack of the returned delivery: %v, %v; want false (the older consumer holds M-0)", ok, err)
+	}
+	if all, _ := e.copies("M-0", ""); all != 1 || !e.rdb.HExists(e.ctx, e.k.Taken, "M-0").Val() {
+		t.Errorf("after the late ack: %d copies, taken %v; want the older consumer's delivery, taken", all, e.rdb.HExists(e.ctx, e.k.Taken, "M-0").Val())
+	}
+}
+
+// A delivery dead-lettered by the recovery (max_attempts reached) loses
+// its number with its records: the late ack of it acknowledges nothing,
+// and no number is left behind for an id no one holds.
+func TestRecoveryDeadLetteringADeliveryDropsItsNumber(t *testing.T) {
+	e := newRefusalEnv(t)
+	fwd := e.listed("N-0", 1)
+	it := e.take("N-0")
+	if res := e.recoverAll(fwd); res.Recovered != 1 || !e.isDead("N-0") {
+		t.Fatalf("recovery: %+v, dead %v; want N-0 dead-lettered", res, e.isDead("N-0"))
+	}
+	if f, err := e.rdb.HKeys(e.ctx, e.k.DeliveryIDs).Result(); err != nil || !slices.Equal(f, []string{""}) {
+		t.Errorf("delivery numbers after the dead letter: %q, %v; want only the last number given", f, err)
+	}
+	if ok, err := e.st.AckTaken(e.ctx, "N-0", it.Delivery); err != nil || ok {
+		t.Errorf("late ack of the dead-lettered delivery: %v, %v; want false", ok, err)
 	}
 }

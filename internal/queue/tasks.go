@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -268,6 +269,11 @@ type ListItem struct {
 	// not acknowledged in time (0 on the first delivery). It is not part
 	// of the item in Redis: Take fills it in from the delivery count.
 	Attempts int `json:"attempts"`
+	// Delivery names this delivery of the item among every delivery of
+	// the queue; Ack names it, so that an Ack that comes too late (the
+	// item was returned and taken again) acknowledges nothing. It is not
+	// part of the item in Redis: Take fills it in.
+	Delivery string `json:"delivery,omitempty"`
 }
 
 // ErrNothingToTake: the ready list is empty or holds only items whose ids
@@ -282,7 +288,7 @@ var ErrNothingToTake = errors.New("nothing to take")
 //
 //	KEYS[1] -> {queue}:ready  KEYS[2] -> {queue}:processing
 //	KEYS[3] -> {queue}:unacked  KEYS[4] -> {queue}:taken
-//	KEYS[5] -> {queue}:deliveries
+//	KEYS[5] -> {queue}:deliveries  KEYS[6] -> {queue}:deliveryids
 //
 // One delivery of an id at a time: a taken item is tracked by its id
 // (KEYS[3], KEYS[4]), so an item whose id is taken already (a producer or
@@ -292,8 +298,17 @@ var ErrNothingToTake = errors.New("nothing to take")
 // first consumer's Ack remove the second delivery's records, losing it.
 // At most takeSkips such items are passed over per call.
 //
-// Returns {item, deliveries including this one}, or nil when the list is
-// empty or holds only items whose ids are taken. The id is read without
+// Each delivery gets a number, one more than the queue's last
+// (KEYS[6], field ""), kept under its id in KEYS[6] while it is taken:
+// an ack names it, so a consumer slower than ack_timeout, whose delivery
+// recovery returned, cannot acknowledge a later delivery of the id (of
+// the same task, or of a newer one a producer wrote since) that its
+// consumer may never finish. The number is written first: a refusal
+// there leaves no other trace, and a number whose id is not taken is
+// read by no ack.
+//
+// Returns {item, deliveries including this one, delivery number}, or nil
+// when the list is empty or holds only items whose ids are taken. The id is read without
 // decoding the payload (see luaSplitListItem); an item of another
 // shape is keyed by its whole body.
 //
@@ -313,12 +328,14 @@ for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
   local item = redis.call('LINDEX', KEYS[1], -1)
   local id = split_item(item) or item
   if redis.call('HEXISTS', KEYS[4], id) == 0 then
+    local delivery = redis.call('HINCRBY', KEYS[6], '', 1)
+    redis.call('HSET', KEYS[6], id, delivery)
     local now = redis.call('TIME')
     local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     redis.call('ZADD', KEYS[3], at, id)
     redis.call('HSET', KEYS[4], id, item)
     redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-    return {item, redis.call('HINCRBY', KEYS[5], id, 1)}
+    return {item, redis.call('HINCRBY', KEYS[5], id, 1), delivery}
   end
   redis.call('LMOVE', KEYS[1], KEYS[1], 'RIGHT', 'LEFT')
 end
@@ -332,37 +349,42 @@ const takeSkips = 100
 // returns ErrNothingToTake.
 func (s *Store) Take(ctx context.Context) (ListItem, error) {
 	k := s.keys
-	v, err := takeScript.Run(ctx, s.rdb, []string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries}, takeSkips).Slice()
+	v, err := takeScript.Run(ctx, s.rdb,
+		[]string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries, k.DeliveryIDs}, takeSkips).Slice()
 	if errors.Is(err, redis.Nil) {
 		return ListItem{}, ErrNothingToTake
 	}
 	if err != nil {
 		return ListItem{}, fmt.Errorf("take: %w", err)
 	}
-	if len(v) != 2 {
-		return ListItem{}, fmt.Errorf("take: reply of %d fields, want 2", len(v))
+	if len(v) != 3 {
+		return ListItem{}, fmt.Errorf("take: reply of %d fields, want 3", len(v))
 	}
 	item, ok1 := v[0].(string)
 	n, ok2 := v[1].(int64)
-	if !ok1 || !ok2 {
-		return ListItem{}, fmt.Errorf("take: reply of types %T, %T", v[0], v[1])
+	delivery, ok3 := v[2].(int64)
+	if !ok1 || !ok2 || !ok3 {
+		return ListItem{}, fmt.Errorf("take: reply of types %T, %T, %T", v[0], v[1], v[2])
 	}
 	var it ListItem
 	if err := json.Unmarshal([]byte(item), &it); err != nil {
 		return ListItem{}, fmt.Errorf("take: malformed item %q: %w", item, err)
 	}
 	it.Attempts = int(n) - 1
+	it.Delivery = strconv.FormatInt(delivery, 10)
 	return it, nil
 }
 
-// ackScript acknowledges a taken item.
+// ackScript acknowledges one delivery of a taken item.
 //
 //	KEYS[1] -> {queue}:processing KEYS[2] -> {queue}:unacked KEYS[3] -> {queue}:taken
-//	KEYS[4] -> {queue}:deliveries
-//	ARGV[1] -> id
+//	KEYS[4] -> {queue}:deliveries KEYS[5] -> {queue}:deliveryids
+//	ARGV[1] -> id  ARGV[2] -> the delivery's number (see takeScript)
 //
-// Returns 1 if the item was still taken, 0 if it had already returned to
-// the ready list (acknowledged too late) or was dead-lettered.
+// Returns 1 if that delivery was still taken, 0 if it had already
+// returned to the ready list (acknowledged too late; the id may be taken
+// again since, by a delivery this ack leaves alone) or was
+// dead-lettered.
 //
 // The delivery count goes first, then the taken record, then the
 // {queue}:unacked entry: a script's writes stay when a later command
@@ -372,22 +394,38 @@ func (s *Store) Take(ctx context.Context) (ListItem, error) {
 // record is gone is found by the next task of the id, which would start
 // at the old count (and be dead-lettered before its max_attempts
 // deliveries). Refused at the first HDEL, the item is recovered as
-// unacknowledged at its own count (delivered again: at least once).
+// unacknowledged at its own count (delivered again: at least once). The
+// delivery's number goes last: left alone, no ack matches it once the
+// record is gone, and the next take of the id overwrites it.
+//
+// A consumer older than delivery numbers acknowledges by id alone (its
+// own script): the number of an item it took is the one of the item's
+// last delivery by a newer consumer, or none, which recovery drops with
+// the records.
 var ackScript = redis.NewScript(`
+if redis.call('HGET', KEYS[5], ARGV[1]) ~= ARGV[2] then return 0 end
 local item = redis.call('HGET', KEYS[3], ARGV[1])
 if not item then return 0 end
 redis.call('LREM', KEYS[1], 1, item)
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 return 1
 `)
 
-// AckTaken acknowledges the taken item of task id; false when it was not
-// (or no longer) taken.
-func (s *Store) AckTaken(ctx context.Context, id string) (bool, error) {
+// ErrNoDelivery: an ack named no delivery (an item Take did not return).
+var ErrNoDelivery = errors.New("no delivery number: acknowledge the item Take returned")
+
+// AckTaken acknowledges delivery of the taken item of task id; false when
+// that delivery was not (or no longer) taken.
+func (s *Store) AckTaken(ctx context.Context, id, delivery string) (bool, error) {
+	if delivery == "" {
+		return false, fmt.Errorf("ack %q: %w", id, ErrNoDelivery)
+	}
 	k := s.keys
-	n, err := ackScript.Run(ctx, s.rdb, []string{k.Processing, k.Unacked, k.Taken, k.Deliveries}, id).Int()
+	n, err := ackScript.Run(ctx, s.rdb,
+		[]string{k.Processing, k.Unacked, k.Taken, k.Deliveries, k.DeliveryIDs}, id, delivery).Int()
 	if err != nil {
 		return false, fmt.Errorf("ack: %w", err)
 	}
