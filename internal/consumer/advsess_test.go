@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -401,5 +402,58 @@ func TestAdvSessRescheduleAndPaymentDuringThePingAreKept(t *testing.T) {
 	}
 	if st := e.Status(paid); st != "paid" {
 		t.Errorf("%s is %s: a payment during the ping was overwritten", paid, st)
+	}
+}
+
+// The same window, with the producers the design names beside the Go
+// client: a raw ZADD that moves a batch mate an hour ahead (a producer
+// writing the queue key itself), and an order enqueued before its row
+// committed, whose INSERT commits during the ping. The bisection's closes
+// must leave the moved one pending with the raw deadline in the queue
+// key, and close the late-committed one once it is there (its missing row
+// is retried, not dropped); the session-ender spends no attempt.
+func TestAdvSessRawRescheduleAndALateCommitDuringThePing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, orderStatements())
+	ctx := context.Background()
+	past := e.RedisNow().Add(-time.Second)
+	poison := e.Orders("a-poison", 1, past)[0]
+	moved := e.Orders("b-moved", 1, past)[0]
+	good := e.Orders("d-good", 3, past)
+	const late = "c-late-00000" // enqueued before its row committed
+	e.CloseTrigger("kill_close", "NEW.serial_no = '"+poison+"'", "PERFORM pg_terminate_backend(pg_backend_pid())")
+	e.Enqueue(append([]string{poison, moved, late}, good...), past)
+	later := queue.DeadlineMillis(e.RedisNow().Add(time.Hour))
+	cs := &countingStore{Store: e.Store}
+	var once sync.Once
+	cs.onPing = func() {
+		once.Do(func() {
+			if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(later), Member: moved}).Err(); err != nil {
+				t.Error(err)
+			}
+			if _, err := e.DB.Exec(`INSERT INTO orders (serial_no, expires_at) VALUES ($1, $2)`, late, past); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	c, err := New(Config{Keys: e.Keys, HeadCheck: 20 * time.Millisecond, BatchSize: 10, Workers: 1,
+		StatementTimeout: 2 * time.Second, Lease: 10 * time.Second, BackoffMax: 50 * time.Millisecond, MaxAttempts: 2},
+		e.RDB, cs, e.m, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, c)
+	eventually(t, "the good orders and the late-committed one closed", 30*time.Second, e.allClosed(append(good, late)))
+	if cs.pings.Load() == 0 {
+		t.Fatal("no ping: the test proved nothing")
+	}
+	if got, err := e.cl.Get(ctx, poison); err != nil || got.Attempts != 0 || got.State == client.StateDead {
+		t.Errorf("the session-ender: %+v (%v); want it kept, no attempt spent", got, err)
+	}
+	if st := e.Status(moved); st != "pending" {
+		t.Errorf("%s is %s: closed by the bisection after a raw ZADD moved its deadline an hour ahead during the ping", moved, st)
+	}
+	if sc, err := e.RDB.ZScore(ctx, e.Keys.Queue, moved).Result(); err != nil || int64(sc) != later {
+		t.Errorf("queue score of %s: %v (%v); want the raw ZADD's %d", moved, sc, err, later)
 	}
 }
