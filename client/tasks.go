@@ -201,7 +201,7 @@ type ListItem struct {
 	// of the item in Redis: Take fills it in from the delivery count.
 	Attempts int `json:"attempts"`
 	// Delivery names this delivery among every delivery of the queue
-	// (decimal digits; opaque to callers). Ack sends it, so an Ack that
+	// (opaque to callers). Ack sends it, so an Ack that
 	// comes after the item was returned and taken again acknowledges
 	// nothing. Take fills it in; keep it with the item until the Ack.
 	Delivery string `json:"delivery,omitempty"`

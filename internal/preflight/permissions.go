@@ -56,7 +56,7 @@ const (
 	NoKey      Target = iota // keyless (TIME, PING)
 	AnyKey                   // every key and the wake channel: a script's KEYS (EVALSHA, EVAL)
 	SortedSets               // Queue, Inflight, Deadlines, Leases, Dead, Unacked
-	Hashes                   // Lease, LeaseBatch, DeadInfo, Payload, Taken, Deliveries, DeliveryIDs, Meta
+	Hashes                   // Lease, LeaseBatch, DeadInfo, Payload, Taken, Deliveries, DeliveryIDs, DeliverySeq, Meta
 	Strings                  // Paused, Name
 	Lists                    // Ready, Processing
 	Streams                  // Events, Stream
@@ -173,7 +173,7 @@ var commands = []Command{
 func targets(k queue.Keys) map[Target][]string {
 	t := map[Target][]string{
 		SortedSets: {k.Queue, k.Inflight, k.Deadlines, k.Leases, k.Dead, k.Unacked},
-		Hashes:     {k.Lease, k.LeaseBatch, k.DeadInfo, k.Payload, k.Taken, k.Deliveries, k.DeliveryIDs, k.Meta},
+		Hashes:     {k.Lease, k.LeaseBatch, k.DeadInfo, k.Payload, k.Taken, k.Deliveries, k.DeliveryIDs, k.DeliverySeq, k.Meta},
 		Strings:    {k.Paused, k.Name},
 		Lists:      {k.Ready, k.Processing},
 		Streams:    {k.Events, k.Stream},

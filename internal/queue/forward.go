@@ -78,6 +78,10 @@ local dead, n = {}, 0
 if ARGV[5] == '1' then
   local late = redis.call('ZRANGE', KEYS[7], '-inf', now - ack, 'BYSCORE', 'LIMIT', 0, limit)
   for _, id in ipairs(late) do
+    -- The delivery's number goes first (see takeScript): no ack matches
+    -- it from here on, and a refusal after it leaves records the next
+    -- recovery returns.
+    redis.call('HDEL', KEYS[11], id)
     local body = redis.call('HGET', KEYS[8], id)
     if body then
       -- An item recorded as taken that is not in the processing list but
@@ -106,10 +110,6 @@ if ARGV[5] == '1' then
     -- would pass its id over.
     redis.call('HDEL', KEYS[8], id)
     redis.call('ZREM', KEYS[7], id)
-    -- The delivery's number goes with it (see takeScript): the next take
-    -- by a consumer older than delivery numbers writes none, and a late
-    -- ack of this delivery must not match that one.
-    redis.call('HDEL', KEYS[11], id)
     recovered = recovered + 1
   end
 end

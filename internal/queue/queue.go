@@ -113,7 +113,8 @@ type Keys struct {
 	Unacked     string // taken task id -> when it was taken (Unix ms, Redis clock)
 	Taken       string // taken task id -> list item
 	Deliveries  string // reliable list: task id -> times taken so far
-	DeliveryIDs string // reliable list: taken task id -> its delivery's number; field "" -> the last number given
+	DeliveryIDs string // reliable list: taken task id -> its delivery's number
+	DeliverySeq string // reliable list: field "n" -> the last delivery sequence number given
 	Name        string // obsolete: the queue's name, written by daemons before MetaName; deleted at start
 	Meta        string // the daemon's settings producers' scripts obey (MetaDurable, MetaMaxPending)
 }
@@ -161,6 +162,7 @@ func NewKeys(key string) Keys {
 		Taken:       tag + "taken",
 		Deliveries:  tag + "deliveries",
 		DeliveryIDs: tag + "deliveryids",
+		DeliverySeq: tag + "deliveryseq",
 		Name:        tag + "name",
 		Meta:        tag + "meta",
 	}

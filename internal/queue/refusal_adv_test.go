@@ -56,12 +56,16 @@ func (e *refusalEnv) refused(cmd string, f func() error) {
 	}
 }
 
-// refusedOnly is refused, but the server refuses cmd only on keys other
-// than except (an ACL selector gives it back there): a script that sends
-// cmd to several keys meets the refusal at the first other one.
-func (e *refusalEnv) refusedOnly(cmd, except string, f func() error) {
+// refusedExcept is refused, with cmd given back on the keys allowed (an
+// ACL selector): a script meets the refusal at cmd on any other key.
+func (e *refusalEnv) refusedExcept(cmd string, allowed []string, f func() error) {
 	e.t.Helper()
-	if err := e.rdb.Do(e.ctx, "ACL", "SETUSER", "default", "-"+cmd, "(+"+cmd+" ~"+except+")").Err(); err != nil {
+	sel := "(+" + cmd
+	for _, k := range allowed {
+		sel += " ~" + k
+	}
+	sel += ")"
+	if err := e.rdb.Do(e.ctx, "ACL", "SETUSER", "default", "-"+cmd, sel).Err(); err != nil {
 		e.t.Fatal(err)
 	}
 	err := f()
@@ -69,7 +73,7 @@ func (e *refusalEnv) refusedOnly(cmd, except string, f func() error) {
 		e.t.Fatal(err)
 	}
 	if !queue.IsRefused(err) {
-		e.t.Fatalf("refused %s but on %s: %v; want the script to meet the refusal", cmd, except, err)
+		e.t.Fatalf("refused %s but on %v: %v; want the script to meet the refusal", cmd, allowed, err)
 	}
 }
 

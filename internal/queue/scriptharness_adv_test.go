@@ -241,7 +241,7 @@ func advRoles(k queue.Keys) [][2]string {
 		{"leases", k.Leases}, {"leasebatch", k.LeaseBatch}, {"dead", k.Dead}, {"deadinfo", k.DeadInfo},
 		{"wake", k.Wake}, {"paused", k.Paused}, {"payload", k.Payload}, {"stream", k.Stream}, {"ready", k.Ready},
 		{"processing", k.Processing}, {"unacked", k.Unacked}, {"taken", k.Taken}, {"deliveries", k.Deliveries},
-		{"deliveryids", k.DeliveryIDs}, {"meta", k.Meta}}
+		{"deliveryids", k.DeliveryIDs}, {"deliveryseq", k.DeliverySeq}, {"meta", k.Meta}}
 }
 
 func advKey(k queue.Keys, role string) string {

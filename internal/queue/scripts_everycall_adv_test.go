@@ -571,7 +571,7 @@ func TestAdvReorderedScriptsRefusedAtEveryCallOnRealStates(t *testing.T) {
 		{"putTaskScript", advCall{[]string{"queue", "lease", "inflight", "deadlines", "wake", "payload", "meta"}, []any{"set", "T-5", now - 30000, `{"v":2}`, "client"}}},
 		{"putTaskScript", advCall{[]string{"queue", "lease", "inflight", "deadlines", "wake", "payload", "meta"}, []any{"nx", "T-9", now - 30000, `{"v":2}`, "client"}}},
 		{"releaseScript", advCall{[]string{"queue", "inflight", "deadlines", "lease"}, append([]any{poll}, s("T-0", "T-1")...)}},
-		{"takeScript", advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids"}, []any{100}}},
+		{"takeScript", advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids", "deliveryseq"}, []any{100}}},
 	}
 	found := map[string][]string{}
 	points := 0

@@ -346,7 +346,7 @@ var advCallGens = map[string]func(r *rand.Rand, w *advWorld) advCall{
 		return advCall{[]string{"queue", "inflight", "deadlines", "lease"}, append([]any{w.token(r)}, w.pick(r, 0, 6)...)}
 	},
 	"takeScript": func(r *rand.Rand, w *advWorld) advCall {
-		return advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids"}, []any{1 + r.IntN(5)}}
+		return advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids", "deliveryseq"}, []any{1 + r.IntN(5)}}
 	},
 }
 
@@ -478,9 +478,10 @@ func TestAdvReorderedScriptsMatchTheOldOnesWithoutFailures(t *testing.T) {
 				continue
 			}
 			// Since the reorder a take also numbers its delivery (an
-			// HINCRBY and an HSET of {q}:deliveryids, the number the
-			// reply's third field), which the old take did not: the
-			// two commands, the field and that key are set aside.
+			// HINCRBY of {q}:deliveryseq and an HSET of {q}:deliveryids,
+			// the number the reply's third field), which the old take
+			// did not: the two commands, the field and those keys are
+			// set aside.
 			numbered := 0
 			if v == "takeScript" {
 				if r, ok := rb.Reply.([]any); ok && len(r) == 3 {
@@ -497,8 +498,10 @@ func TestAdvReorderedScriptsMatchTheOldOnesWithoutFailures(t *testing.T) {
 				t.Errorf("%s: published %q before, %q after", where, ra.publishes(), rb.publishes())
 			}
 			da, db := dumpAll(t, rdb, ka, known), dumpAll(t, rdb, kb, known)
-			delete(da, "deliveryids")
-			delete(db, "deliveryids")
+			for _, r := range []string{"deliveryids", "deliveryseq"} {
+				delete(da, r)
+				delete(db, r)
+			}
 			d := dumpDiff(da, db)
 			switch {
 			case ra.Err != nil:

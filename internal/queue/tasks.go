@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -289,6 +288,7 @@ var ErrNothingToTake = errors.New("nothing to take")
 //	KEYS[1] -> {queue}:ready  KEYS[2] -> {queue}:processing
 //	KEYS[3] -> {queue}:unacked  KEYS[4] -> {queue}:taken
 //	KEYS[5] -> {queue}:deliveries  KEYS[6] -> {queue}:deliveryids
+//	KEYS[7] -> {queue}:deliveryseq
 //
 // One delivery of an id at a time: a taken item is tracked by its id
 // (KEYS[3], KEYS[4]), so an item whose id is taken already (a producer or
@@ -298,14 +298,21 @@ var ErrNothingToTake = errors.New("nothing to take")
 // first consumer's Ack remove the second delivery's records, losing it.
 // At most takeSkips such items are passed over per call.
 //
-// Each delivery gets a number, one more than the queue's last
-// (KEYS[6], field ""), kept under its id in KEYS[6] while it is taken:
-// an ack names it, so a consumer slower than ack_timeout, whose delivery
-// recovery returned, cannot acknowledge a later delivery of the id (of
-// the same task, or of a newer one a producer wrote since) that its
-// consumer may never finish. The number is written first: a refusal
-// there leaves no other trace, and a number whose id is not taken is
-// read by no ack.
+// Each delivery gets a number, "<seq>-<taken at>": seq one more than the
+// queue's last (field "n" of KEYS[7], a hash: HINCRBY, which the take
+// needs anyway), taken at the take's time in Unix
+// microseconds (its {queue}:unacked score is the same time in ms). It is kept under the id in KEYS[6]
+// while the item is taken, and an ack names it, so a consumer slower than
+// ack_timeout, whose delivery recovery returned, cannot acknowledge a
+// later delivery of the id (of the same task, or of a newer one a producer
+// wrote since) that its consumer may never finish. The time keeps a number
+// from being given again after Redis went back (a failover to a replica
+// that missed the last writes takes seq back), and the ack holds the
+// {queue}:unacked score to it, so a number left under the id (an older
+// daemon's recovery, or a refused HDEL) never matches a delivery by a
+// consumer older than numbers, whose take writes none. The number is
+// written before the delivery's records: a refusal there leaves no other
+// trace, and a number whose id is not taken is read by no ack.
 //
 // Returns {item, deliveries including this one, delivery number}, or nil
 // when the list is empty or holds only items whose ids are taken. The id is read without
@@ -328,10 +335,10 @@ for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
   local item = redis.call('LINDEX', KEYS[1], -1)
   local id = split_item(item) or item
   if redis.call('HEXISTS', KEYS[4], id) == 0 then
-    local delivery = redis.call('HINCRBY', KEYS[6], '', 1)
-    redis.call('HSET', KEYS[6], id, delivery)
     local now = redis.call('TIME')
     local at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    local delivery = redis.call('HINCRBY', KEYS[7], 'n', 1) .. '-' .. now[1] .. string.format('%06d', tonumber(now[2]))
+    redis.call('HSET', KEYS[6], id, delivery)
     redis.call('ZADD', KEYS[3], at, id)
     redis.call('HSET', KEYS[4], id, item)
     redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
@@ -350,7 +357,7 @@ const takeSkips = 100
 func (s *Store) Take(ctx context.Context) (ListItem, error) {
 	k := s.keys
 	v, err := takeScript.Run(ctx, s.rdb,
-		[]string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries, k.DeliveryIDs}, takeSkips).Slice()
+		[]string{k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries, k.DeliveryIDs, k.DeliverySeq}, takeSkips).Slice()
 	if errors.Is(err, redis.Nil) {
 		return ListItem{}, ErrNothingToTake
 	}
@@ -362,7 +369,7 @@ func (s *Store) Take(ctx context.Context) (ListItem, error) {
 	}
 	item, ok1 := v[0].(string)
 	n, ok2 := v[1].(int64)
-	delivery, ok3 := v[2].(int64)
+	delivery, ok3 := v[2].(string)
 	if !ok1 || !ok2 || !ok3 {
 		return ListItem{}, fmt.Errorf("take: reply of types %T, %T, %T", v[0], v[1], v[2])
 	}
@@ -371,7 +378,7 @@ func (s *Store) Take(ctx context.Context) (ListItem, error) {
 		return ListItem{}, fmt.Errorf("take: malformed item %q: %w", item, err)
 	}
 	it.Attempts = int(n) - 1
-	it.Delivery = strconv.FormatInt(delivery, 10)
+	it.Delivery = delivery
 	return it, nil
 }
 
@@ -381,36 +388,39 @@ func (s *Store) Take(ctx context.Context) (ListItem, error) {
 //	KEYS[4] -> {queue}:deliveries KEYS[5] -> {queue}:deliveryids
 //	ARGV[1] -> id  ARGV[2] -> the delivery's number (see takeScript)
 //
-// Returns 1 if that delivery was still taken, 0 if it had already
-// returned to the ready list (acknowledged too late; the id may be taken
-// again since, by a delivery this ack leaves alone) or was
-// dead-lettered.
+// Returns 1 if that delivery was still taken: its number is the id's, and
+// the id was taken when the number says (its {queue}:unacked score, to
+// the ms). 0 if
+// it had already returned to the ready list (acknowledged too late; the
+// id may be taken again since, by a delivery this ack leaves alone) or
+// was dead-lettered.
 //
-// The delivery count goes first, then the taken record, then the
+// The number goes first: refused after it, the records stay with no
+// number, which recovery returns (delivered again: at least once) and no
+// ack matches. Then the delivery count, the taken record, the
 // {queue}:unacked entry: a script's writes stay when a later command
 // fails (an ACL tightened at runtime). An entry left alone is dropped by
 // the next recovery, while a record left alone is reached by no recovery
 // and makes every take pass its id over; a count left alone once the
 // record is gone is found by the next task of the id, which would start
 // at the old count (and be dead-lettered before its max_attempts
-// deliveries). Refused at the first HDEL, the item is recovered as
-// unacknowledged at its own count (delivered again: at least once). The
-// delivery's number goes last: left alone, no ack matches it once the
-// record is gone, and the next take of the id overwrites it.
+// deliveries).
 //
 // A consumer older than delivery numbers acknowledges by id alone (its
-// own script): the number of an item it took is the one of the item's
-// last delivery by a newer consumer, or none, which recovery drops with
-// the records.
+// own script), and so still acknowledges whatever delivery of the id is
+// taken when its late ack comes: only upgrading it ends that.
 var ackScript = redis.NewScript(`
 if redis.call('HGET', KEYS[5], ARGV[1]) ~= ARGV[2] then return 0 end
+local us = string.match(ARGV[2], '^%d+%-(%d+)$')
+local at = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not us or not at or math.floor(tonumber(us) / 1000) ~= tonumber(at) then return 0 end
 local item = redis.call('HGET', KEYS[3], ARGV[1])
 if not item then return 0 end
+redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('LREM', KEYS[1], 1, item)
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
 return 1
 `)
 

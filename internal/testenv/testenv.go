@@ -86,7 +86,7 @@ func DeleteQueue(rdb redis.Cmdable, k queue.Keys) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rdb.Del(ctx, k.Queue, k.Inflight, k.Deadlines, k.Lease, k.Leases, k.LeaseBatch, k.Dead, k.DeadInfo, k.Paused, k.Events,
-		k.Payload, k.Stream, k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries, k.DeliveryIDs, k.Name, k.Meta)
+		k.Payload, k.Stream, k.Ready, k.Processing, k.Unacked, k.Taken, k.Deliveries, k.DeliveryIDs, k.DeliverySeq, k.Name, k.Meta)
 }
 
 // Postgres returns a migrated database of the test's own and its URL. The
