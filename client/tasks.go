@@ -193,6 +193,10 @@ func (c *Client) DeleteTasks(ctx context.Context, ids ...string) (int, error) {
 
 // ListItem is an item of a list action's ready list.
 type ListItem struct {
+	// ID is the task's id. An item of another shape than the daemon's
+	// (written to the ready list by something else: its keys in another
+	// order, an id given twice) is taken by its whole body, and Take
+	// gives that body as its ID.
 	ID         string          `json:"id"`
 	DeadlineMS int64           `json:"deadline_ms"`
 	Payload    json.RawMessage `json:"payload"`

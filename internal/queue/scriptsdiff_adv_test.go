@@ -479,12 +479,12 @@ func TestAdvReorderedScriptsMatchTheOldOnesWithoutFailures(t *testing.T) {
 			}
 			// Since the reorder a take also numbers its delivery (an
 			// HINCRBY of {q}:deliveryseq and an HSET of {q}:deliveryids,
-			// the number the reply's third field), which the old take
-			// did not: the two commands, the field and those keys are
-			// set aside.
+			// the number the reply's third field; the fourth is the id
+			// it went by), which the old take did not: the two
+			// commands, those fields and those keys are set aside.
 			numbered := 0
 			if v == "takeScript" {
-				if r, ok := rb.Reply.([]any); ok && len(r) == 3 {
+				if r, ok := rb.Reply.([]any); ok && len(r) == 4 {
 					rb.Reply, numbered = r[:2], 2
 				}
 			}

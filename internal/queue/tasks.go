@@ -314,8 +314,8 @@ var ErrNothingToTake = errors.New("nothing to take")
 // written before the delivery's records: a refusal there leaves no other
 // trace, and a number whose id is not taken is read by no ack.
 //
-// Returns {item, deliveries including this one, delivery number}, or nil
-// when the list is empty or holds only items whose ids are taken. The id is read without
+// Returns {item, deliveries including this one, delivery number, id}, or
+// nil when the list is empty or holds only items whose ids are taken. The id is read without
 // decoding the payload (see luaSplitListItem); an item of another
 // shape is keyed by its whole body.
 //
@@ -342,7 +342,7 @@ for _ = 1, math.min(redis.call('LLEN', KEYS[1]), tonumber(ARGV[1])) do
     redis.call('ZADD', KEYS[3], at, id)
     redis.call('HSET', KEYS[4], id, item)
     redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-    return {item, redis.call('HINCRBY', KEYS[5], id, 1), delivery}
+    return {item, redis.call('HINCRBY', KEYS[5], id, 1), delivery, id}
   end
   redis.call('LMOVE', KEYS[1], KEYS[1], 'RIGHT', 'LEFT')
 end
@@ -364,19 +364,27 @@ func (s *Store) Take(ctx context.Context) (ListItem, error) {
 	if err != nil {
 		return ListItem{}, fmt.Errorf("take: %w", err)
 	}
-	if len(v) != 3 {
-		return ListItem{}, fmt.Errorf("take: reply of %d fields, want 3", len(v))
+	if len(v) != 4 {
+		return ListItem{}, fmt.Errorf("take: reply of %d fields, want 4", len(v))
 	}
 	item, ok1 := v[0].(string)
 	n, ok2 := v[1].(int64)
 	delivery, ok3 := v[2].(string)
-	if !ok1 || !ok2 || !ok3 {
-		return ListItem{}, fmt.Errorf("take: reply of types %T, %T, %T", v[0], v[1], v[2])
+	id, ok4 := v[3].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return ListItem{}, fmt.Errorf("take: reply of types %T, %T, %T, %T", v[0], v[1], v[2], v[3])
 	}
 	var it ListItem
 	if err := json.Unmarshal([]byte(item), &it); err != nil {
 		return ListItem{}, fmt.Errorf("take: malformed item %q: %w", item, err)
 	}
+	// The item is taken, recorded and numbered under the id the script
+	// read (see luaSplitListItem), which Ack and the recovery go by. For
+	// an item the daemon wrote that is the JSON's id; for one of another
+	// shape (keys in another order, an id given twice, written by
+	// something else) it is the whole body, and so is ID: an ID decoded
+	// from the JSON would name no delivery, and its Ack would never match.
+	it.ID = id
 	it.Attempts = int(n) - 1
 	it.Delivery = delivery
 	return it, nil
