@@ -349,6 +349,25 @@ func TestAdvSessEveryCloseEndingItsSessionIsBoundedWork(t *testing.T) {
 	}
 }
 
+// splitWithPingHook runs a consumer (one worker, batches of 10) over e's
+// queue whose first database ping runs hook: the window between a close
+// that ended its session and the bisection's closes. It returns the store,
+// which counts the pings.
+func splitWithPingHook(t *testing.T, e *env, hook func()) *countingStore {
+	t.Helper()
+	cs := &countingStore{Store: e.Store}
+	var once sync.Once
+	cs.onPing = func() { once.Do(hook) }
+	c, err := New(Config{Keys: e.Keys, HeadCheck: 20 * time.Millisecond, BatchSize: 10, Workers: 1,
+		StatementTimeout: 2 * time.Second, Lease: 10 * time.Second, BackoffMax: 50 * time.Millisecond, MaxAttempts: 2},
+		e.RDB, cs, e.m, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, c)
+	return cs
+}
+
 // Invariants "never close before the latest acknowledged deadline" and
 // "never close a paid order", in the window the change opens: between the
 // close that ended its session and the bisection's closes, the worker
@@ -368,25 +387,14 @@ func TestAdvSessRescheduleAndPaymentDuringThePingAreKept(t *testing.T) {
 	e.CloseTrigger("kill_close", "NEW.serial_no = '"+poison+"'", "PERFORM pg_terminate_backend(pg_backend_pid())")
 	e.Enqueue(append([]string{poison, moved, paid}, good...), past)
 	later := e.RedisNow().Add(time.Hour)
-	cs := &countingStore{Store: e.Store}
-	var once sync.Once
-	cs.onPing = func() {
-		once.Do(func() {
-			if _, _, err := e.cl.Enqueue(ctx, moved, later, client.Reschedule); err != nil {
-				t.Error(err)
-			}
-			if _, err := e.DB.Exec(`UPDATE orders SET status = 'paid' WHERE serial_no = $1`, paid); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	c, err := New(Config{Keys: e.Keys, HeadCheck: 20 * time.Millisecond, BatchSize: 10, Workers: 1,
-		StatementTimeout: 2 * time.Second, Lease: 10 * time.Second, BackoffMax: 50 * time.Millisecond, MaxAttempts: 2},
-		e.RDB, cs, e.m, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	cs := splitWithPingHook(t, e, func() {
+		if _, _, err := e.cl.Enqueue(ctx, moved, later, client.Reschedule); err != nil {
+			t.Error(err)
+		}
+		if _, err := e.DB.Exec(`UPDATE orders SET status = 'paid' WHERE serial_no = $1`, paid); err != nil {
+			t.Error(err)
+		}
+	})
 	eventually(t, "the good orders closed", 30*time.Second, e.allClosed(good))
 	if got, err := e.cl.Get(ctx, poison); err != nil || got.Attempts != 0 || got.State == client.StateDead {
 		t.Errorf("the session-ender: %+v (%v); want it kept, no attempt spent", got, err)
@@ -424,25 +432,14 @@ func TestAdvSessRawRescheduleAndALateCommitDuringThePing(t *testing.T) {
 	e.CloseTrigger("kill_close", "NEW.serial_no = '"+poison+"'", "PERFORM pg_terminate_backend(pg_backend_pid())")
 	e.Enqueue(append([]string{poison, moved, late}, good...), past)
 	later := queue.DeadlineMillis(e.RedisNow().Add(time.Hour))
-	cs := &countingStore{Store: e.Store}
-	var once sync.Once
-	cs.onPing = func() {
-		once.Do(func() {
-			if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(later), Member: moved}).Err(); err != nil {
-				t.Error(err)
-			}
-			if _, err := e.DB.Exec(`INSERT INTO orders (serial_no, expires_at) VALUES ($1, $2)`, late, past); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	c, err := New(Config{Keys: e.Keys, HeadCheck: 20 * time.Millisecond, BatchSize: 10, Workers: 1,
-		StatementTimeout: 2 * time.Second, Lease: 10 * time.Second, BackoffMax: 50 * time.Millisecond, MaxAttempts: 2},
-		e.RDB, cs, e.m, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
+	cs := splitWithPingHook(t, e, func() {
+		if err := e.RDB.ZAdd(ctx, e.Keys.Queue, redis.Z{Score: float64(later), Member: moved}).Err(); err != nil {
+			t.Error(err)
+		}
+		if _, err := e.DB.Exec(`INSERT INTO orders (serial_no, expires_at) VALUES ($1, $2)`, late, past); err != nil {
+			t.Error(err)
+		}
+	})
 	eventually(t, "the good orders and the late-committed one closed", 30*time.Second, e.allClosed(append(good, late)))
 	if cs.pings.Load() == 0 {
 		t.Fatal("no ping: the test proved nothing")

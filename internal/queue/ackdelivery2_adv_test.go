@@ -36,9 +36,9 @@ func TestAdvAckDeliveryRefusedAtEveryCallOfTakeRecoveryTakeAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := queue.DeadlineMillis(now0)
-	takeRoles := []string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids", "deliveryseq"}
-	fwdRoles := []string{"queue", "payload", "paused", "ready", "dead", "deadinfo", "unacked", "taken", "processing", "deliveries", "deliveryids"}
-	ackRoles := []string{"processing", "unacked", "taken", "deliveries", "deliveryids"}
+	takeRoles := advTakeRoles
+	fwdRoles := advForwardRoles
+	ackRoles := advAckRoles
 	const ackMS = 60000
 	fwdArgs := []any{"list", 10, 0, "q", 1, ackMS, 10}
 	kRun := queue.NewKeys(k0.Queue + ":run")

@@ -244,6 +244,14 @@ func advRoles(k queue.Keys) [][2]string {
 		{"deliveryids", k.DeliveryIDs}, {"deliveryseq", k.DeliverySeq}, {"meta", k.Meta}}
 }
 
+// The keys, by role, that the store sends a reliable list's take, ack and
+// forward (to the ready list).
+var (
+	advTakeRoles    = []string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids", "deliveryseq"}
+	advAckRoles     = []string{"processing", "unacked", "taken", "deliveries", "deliveryids"}
+	advForwardRoles = []string{"queue", "payload", "paused", "ready", "dead", "deadinfo", "unacked", "taken", "processing", "deliveries", "deliveryids"}
+)
+
 func advKey(k queue.Keys, role string) string {
 	for _, r := range advRoles(k) {
 		if r[0] == role {

@@ -560,9 +560,9 @@ func TestAdvReorderedScriptsRefusedAtEveryCallOnRealStates(t *testing.T) {
 		call advCall
 	}{
 		{"requeueTasksScript", advCall{[]string{"queue", "lease", "dead", "deadinfo", "taken", "wake"}, s("T-2", "T-5", "T-9")}},
-		{"forwardScript", advCall{[]string{"queue", "payload", "paused", "ready", "dead", "deadinfo", "unacked", "taken", "processing", "deliveries", "deliveryids"},
+		{"forwardScript", advCall{advForwardRoles,
 			[]any{"list", 10, 0, "q", 1, 0, 3}}},
-		{"forwardScript", advCall{[]string{"queue", "payload", "paused", "ready", "dead", "deadinfo", "unacked", "taken", "processing", "deliveries", "deliveryids"},
+		{"forwardScript", advCall{advForwardRoles,
 			[]any{"list", 10, 0, "q", 1, 0, 1}}},
 		{"forwardScript", advCall{[]string{"queue", "payload", "paused", "stream", "dead", "deadinfo", "unacked", "taken", "processing", "deliveries", "deliveryids"},
 			[]any{"stream", 10, 1000, "q", 0, 0, 3}}},
@@ -571,7 +571,7 @@ func TestAdvReorderedScriptsRefusedAtEveryCallOnRealStates(t *testing.T) {
 		{"putTaskScript", advCall{[]string{"queue", "lease", "inflight", "deadlines", "wake", "payload", "meta"}, []any{"set", "T-5", now - 30000, `{"v":2}`, "client"}}},
 		{"putTaskScript", advCall{[]string{"queue", "lease", "inflight", "deadlines", "wake", "payload", "meta"}, []any{"nx", "T-9", now - 30000, `{"v":2}`, "client"}}},
 		{"releaseScript", advCall{[]string{"queue", "inflight", "deadlines", "lease"}, append([]any{poll}, s("T-0", "T-1")...)}},
-		{"takeScript", advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids", "deliveryseq"}, []any{100}}},
+		{"takeScript", advCall{advTakeRoles, []any{100}}},
 	}
 	found := map[string][]string{}
 	points := 0

@@ -234,8 +234,8 @@ func TestAdvTakeRefusedThenItsRecoveryRefusedKeepsOneCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := queue.DeadlineMillis(now0)
-	takeRoles := []string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids", "deliveryseq"}
-	fwdRoles := []string{"queue", "payload", "paused", "ready", "dead", "deadinfo", "unacked", "taken", "processing", "deliveries", "deliveryids"}
+	takeRoles := advTakeRoles
+	fwdRoles := advForwardRoles
 	const ack = 60000
 	fwdArgs := []any{"list", 10, 0, "q", 1, ack, 1} // max_attempts 1
 	item := listItem("K-0", now-5000, `{"n":0}`)

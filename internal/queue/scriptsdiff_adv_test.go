@@ -346,7 +346,7 @@ var advCallGens = map[string]func(r *rand.Rand, w *advWorld) advCall{
 		return advCall{[]string{"queue", "inflight", "deadlines", "lease"}, append([]any{w.token(r)}, w.pick(r, 0, 6)...)}
 	},
 	"takeScript": func(r *rand.Rand, w *advWorld) advCall {
-		return advCall{[]string{"ready", "processing", "unacked", "taken", "deliveries", "deliveryids", "deliveryseq"}, []any{1 + r.IntN(5)}}
+		return advCall{advTakeRoles, []any{1 + r.IntN(5)}}
 	},
 }
 
