@@ -300,24 +300,25 @@ var ErrNothingToTake = errors.New("nothing to take")
 //
 // Each delivery gets a number, "<seq>-<taken at>": seq one more than the
 // queue's last (field "n" of KEYS[7], a hash: HINCRBY, which the take
-// needs anyway), taken at the take's time in Unix
-// microseconds (its {queue}:unacked score is the same time in ms). It is kept under the id in KEYS[6]
-// while the item is taken, and an ack names it, so a consumer slower than
-// ack_timeout, whose delivery recovery returned, cannot acknowledge a
-// later delivery of the id (of the same task, or of a newer one a producer
-// wrote since) that its consumer may never finish. The time keeps a number
-// from being given again after Redis went back (a failover to a replica
-// that missed the last writes takes seq back), and the ack holds the
-// {queue}:unacked score to it, so a number left under the id (an older
-// daemon's recovery, or a refused HDEL) never matches a delivery by a
-// consumer older than numbers, whose take writes none. The number is
-// written before the delivery's records: a refusal there leaves no other
-// trace, and a number whose id is not taken is read by no ack.
+// needs anyway), taken at the take's time in Unix microseconds (its
+// {queue}:unacked score is the same time in ms). It is kept under the id
+// in KEYS[6] while the item is taken, and an ack names it, so a consumer
+// slower than ack_timeout, whose delivery recovery returned, cannot
+// acknowledge a later delivery of the id (of the same task, or of a newer
+// one a producer wrote since) that its consumer may never finish. The
+// time keeps a number from being given again after Redis went back (a
+// failover to a replica that missed the last writes takes seq back), and
+// the ack holds the {queue}:unacked score to it, so a number left under
+// the id (by an older daemon's recovery or an older consumer's ack) never
+// matches a delivery by a consumer older than numbers, whose take writes
+// none. The number is written before the delivery's records: a refusal
+// there leaves no other trace, and a number whose id is not taken is read
+// by no ack.
 //
 // Returns {item, deliveries including this one, delivery number, id}, or
-// nil when the list is empty or holds only items whose ids are taken. The id is read without
-// decoding the payload (see luaSplitListItem); an item of another
-// shape is keyed by its whole body.
+// nil when the list is empty or holds only items whose ids are taken. The
+// id is read without decoding the payload (see luaSplitListItem); an item
+// of another shape is keyed by its whole body.
 //
 // A script's writes stay when a later command fails (an ACL tightened
 // at runtime refuses one), and a refused take answers the consumer an
@@ -398,10 +399,9 @@ func (s *Store) Take(ctx context.Context) (ListItem, error) {
 //
 // Returns 1 if that delivery was still taken: its number is the id's, and
 // the id was taken when the number says (its {queue}:unacked score, to
-// the ms). 0 if
-// it had already returned to the ready list (acknowledged too late; the
-// id may be taken again since, by a delivery this ack leaves alone) or
-// was dead-lettered.
+// the ms). 0 if it had already returned to the ready list (acknowledged
+// too late; the id may be taken again since, by a delivery this ack
+// leaves alone) or was dead-lettered.
 //
 // The number goes first: refused after it, the records stay with no
 // number, which recovery returns (delivered again: at least once) and no
