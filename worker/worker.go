@@ -35,7 +35,9 @@
 //     queue's Retry policy (or the RetryAfter delay) and any worker or poll
 //     claims it then; with no attempts left, or with SkipRetry, it is
 //     dead-lettered as "failed" with its attempts and last error, as GET
-//     /v1/queues/{q}/tasks/{id} shows.
+//     /v1/queues/{q}/tasks/{id} shows. Recording the outcome is tried
+//     again while Redis fails, for up to 10s, as the heartbeat keeps the
+//     lease.
 //   - A worker that dies holding a task (crash, lost network, a handler
 //     abandoned at shutdown) stops extending its lease: after the lease
 //     any worker or poll claims the task again, with Attempts one higher,
@@ -66,6 +68,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -450,39 +453,66 @@ func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 		r.handBack(h.token, []queue.Task{ct})
 		return
 	}
+	// The outcome is recorded with compare-and-set scripts, so trying one
+	// again is safe: a Redis blip (a failover, a cut connection) is
+	// retried within the bookkeeping budget, while the heartbeat keeps
+	// the lease, instead of leaving the task to its lease's expiry, which
+	// counts an attempt and dead-letters a success on its last attempt.
 	sctx, cancel := context.WithTimeout(context.Background(), bookkeepingTimeout)
 	defer cancel()
-	var ok bool
-	var serr error
-	switch attempts := ct.Attempts + 1; {
-	case err == nil:
-		var missed []string
-		missed, _, serr = r.st.AckTasks(sctx, h.token, []string{ct.ID})
-		ok = len(missed) == 0
-	case errors.Is(err, ErrSkipRetry) || attempts >= r.q.MaxAttempts:
-		var n int
-		n, serr = r.st.BuryTasks(sctx, h.token, queue.ReasonFailed, lastError(err), []string{ct.ID})
-		if ok = n == 1; ok {
-			r.w.m.dead.WithLabelValues(name).Inc()
+	attempts := ct.Attempts + 1
+	bury := err != nil && (errors.Is(err, ErrSkipRetry) || attempts >= r.q.MaxAttempts)
+	var delay time.Duration
+	if err != nil && !bury {
+		var set bool
+		if delay, set = retryDelay(err); !set {
+			delay = r.q.Retry.delay(attempts, rand.Float64)
 		}
-	default:
-		d, set := retryDelay(err)
-		if !set {
-			d = r.q.Retry.delay(attempts, rand.Float64)
+	}
+	var why string
+	if err != nil {
+		why = lastError(err)
+	}
+	settle := func() (bool, error) {
+		switch {
+		case err == nil:
+			missed, _, serr := r.st.AckTasks(sctx, h.token, []string{ct.ID})
+			return serr == nil && len(missed) == 0, serr
+		case bury:
+			n, serr := r.st.BuryTasks(sctx, h.token, queue.ReasonFailed, why, []string{ct.ID})
+			return n == 1, serr
+		default:
+			n, serr := r.st.RetryTasks(sctx, h.token, delay, why, []string{ct.ID})
+			return n == 1, serr
 		}
-		var n int
-		n, serr = r.st.RetryTasks(sctx, h.token, d, lastError(err), []string{ct.ID})
-		if ok = n == 1; ok {
-			r.w.m.retried.WithLabelValues(name).Inc()
+	}
+	ok, serr := settle()
+	failedBefore := false
+	for wait := 50 * time.Millisecond; serr != nil; wait = min(2*wait, time.Second) {
+		failedBefore = true
+		r.w.log.Warn("worker: settling a task failed; trying again while its lease holds", "queue", name, "id", ct.ID, "error", serr)
+		if !lifecycle.Sleep(sctx, jitter(wait)) {
+			break
 		}
+		ok, serr = settle()
 	}
 	switch {
 	case serr != nil:
 		r.w.log.Warn("worker: settling a task failed; it returns after the lease", "queue", name, "id", ct.ID, "error", serr)
+	case !ok && failedBefore:
+		// An earlier try may have run on Redis with its answer lost (a
+		// connection cut after the script ran): the lease it settled is
+		// then gone, as it is when another claim or a producer took it.
+		r.w.log.Info("worker: the task's outcome was recorded by an earlier try whose answer was lost, or its lease was lost meanwhile",
+			"queue", name, "id", ct.ID)
 	case !ok:
 		r.w.m.lost.WithLabelValues(name).Inc()
 		r.w.log.Warn("worker: the task's lease was lost before its outcome was recorded (another claim or a producer took it)",
 			"queue", name, "id", ct.ID)
+	case bury:
+		r.w.m.dead.WithLabelValues(name).Inc()
+	case err != nil:
+		r.w.m.retried.WithLabelValues(name).Inc()
 	}
 }
 
@@ -569,16 +599,23 @@ func (r *runner) lose(h *held) {
 	h.cancel(ErrLeaseLost)
 }
 
-// lastError is err's text as a task's last error: at most maxErrorBytes,
-// cut at a rune boundary.
-func lastError(err error) string {
-	s := err.Error()
+// lastError is err's text as a task's last error: at most maxErrorBytes
+// of valid UTF-8 (invalid bytes become '?'), cut at a rune boundary. An
+// Error method that panics (a typed nil pointer returned as the error)
+// is reported, not let kill the worker.
+func lastError(err error) (s string) {
+	defer func() {
+		if p := recover(); p != nil {
+			s = fmt.Sprintf("%T whose Error method panicked: %v", err, p)
+		}
+	}()
+	s = strings.ToValidUTF8(err.Error(), "?")
 	if len(s) <= maxErrorBytes {
 		return s
 	}
 	s = s[:maxErrorBytes]
 	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
+		s = s[:len(s)-1] // at most the last rune's first bytes
 	}
 	return s
 }

@@ -1,0 +1,202 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/orderdelay/orderdelay/client"
+	"github.com/orderdelay/orderdelay/internal/testenv"
+)
+
+// logSignal is a slog handler that closes a channel the first time a
+// record whose message contains want is logged.
+type logSignal struct {
+	want string
+	once *sync.Once
+	hit  chan struct{}
+	mu   *sync.Mutex
+	msgs *[]string
+}
+
+func newLogSignal(want string) *logSignal {
+	return &logSignal{want: want, once: &sync.Once{}, hit: make(chan struct{}), mu: &sync.Mutex{}, msgs: &[]string{}}
+}
+
+func (l *logSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logSignal) Handle(_ context.Context, r slog.Record) error {
+	m := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "error" {
+			m += " (" + a.Value.String() + ")"
+		}
+		return true
+	})
+	l.mu.Lock()
+	*l.msgs = append(*l.msgs, m)
+	l.mu.Unlock()
+	if strings.Contains(r.Message, l.want) {
+		l.once.Do(func() { close(l.hit) })
+	}
+	return nil
+}
+func (l *logSignal) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logSignal) WithGroup(string) slog.Handler      { return l }
+
+func (l *logSignal) messages() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), *l.msgs...)
+}
+
+// proxied returns a client to the test Redis through a proxy the test
+// controls, with go-redis's default options (MaxRetries 3), as a program
+// would build it.
+func proxied(t *testing.T) (*redis.Client, *testenv.Proxy) {
+	t.Helper()
+	o, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, o.Addr)
+	o.Addr = proxy.Addr()
+	c := redis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c, proxy
+}
+
+// Invariant 3: a handler's success is never turned into a dead letter by
+// the runner's own bookkeeping. A Redis blip while the worker acks (a
+// failover: longer than go-redis's own three retries) made the ack fail,
+// and the runner never tried it again, though the task was still its own
+// and the blip was over within a second: the task sat leased until the
+// lease ran out, and the next claim counted the expiry as an attempt — on
+// the task's last attempt, dead-lettering a success as "failed". The
+// runner now tries the ack again within its bookkeeping budget.
+func TestAdvAckBlipDeadLettersSucceededTask(t *testing.T) {
+	e := newEnv(t)
+	rdb, proxy := proxied(t)
+	q := e.queue(2 * time.Second)
+	q.MaxAttempts = 3
+	q.Concurrency = 1
+	q.Retry.Backoff = []time.Duration{10 * time.Millisecond}
+	e.put("j", `{}`)
+
+	sig := newLogSignal("settling a task failed")
+	var runs atomic.Int32
+	w := newWorker(t, rdb, Config{Logger: slog.New(sig)})
+	if err := w.Handle(q, func(ctx context.Context, t *Task) error {
+		runs.Add(1)
+		if t.Attempts < 2 {
+			return errors.New("partner down") // the first two attempts fail
+		}
+		// The last attempt succeeds; Redis blips just as the worker acks.
+		proxy.Down()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop, wait := start(t, w)
+	select {
+	case <-sig.hit:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the ack did not fail; logs: %v", sig.messages())
+	}
+	proxy.Up() // the blip is over, long before the 2 s lease ends
+
+	var tk client.Task
+	eventually(t, "the task settled (acked or dead)", func() bool {
+		var err error
+		tk, err = e.get("j")
+		return errors.Is(err, client.ErrNotFound) || (err == nil && tk.State == client.StateDead)
+	})
+	stop()
+	_ = wait()
+	if tk.State == client.StateDead {
+		t.Fatalf("the handler succeeded on attempt 3 (runs %d, processed_total %v), but the task is dead-lettered: reason %q, attempts %d, last error %q",
+			runs.Load(), testutil.ToFloat64(w.m.processed.WithLabelValues("jobs")), tk.Reason, tk.Attempts, tk.LastError)
+	}
+}
+
+// Invariant 6: "a panic is an error" — but the error a handler returns
+// was formatted outside the recover. A handler returning a typed nil
+// pointer as its error (the classic Go pitfall) whose Error method
+// dereferences the receiver panicked in the runner's goroutine: the whole
+// process died, and every task it held waited out its lease with one more
+// attempt. Run in a child process, which such a panic kills.
+func TestAdvHandlerErrorMethodPanicKillsProcess(t *testing.T) {
+	if os.Getenv("ADV_WORKER_CHILD") == "1" {
+		advPanickingErrorChild(t)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAdvHandlerErrorMethodPanicKillsProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "ADV_WORKER_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		s := string(out)
+		if i := strings.Index(s, "panic:"); i >= 0 {
+			s = s[i:min(len(s), i+400)]
+		}
+		t.Fatalf("the worker process died (%v) on a handler's error value:\n%s", err, s)
+	}
+}
+
+type advErr struct{ msg string }
+
+func (e *advErr) Error() string { return e.msg } // nil receiver: panics
+
+func advPanickingErrorChild(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(5 * time.Second)
+	q.MaxAttempts = 5
+	e.put("p", `{}`)
+	ran := make(chan struct{}, 10)
+	w := newWorker(t, e.rdb, Config{})
+	if err := w.Handle(q, func(ctx context.Context, t *Task) error {
+		ran <- struct{}{}
+		var e *advErr // a path that "returns no error"
+		return e
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop, wait := start(t, w)
+	<-ran
+	eventually(t, "p settled (retried)", func() bool {
+		tk, err := e.get("p")
+		return err == nil && tk.State != client.StateLeased
+	})
+	stop()
+	_ = wait()
+}
+
+// A last error longer than the bound whose first byte is not UTF-8 was
+// trimmed byte by byte until the whole prefix was valid: to nothing. It
+// keeps its text now, invalid bytes as '?', within the bound.
+func TestLastErrorKeepsTextAroundInvalidBytes(t *testing.T) {
+	for _, tc := range []struct{ name, msg string }{
+		{"invalid first byte", "\xff" + strings.Repeat("a", 2*maxErrorBytes)},
+		{"a rune cut by the bound", strings.Repeat("a", maxErrorBytes-1) + "é and more"},
+		{"short", "boom \xfe"},
+	} {
+		got := lastError(errors.New(tc.msg))
+		if got == "" || len(got) > maxErrorBytes || !utf8.ValidString(got) {
+			t.Errorf("%s: lastError = %q (%d bytes, valid %v); want valid UTF-8, not empty, at most %d bytes",
+				tc.name, got[:min(len(got), 40)], len(got), utf8.ValidString(got), maxErrorBytes)
+		}
+	}
+	var nilErr *advErr
+	if got := lastError(nilErr); !strings.Contains(got, "panicked") {
+		t.Errorf("lastError of an error whose Error panics = %q; want it to say so", got)
+	}
+}
