@@ -36,8 +36,8 @@
 //     claims it then; with no attempts left, or with SkipRetry, it is
 //     dead-lettered as "failed" with its attempts and last error, as GET
 //     /v1/queues/{q}/tasks/{id} shows. Recording the outcome is tried
-//     again while Redis fails, for up to 10s, as the heartbeat keeps the
-//     lease.
+//     again while Redis fails, for up to 10s, while the lease is still the
+//     worker's on its clock and the shutdown has not timed out.
 //   - A worker that dies holding a task (crash, lost network, a handler
 //     abandoned at shutdown) stops extending its lease: after the lease
 //     any worker or poll claims the task again, with Attempts one higher,
@@ -455,9 +455,13 @@ func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 	}
 	// The outcome is recorded with compare-and-set scripts, so trying one
 	// again is safe: a Redis blip (a failover, a cut connection) is
-	// retried within the bookkeeping budget, while the heartbeat keeps
-	// the lease, instead of leaving the task to its lease's expiry, which
-	// counts an attempt and dead-letters a success on its last attempt.
+	// retried within the bookkeeping budget while the lease is still the
+	// worker's (ctx: the heartbeat cancels it once the lease has run out
+	// on the worker's clock, and the shutdown at its timeout), instead of
+	// leaving the task to its lease's expiry, which counts an attempt and
+	// dead-letters a success on its last attempt. The first try runs
+	// whatever ctx says: a handler cut short by the shutdown that returns
+	// nil still acks.
 	sctx, cancel := context.WithTimeout(context.Background(), bookkeepingTimeout)
 	defer cancel()
 	attempts := ct.Attempts + 1
@@ -488,10 +492,10 @@ func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 	}
 	ok, serr := settle()
 	failedBefore := false
-	for wait := 50 * time.Millisecond; serr != nil; wait = min(2*wait, time.Second) {
+	for wait := 50 * time.Millisecond; serr != nil && ctx.Err() == nil; wait = min(2*wait, time.Second) {
 		failedBefore = true
 		r.w.log.Warn("worker: settling a task failed; trying again while its lease holds", "queue", name, "id", ct.ID, "error", serr)
-		if !lifecycle.Sleep(sctx, jitter(wait)) {
+		if !sleepBoth(ctx, sctx, jitter(wait)) {
 			break
 		}
 		ok, serr = settle()
@@ -514,6 +518,20 @@ func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 	case err != nil:
 		r.w.m.retried.WithLabelValues(name).Inc()
 	}
+}
+
+// sleepBoth sleeps for d unless a or b ends first; it reports whether d
+// passed.
+func sleepBoth(a, b context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-a.Done():
+	case <-b.Done():
+	}
+	return false
 }
 
 // call runs the handler, turning a panic into an error.
