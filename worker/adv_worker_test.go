@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,46 +18,6 @@ import (
 	"github.com/orderdelay/orderdelay/client"
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-// logSignal is a slog handler that closes a channel the first time a
-// record whose message contains want is logged.
-type logSignal struct {
-	want string
-	once *sync.Once
-	hit  chan struct{}
-	mu   *sync.Mutex
-	msgs *[]string
-}
-
-func newLogSignal(want string) *logSignal {
-	return &logSignal{want: want, once: &sync.Once{}, hit: make(chan struct{}), mu: &sync.Mutex{}, msgs: &[]string{}}
-}
-
-func (l *logSignal) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logSignal) Handle(_ context.Context, r slog.Record) error {
-	m := r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "error" {
-			m += " (" + a.Value.String() + ")"
-		}
-		return true
-	})
-	l.mu.Lock()
-	*l.msgs = append(*l.msgs, m)
-	l.mu.Unlock()
-	if strings.Contains(r.Message, l.want) {
-		l.once.Do(func() { close(l.hit) })
-	}
-	return nil
-}
-func (l *logSignal) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logSignal) WithGroup(string) slog.Handler      { return l }
-
-func (l *logSignal) messages() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), *l.msgs...)
-}
 
 // proxied returns a client to the test Redis through a proxy the test
 // controls, with go-redis's default options (MaxRetries 3), as a program
@@ -93,7 +52,7 @@ func TestAdvAckBlipDeadLettersSucceededTask(t *testing.T) {
 	q.Retry.Backoff = []time.Duration{10 * time.Millisecond}
 	e.put("j", `{}`)
 
-	sig := newLogSignal("settling a task failed")
+	sig := newLogCount("settling a task failed")
 	var runs atomic.Int32
 	w := newWorker(t, rdb, Config{Logger: slog.New(sig)})
 	if err := w.Handle(q, func(ctx context.Context, t *Task) error {
@@ -108,12 +67,8 @@ func TestAdvAckBlipDeadLettersSucceededTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop, wait := start(t, w)
-	select {
-	case <-sig.hit:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the ack did not fail; logs: %v", sig.messages())
-	}
-	proxy.Up() // the blip is over, long before the 2 s lease ends
+	sig.waitHits(t, 1) // the ack failed
+	proxy.Up()         // the blip is over, long before the 2 s lease ends
 
 	var tk client.Task
 	eventually(t, "the task settled (acked or dead)", func() bool {
