@@ -155,3 +155,104 @@ func TestLastErrorKeepsTextAroundInvalidBytes(t *testing.T) {
 		t.Errorf("lastError of an error whose Error panics = %q; want it to say so", got)
 	}
 }
+
+// Invariant 5 / the heartbeat's promise "if Redis is unreachable, a
+// handler whose lease has run out on the worker's clock is cancelled": the
+// heartbeat extended one claim's token at a time, each call "bounded" by a
+// Lease/3 context — which go-redis ignores with its default options
+// (ContextTimeoutEnabled off, the package doc's own example client): each
+// call waited out the 5 s ReadTimeout instead. A token's handlers were
+// checked only after its own call failed, so when Redis stops answering
+// (a partition that drops packets, simulated by holding every reply) a
+// round over k tokens took about k·5 s: with a 1 s lease the first
+// token's handler ran ~5 s past its lease, the k-th ~5k s — while a poll
+// or another worker that still reaches Redis had taken their tasks after
+// 1 s. Now the worker's clock decides at every tick, whatever the calls
+// do: every handler is cancelled while the calls still hang (before the
+// first of them returns its ReadTimeout error).
+func TestAdvBlackholedHeartbeatCancelsLate(t *testing.T) {
+	e := newEnv(t)
+	rdb, proxy := proxied(t)
+	lease := time.Second
+	q := e.queue(lease)
+	const n = 3
+	q.Concurrency = n
+	type ended struct {
+		id string
+		at time.Time
+	}
+	started := make(chan string, n)
+	cancelled := make(chan ended, n)
+	sig := newLogCount("extending leases failed")
+	w := newWorker(t, rdb, Config{Logger: slog.New(sig)})
+	if err := w.Handle(q, func(ctx context.Context, t *Task) error {
+		started <- t.ID
+		<-ctx.Done()
+		cancelled <- ended{t.ID, time.Now()}
+		return ctx.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop, wait := start(t, w)
+	// One task per claim: n tokens.
+	for i := range n {
+		id := string(rune('a' + i))
+		e.put(id, `{}`)
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("task %s not started", id)
+		}
+	}
+	// Let one heartbeat round succeed for all of them, so every lease was
+	// extended just now, then hold every reply from Redis.
+	eventually(t, "all leases extended once", func() bool {
+		var hs []*held
+		for _, r := range w.runners {
+			r.mu.Lock()
+			for h := range r.held {
+				hs = append(hs, h)
+			}
+			r.mu.Unlock()
+		}
+		if len(hs) != n {
+			return false
+		}
+		for _, h := range hs {
+			w.runners[0].mu.Lock()
+			ok := time.Since(h.extended) < lease/3
+			w.runners[0].mu.Unlock()
+			if !ok {
+				return false
+			}
+		}
+		return true
+	})
+	cut := time.Now()
+	before := len(sig.messages())
+	proxy.Stall(time.Minute)
+	defer proxy.Stall(0)
+
+	got := map[string]time.Duration{}
+	for range n {
+		select {
+		case c := <-cancelled:
+			got[c.id] = c.at.Sub(cut)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("handlers cancelled: %v of %d", got, n)
+		}
+	}
+	var failed []string
+	for _, m := range sig.messages()[before:] {
+		if strings.Contains(m, "extending leases failed") {
+			failed = append(failed, m)
+		}
+	}
+	proxy.Stall(0)
+	stop()
+	_ = wait()
+	if len(failed) > 0 {
+		t.Fatalf("handlers were cancelled only as the hanging extensions failed (%d before the last cancellation: %v); cancelled after: %v",
+			len(failed), failed, got)
+	}
+}

@@ -298,6 +298,10 @@ type runner struct {
 	slots chan struct{} // q.Concurrency
 	mu    sync.Mutex
 	held  map[*held]struct{} // tasks this runner holds a lease on
+	// extending holds the tokens whose extension is in flight (under mu);
+	// extends counts those calls, which the heartbeat waits for.
+	extending map[string]bool
+	extends   sync.WaitGroup
 }
 
 // held is one task this runner holds under a lease.
@@ -305,6 +309,7 @@ type held struct {
 	token, id string
 	cancel    context.CancelCauseFunc
 	extended  time.Time // local time before the call that last set the lease
+	lost      bool      // lose ran (under runner.mu)
 }
 
 // acquire takes a queue slot and a global one, waiting for the first
@@ -546,8 +551,9 @@ func (r *runner) call(ctx context.Context, t *Task) (err error) {
 }
 
 // heartbeat extends the leases of held tasks every third of the lease
-// until stop closes.
+// until stop closes, then waits for the extensions in flight.
 func (r *runner) heartbeat(stop <-chan struct{}) {
+	defer r.extends.Wait()
 	tick := time.NewTicker(r.q.Lease / 3)
 	defer tick.Stop()
 	for {
@@ -560,47 +566,77 @@ func (r *runner) heartbeat(stop <-chan struct{}) {
 	}
 }
 
-// extend extends every held lease once; a task whose lease is lost has
-// its handler's context cancelled with ErrLeaseLost.
+// extend cancels, with ErrLeaseLost, the handlers whose lease has run out
+// on the worker's clock (a lease after its last extension), and extends
+// every other held lease, each claim's token in a call of its own. The
+// clock decides, not the calls: when Redis stops answering (a partition
+// that drops packets) a call can hang for the client's whole ReadTimeout
+// (go-redis ignores a context's deadline unless ContextTimeoutEnabled),
+// so the calls run apart from the tick, one per token at a time, and a
+// token whose call still hangs is skipped until it returns.
 func (r *runner) extend() {
 	byToken := map[string][]*held{}
+	var expired []*held
 	r.mu.Lock()
+	if r.extending == nil {
+		r.extending = map[string]bool{}
+	}
 	for h := range r.held {
-		byToken[h.token] = append(byToken[h.token], h)
+		switch {
+		case h.lost:
+		case time.Since(h.extended) >= r.q.Lease:
+			expired = append(expired, h)
+		case !r.extending[h.token]:
+			byToken[h.token] = append(byToken[h.token], h)
+		}
+	}
+	for tok := range byToken {
+		r.extending[tok] = true
 	}
 	r.mu.Unlock()
+	for _, h := range expired {
+		r.lose(h)
+	}
 	for tok, hs := range byToken {
-		ids := make([]string, len(hs))
-		for i, h := range hs {
-			ids[i] = h.id
-		}
-		at := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), r.q.Lease/3)
-		lost, err := r.st.ExtendTasks(ctx, tok, r.q.Lease, ids)
-		cancel()
-		if err != nil {
-			// Redis is unreachable: the lease may run out and be taken. Stop
-			// handlers whose lease has run out on our clock.
-			r.w.log.Warn("worker: extending leases failed", "queue", r.q.Name, "tasks", len(ids), "error", err)
-			for _, h := range hs {
-				if time.Since(h.extended) >= r.q.Lease {
-					r.lose(h)
-				}
-			}
-			continue
-		}
-		gone := make(map[string]bool, len(lost))
-		for _, id := range lost {
-			gone[id] = true
-		}
-		for _, h := range hs {
-			if gone[h.id] {
-				r.lose(h)
-			} else {
-				r.mu.Lock()
-				h.extended = at
-				r.mu.Unlock()
-			}
+		r.extends.Add(1)
+		go func() {
+			defer r.extends.Done()
+			r.extendToken(tok, hs)
+			r.mu.Lock()
+			delete(r.extending, tok)
+			r.mu.Unlock()
+		}()
+	}
+}
+
+// extendToken extends the leases of hs, all held under tok; a task whose
+// lease is gone has its handler cancelled with ErrLeaseLost.
+func (r *runner) extendToken(tok string, hs []*held) {
+	ids := make([]string, len(hs))
+	for i, h := range hs {
+		ids[i] = h.id
+	}
+	at := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), r.q.Lease/3)
+	lost, err := r.st.ExtendTasks(ctx, tok, r.q.Lease, ids)
+	cancel()
+	if err != nil {
+		// Redis is unreachable: the lease may run out and be taken; the
+		// next ticks cancel the handlers once it has on our clock.
+		r.w.log.Warn("worker: extending leases failed", "queue", r.q.Name, "tasks", len(ids), "error", err)
+		return
+	}
+	gone := make(map[string]bool, len(lost))
+	for _, id := range lost {
+		gone[id] = true
+	}
+	for _, h := range hs {
+		if gone[h.id] {
+			r.lose(h)
+		} else {
+			r.mu.Lock()
+			h.extended = at
+			r.mu.Unlock()
 		}
 	}
 }
@@ -608,9 +644,11 @@ func (r *runner) extend() {
 func (r *runner) lose(h *held) {
 	r.mu.Lock()
 	_, still := r.held[h]
+	first := still && !h.lost
+	h.lost = true
 	r.mu.Unlock()
-	if !still {
-		return // settled meanwhile
+	if !first {
+		return // settled meanwhile, or lost already
 	}
 	r.w.m.lost.WithLabelValues(r.q.Name).Inc()
 	r.w.log.Warn("worker: lease lost; cancelling the handler", "queue", r.q.Name, "id", h.id)
