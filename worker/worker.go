@@ -515,9 +515,15 @@ func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 		r.w.log.Info("worker: the task's outcome was recorded by an earlier try whose answer was lost, or its lease was lost meanwhile",
 			"queue", name, "id", ct.ID)
 	case !ok:
-		r.w.m.lost.WithLabelValues(name).Inc()
-		r.w.log.Warn("worker: the task's lease was lost before its outcome was recorded (another claim or a producer took it)",
-			"queue", name, "id", ct.ID)
+		r.mu.Lock()
+		counted := h.lost // the heartbeat counted it, its clock having run out meanwhile
+		h.lost = true
+		r.mu.Unlock()
+		if !counted {
+			r.w.m.lost.WithLabelValues(name).Inc()
+			r.w.log.Warn("worker: the task's lease was lost before its outcome was recorded (another claim or a producer took it)",
+				"queue", name, "id", ct.ID)
+		}
 	case bury:
 		r.w.m.dead.WithLabelValues(name).Inc()
 	case err != nil:
