@@ -150,7 +150,10 @@ func TestFaultRedisStallLongerThanTheLease(t *testing.T) {
 	w.withAudit()
 	const n = 20000
 	w.spread("stall", n, time.Now().Add(-time.Second), time.Second)
-	const lease = 2 * time.Second
+	// Long enough that the claim followed below still has seconds of its
+	// lease left when the producers act on it (A first quiesces, which a
+	// busy machine makes slow): B must not re-claim it in between.
+	const lease = 5 * time.Second
 	settings := []string{"ORDERDELAY_CLOSE_SQL=" + auditClose, "ORDERDELAY_LEASE=" + lease.String(),
 		"ORDERDELAY_STATEMENT_TIMEOUT=500ms", "ORDERDELAY_DRAIN_TIMEOUT=500ms", "ORDERDELAY_BATCH_SIZE=50",
 		"ORDERDELAY_BACKOFF_MAX=1s"}
@@ -180,10 +183,19 @@ func TestFaultRedisStallLongerThanTheLease(t *testing.T) {
 	var tok string
 	var x []string
 	var expiry float64
+	selected, err := w.rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A claim whose lease ends within 2 s could be re-claimed by B and
+	// closed while the producers below write PostgreSQL and then Redis:
+	// closed under the deadline still acknowledged then, which the
+	// audit, reading PostgreSQL's new deadline, would call early.
+	soonest := float64(selected.Add(2 * time.Second).UnixMilli())
 	for _, z := range w.leases() {
 		tk := z.Member.(string)
 		serials := w.leasedUnder(tk)
-		if !strings.HasPrefix(tk, nameA+":") || len(serials) < 12 || z.Score < expiry ||
+		if !strings.HasPrefix(tk, nameA+":") || len(serials) < 12 || z.Score < expiry || z.Score < soonest ||
 			w.count("SELECT count(*) FROM orders WHERE serial_no = ANY($1) AND status = 'pending'", pq.Array(serials)) != len(serials) {
 			continue
 		}
