@@ -216,7 +216,7 @@ func (w *Worker) Handle(q Queue, h Handler) error {
 	}
 	w.m.init(q.Name)
 	w.runners = append(w.runners, &runner{w: w, q: q, keys: queue.NewKeys(q.Key), st: queue.NewStore(w.rdb, queue.NewKeys(q.Key)), h: h,
-		slots: make(chan struct{}, q.Concurrency), held: map[*held]struct{}{}})
+		slots: make(chan struct{}, q.Concurrency), held: map[*held]struct{}{}, extending: map[string]bool{}})
 	return nil
 }
 
@@ -496,11 +496,15 @@ func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 		}
 	}
 	ok, serr := settle()
+	// Retries end with the budget (sctx) or the lease (ctx), whichever first.
+	retry, stopRetry := context.WithCancel(sctx)
+	defer stopRetry()
+	defer context.AfterFunc(ctx, stopRetry)()
 	failedBefore := false
-	for wait := 50 * time.Millisecond; serr != nil && ctx.Err() == nil; wait = min(2*wait, time.Second) {
+	for wait := 50 * time.Millisecond; serr != nil && retry.Err() == nil; wait = min(2*wait, time.Second) {
 		failedBefore = true
 		r.w.log.Warn("worker: settling a task failed; trying again while its lease holds", "queue", name, "id", ct.ID, "error", serr)
-		if !sleepBoth(ctx, sctx, jitter(wait)) {
+		if !lifecycle.Sleep(retry, jitter(wait)) {
 			break
 		}
 		ok, serr = settle()
@@ -529,20 +533,6 @@ func (r *runner) run(ctx context.Context, h *held, ct queue.Task) {
 	case err != nil:
 		r.w.m.retried.WithLabelValues(name).Inc()
 	}
-}
-
-// sleepBoth sleeps for d unless a or b ends first; it reports whether d
-// passed.
-func sleepBoth(a, b context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-a.Done():
-	case <-b.Done():
-	}
-	return false
 }
 
 // call runs the handler, turning a panic into an error.
@@ -584,9 +574,6 @@ func (r *runner) extend() {
 	byToken := map[string][]*held{}
 	var expired []*held
 	r.mu.Lock()
-	if r.extending == nil {
-		r.extending = map[string]bool{}
-	}
 	for h := range r.held {
 		switch {
 		case h.lost:
