@@ -176,6 +176,70 @@ func findable(t *testing.T, rdb *redis.Client, k queue.Keys, s string) string {
 	return ""
 }
 
+// keyState is one read of the keys a claim looks in, to answer findable
+// for every serial of a state without a round trip each (the checks after
+// each refusal point ask about hundreds). A key of a foreign type reads
+// as empty, as findable's commands on it fail.
+type keyState struct {
+	queue, inflight, leases, dead map[string]float64
+	lease, leaseBatch             map[string]string
+}
+
+func readKeyState(t *testing.T, rdb *redis.Client, k queue.Keys) keyState {
+	t.Helper()
+	ctx := context.Background()
+	pipe := rdb.Pipeline()
+	zs := []*redis.ZSliceCmd{pipe.ZRangeWithScores(ctx, k.Queue, 0, -1), pipe.ZRangeWithScores(ctx, k.Inflight, 0, -1),
+		pipe.ZRangeWithScores(ctx, k.Leases, 0, -1), pipe.ZRangeWithScores(ctx, k.Dead, 0, -1)}
+	hs := []*redis.MapStringStringCmd{pipe.HGetAll(ctx, k.Lease), pipe.HGetAll(ctx, k.LeaseBatch)}
+	if _, err := pipe.Exec(ctx); err != nil && !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		t.Fatal(err)
+	}
+	zm := make([]map[string]float64, len(zs))
+	for i, c := range zs {
+		zm[i] = map[string]float64{}
+		for _, z := range c.Val() {
+			zm[i][z.Member.(string)] = z.Score
+		}
+	}
+	hm := make([]map[string]string, len(hs))
+	for i, c := range hs {
+		hm[i] = c.Val()
+		if hm[i] == nil {
+			hm[i] = map[string]string{}
+		}
+	}
+	return keyState{queue: zm[0], inflight: zm[1], leases: zm[2], dead: zm[3], lease: hm[0], leaseBatch: hm[1]}
+}
+
+// findable is findable(t, rdb, k, s) on the state read.
+func (ks keyState) findable(s string) string {
+	if _, ok := ks.queue[s]; ok {
+		return "queue"
+	}
+	if _, ok := ks.inflight[s]; ok {
+		return "inflight"
+	}
+	rec, ok := ks.lease[s]
+	if !ok {
+		return ""
+	}
+	parts := strings.Split(rec, "|")
+	if len(parts) < 3 {
+		return ""
+	}
+	tok := parts[2]
+	if _, ok := ks.leases[tok]; !ok {
+		return ""
+	}
+	for _, m := range strings.Split(ks.leaseBatch[tok], "\n") {
+		if m == s {
+			return "batch " + tok
+		}
+	}
+	return ""
+}
+
 // leaseState describes every key that might hold s, for a failure's message.
 func leaseState(t *testing.T, rdb *redis.Client, k queue.Keys, s string) string {
 	t.Helper()

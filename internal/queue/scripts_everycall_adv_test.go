@@ -66,36 +66,34 @@ func readFacts(t testing.TB, rdb *redis.Client, k queue.Keys, serials []string) 
 	ctx := context.Background()
 	f := advFacts{where: map[string][]string{}, rec: map[string]string{}, queued: map[string]float64{}, payload: map[string]bool{},
 		batches: map[string][2]int{}, processing: map[string]bool{}, orphan: map[string]bool{}, pending: map[string]bool{}, entry: map[string][2]string{}, dead: map[string]bool{}}
+	a := readAdv(t, rdb, k)
 	for _, s := range serials {
-		f.where[s] = advWhere(t, rdb, k, s)
-		if sc, err := rdb.ZScore(ctx, k.Queue, s).Result(); err == nil {
+		f.where[s] = a.where(s)
+		if sc, ok := a.queue[s]; ok {
 			f.queued[s] = sc
 		}
-		f.payload[s] = rdb.HExists(ctx, k.Payload, s).Val()
-		f.dead[s] = rdb.ZScore(ctx, k.Dead, s).Err() == nil
+		_, f.payload[s] = a.payload[s]
+		_, f.dead[s] = a.dead[s]
 	}
-	recs, _ := rdb.HGetAll(ctx, k.Lease).Result()
-	f.rec = recs
-	toks, _ := rdb.ZRange(ctx, k.Leases, 0, -1).Result()
-	for _, tok := range toks {
-		n, _ := strconv.Atoi(rdb.HGet(ctx, k.LeaseBatch, "#"+tok).Val())
+	f.rec = a.lease
+	for tok := range a.leases {
+		n, _ := strconv.Atoi(a.leaseBatch["#"+tok])
 		carry := 0
-		for _, r := range recs {
+		for _, r := range a.lease {
 			if lr, ok := queue.ParseLeaseRecord(r); ok && lr.Token == tok {
 				carry++
 			}
 		}
 		f.batches[tok] = [2]int{n, carry}
 	}
-	items, _ := rdb.LRange(ctx, k.Processing, 0, -1).Result()
-	for _, it := range items {
+	for _, it := range a.processing {
 		id := advItemID(it)
-		body, err := rdb.HGet(ctx, k.Taken, id).Result()
-		f.processing[it] = err == nil && body == it && rdb.ZScore(ctx, k.Unacked, id).Err() == nil
+		body, ok := a.taken[id]
+		_, unacked := a.unacked[id]
+		f.processing[it] = ok && body == it && unacked
 	}
-	taken, _ := rdb.HKeys(ctx, k.Taken).Result()
-	for _, id := range taken {
-		if rdb.ZScore(ctx, k.Unacked, id).Err() != nil {
+	for id := range a.taken {
+		if _, ok := a.unacked[id]; !ok {
 			f.orphan[id] = true
 		}
 	}
@@ -104,12 +102,10 @@ func readFacts(t testing.TB, rdb *redis.Client, k queue.Keys, serials []string) 
 			f.pending[p.ID] = true
 		}
 	}
-	if ents, err := rdb.XRange(ctx, k.Stream, "-", "+").Result(); err == nil {
-		for _, e := range ents {
-			id, _ := e.Values["id"].(string)
-			p, _ := e.Values["payload"].(string)
-			f.entry[e.ID] = [2]string{id, p}
-		}
+	for _, e := range a.stream {
+		id, _ := e.Values["id"].(string)
+		p, _ := e.Values["payload"].(string)
+		f.entry[e.ID] = [2]string{id, p}
 	}
 	return f
 }
@@ -590,4 +586,100 @@ func TestAdvReorderedScriptsRefusedAtEveryCallOnRealStates(t *testing.T) {
 		}
 	}
 	reportSweep(t, found, points)
+}
+
+// advWhereEach is advWhere a round trip at a time: the reference
+// TestAdvReadAgreesWithPerSerialReads holds advRead to.
+func advWhereEach(t testing.TB, rdb *redis.Client, k queue.Keys, s string) []string {
+	t.Helper()
+	ctx := context.Background()
+	var out []string
+	for _, z := range [][2]string{{"queue", k.Queue}, {"inflight", k.Inflight}, {"dead", k.Dead}} {
+		if rdb.ZScore(ctx, z[1], s).Err() == nil {
+			out = append(out, z[0])
+		}
+	}
+	if rec, err := rdb.HGet(ctx, k.Lease, s).Result(); err == nil {
+		if lr, ok := queue.ParseLeaseRecord(rec); ok && rdb.ZScore(ctx, k.Leases, lr.Token).Err() == nil {
+			list, _ := rdb.HGet(ctx, k.LeaseBatch, lr.Token).Result()
+			if slices.Contains(strings.Split(list, "\n"), s) {
+				out = append(out, "batch "+lr.Token)
+			}
+		}
+	}
+	if rdb.ZScore(ctx, k.Unacked, s).Err() == nil && rdb.HExists(ctx, k.Taken, s).Val() {
+		out = append(out, "taken")
+	}
+	items, _ := rdb.LRange(ctx, k.Ready, 0, -1).Result()
+	for _, it := range items {
+		if b, _ := json.Marshal(s); strings.HasPrefix(it, `{"id":`+string(b)+`,"deadline_ms":`) {
+			out = append(out, "ready")
+			break
+		}
+	}
+	ents, _ := rdb.XRange(ctx, k.Stream, "-", "+").Result()
+	for _, x := range ents {
+		if x.Values["id"] == s {
+			out = append(out, "stream")
+			break
+		}
+	}
+	return out
+}
+
+// readFacts' one read of the keys (advRead) answers as the commands it
+// replaced, a round trip per key and serial (advWhereEach, ZSCORE,
+// HEXISTS), on random worlds before and after a run of each script: the
+// refusal sweeps judge every point by it.
+func TestAdvReadAgreesWithPerSerialReads(t *testing.T) {
+	t.Parallel()
+	rdb, k0 := testenv.Redis(t)
+	ctx := context.Background()
+	seed, rounds := advSeedRounds(t, 3, "rounds per script")
+	after := shippedScripts(t)
+	now0, err := queue.NewStore(rdb, k0).Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := queue.DeadlineMillis(now0)
+	kw := queue.NewKeys(k0.Queue + ":agree")
+	t.Cleanup(func() { testenv.DeleteQueue(rdb, kw) })
+	places := map[string]int{}
+	for i, v := range advScriptVars {
+		for round := range rounds {
+			r := rand.New(rand.NewPCG(seed, uint64(i*1000000+round)))
+			w := randomWorld(r, now, v == "streamBuryScript")
+			call := advCallGens[v](r, w)
+			testenv.DeleteQueue(rdb, kw)
+			w.cmds.write(t, rdb, kw)
+			for pass := range 2 {
+				f := readFacts(t, rdb, kw, w.all())
+				for _, s := range w.all() {
+					want := advWhereEach(t, rdb, kw, s)
+					if got := f.where[s]; !slices.Equal(got, want) {
+						t.Fatalf("%s round %d pass %d: %q found in %v by one read, %v a command at a time", v, round, pass, s, got, want)
+					}
+					for _, p := range want {
+						places[strings.Fields(p)[0]]++
+					}
+					sc, err := rdb.ZScore(ctx, kw.Queue, s).Result()
+					if q, ok := f.queued[s]; ok != (err == nil) || (ok && q != sc) {
+						t.Fatalf("%s round %d pass %d: %q queued %v at %v by one read, ZSCORE %v, %v", v, round, pass, s, ok, q, sc, err)
+					}
+					if got, want := f.payload[s], rdb.HExists(ctx, kw.Payload, s).Val(); got != want {
+						t.Fatalf("%s round %d pass %d: %q payload %v by one read, HEXISTS %v", v, round, pass, s, got, want)
+					}
+				}
+				if pass == 0 {
+					evalHooked(t, rdb, hookScript(after[v]), kw, call.roles, call.args, now, 0)
+				}
+			}
+		}
+	}
+	for _, p := range []string{"queue", "inflight", "dead", "batch", "ready", "taken", "stream"} {
+		if places[p] == 0 {
+			t.Errorf("no serial was found in %s: the worlds do not try that place (%v)", p, places)
+		}
+	}
+	t.Logf("places compared: %v", places)
 }

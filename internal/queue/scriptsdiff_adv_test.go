@@ -354,46 +354,94 @@ var advCallGens = map[string]func(r *rand.Rand, w *advWorld) advCall{
 // must send no more commands than before the reorder.
 var advHotPaths = map[string]bool{"enqueueScript": true, "putTaskScript": true, "takeScript": true, "retryScript": true}
 
-// advWhere lists every place of s a claim, a recovery or an operator
-// finds it in: the queue key, {q}:inflight, a batch (its record carries
-// the token, the batch has an expiry and lists s), the dead-letter set,
-// the ready list, a reliable list's taken item recovery returns
-// ({q}:unacked and {q}:taken), a stream entry.
-func advWhere(t testing.TB, rdb *redis.Client, k queue.Keys, s string) []string {
+// advRead is one read of every key advWhere and readFacts look at: the
+// checks after each refusal point ask about every serial of a world, and
+// a round trip per key and serial made these tests minutes long. A key
+// of a foreign type reads as empty, as the per-serial commands on it
+// fail (advWhereEach, which TestAdvReadAgreesWithPerSerialReads keeps it
+// equal to).
+type advRead struct {
+	queue, inflight, dead, leases, unacked map[string]float64
+	lease, leaseBatch, taken, payload      map[string]string
+	ready, processing                      []string
+	stream                                 []redis.XMessage
+}
+
+func readAdv(t testing.TB, rdb *redis.Client, k queue.Keys) advRead {
 	t.Helper()
 	ctx := context.Background()
-	var out []string
-	for _, z := range [][2]string{{"queue", k.Queue}, {"inflight", k.Inflight}, {"dead", k.Dead}} {
-		if rdb.ZScore(ctx, z[1], s).Err() == nil {
-			out = append(out, z[0])
+	pipe := rdb.Pipeline()
+	zs := []*redis.ZSliceCmd{pipe.ZRangeWithScores(ctx, k.Queue, 0, -1), pipe.ZRangeWithScores(ctx, k.Inflight, 0, -1),
+		pipe.ZRangeWithScores(ctx, k.Dead, 0, -1), pipe.ZRangeWithScores(ctx, k.Leases, 0, -1), pipe.ZRangeWithScores(ctx, k.Unacked, 0, -1)}
+	hs := []*redis.MapStringStringCmd{pipe.HGetAll(ctx, k.Lease), pipe.HGetAll(ctx, k.LeaseBatch), pipe.HGetAll(ctx, k.Taken), pipe.HGetAll(ctx, k.Payload)}
+	ready, processing := pipe.LRange(ctx, k.Ready, 0, -1), pipe.LRange(ctx, k.Processing, 0, -1)
+	stream := pipe.XRange(ctx, k.Stream, "-", "+")
+	pipe.Exec(ctx) //nolint:errcheck // each command's own error: a foreign key reads as empty
+	zm := make([]map[string]float64, len(zs))
+	for i, c := range zs {
+		zm[i] = map[string]float64{}
+		for _, z := range c.Val() {
+			zm[i][z.Member.(string)] = z.Score
 		}
 	}
-	if rec, err := rdb.HGet(ctx, k.Lease, s).Result(); err == nil {
-		if lr, ok := queue.ParseLeaseRecord(rec); ok && rdb.ZScore(ctx, k.Leases, lr.Token).Err() == nil {
-			list, _ := rdb.HGet(ctx, k.LeaseBatch, lr.Token).Result()
-			if slices.Contains(strings.Split(list, "\n"), s) {
+	hm := make([]map[string]string, len(hs))
+	for i, c := range hs {
+		if hm[i] = c.Val(); hm[i] == nil {
+			hm[i] = map[string]string{}
+		}
+	}
+	return advRead{queue: zm[0], inflight: zm[1], dead: zm[2], leases: zm[3], unacked: zm[4],
+		lease: hm[0], leaseBatch: hm[1], taken: hm[2], payload: hm[3],
+		ready: ready.Val(), processing: processing.Val(), stream: stream.Val()}
+}
+
+// where lists every place of s a claim, a recovery or an operator finds
+// it in: the queue key, {q}:inflight, a batch (its record carries the
+// token, the batch has an expiry and lists s), the dead-letter set, the
+// ready list, a reliable list's taken item recovery returns ({q}:unacked
+// and {q}:taken), a stream entry.
+func (a advRead) where(s string) []string {
+	var out []string
+	for _, z := range []struct {
+		name string
+		set  map[string]float64
+	}{{"queue", a.queue}, {"inflight", a.inflight}, {"dead", a.dead}} {
+		if _, ok := z.set[s]; ok {
+			out = append(out, z.name)
+		}
+	}
+	if rec, ok := a.lease[s]; ok {
+		if lr, ok := queue.ParseLeaseRecord(rec); ok {
+			if _, live := a.leases[lr.Token]; live && slices.Contains(strings.Split(a.leaseBatch[lr.Token], "\n"), s) {
 				out = append(out, "batch "+lr.Token)
 			}
 		}
 	}
-	if rdb.ZScore(ctx, k.Unacked, s).Err() == nil && rdb.HExists(ctx, k.Taken, s).Val() {
-		out = append(out, "taken")
+	if _, ok := a.unacked[s]; ok {
+		if _, ok := a.taken[s]; ok {
+			out = append(out, "taken")
+		}
 	}
-	items, _ := rdb.LRange(ctx, k.Ready, 0, -1).Result()
-	for _, it := range items {
-		if b, _ := json.Marshal(s); strings.HasPrefix(it, `{"id":`+string(b)+`,"deadline_ms":`) {
+	b, _ := json.Marshal(s)
+	for _, it := range a.ready {
+		if strings.HasPrefix(it, `{"id":`+string(b)+`,"deadline_ms":`) {
 			out = append(out, "ready")
 			break
 		}
 	}
-	ents, _ := rdb.XRange(ctx, k.Stream, "-", "+").Result()
-	for _, x := range ents {
+	for _, x := range a.stream {
 		if x.Values["id"] == s {
 			out = append(out, "stream")
 			break
 		}
 	}
 	return out
+}
+
+// advWhere is where s is found in queue k now (one read of every key).
+func advWhere(t testing.TB, rdb *redis.Client, k queue.Keys, s string) []string {
+	t.Helper()
+	return readAdv(t, rdb, k).where(s)
 }
 
 // advSerialsOf is every serial a world names, and the unknown one.
