@@ -552,9 +552,9 @@ const (
 	poolsClose       = 2 * 2 * time.Second // cmd/orderdelay poolCloseWait, for each of two pools
 )
 
-// stopBound is the longest stop after SIGTERM: the scan loop's Redis call
-// in flight (the drain's timer starts when the loop has returned), the
-// drain, the batch's Redis call in flight when the drain timeout passes,
+// stopBound is the longest stop after SIGTERM, an upper bound: the scan
+// loop's Redis call in flight (the drain's timer runs from SIGTERM
+// meanwhile, so this overlaps the next two), the drain, the batch's Redis call in flight when the drain timeout passes,
 // the hand-back (its deadline, or the read in flight past it), the HTTP
 // shutdown and the database pools. The start-up Redis check, the one other
 // Redis call in the stop, runs only while no consumer has started. A batch

@@ -194,6 +194,9 @@ type Consumer struct {
 	// bookEnd is when every bookkeeping call's deadline ends, Unix ns:
 	// BookkeepingTimeout after the drain's cut (0 before it; bookkeeping).
 	bookEnd atomic.Int64
+	// batches counts the claims being processed (scan's workers), for
+	// Run's cut: it warns only when it cuts one.
+	batches atomic.Int64
 	limiter *rate.Limiter // nil: unlimited
 	// wake carries deadlines (Unix ms) the scanner should wake for:
 	// producers' (via pub/sub) and this replica's own retries.
@@ -301,14 +304,16 @@ type claimResult struct {
 // context ends (Config.DrainTimeout).
 func (c *Consumer) DrainTimeout() time.Duration { return c.cfg.DrainTimeout }
 
-// Run scans and closes until ctx is cancelled, then shuts down in this
-// order (each step happens before the next):
+// Run scans and closes until ctx is cancelled, then shuts down:
 //
-//  1. stop claiming (the scan loop returns);
-//  2. let in-flight batches finish, for at most DrainTimeout;
-//  3. cancel what is still running; each such batch hands its claims back
-//     to the queue with their true deadlines, on a fresh, bounded context;
-//  4. return.
+//  1. stop claiming (the scan loop returns once its Redis call in
+//     progress, if any, has);
+//  2. meanwhile, let in-flight batches finish, for at most DrainTimeout
+//     from the moment ctx ends (however long step 1 takes);
+//  3. cancel what is still running; each such batch, and a claim whose
+//     reply came only after that, hands its claims back to the queue with
+//     their true deadlines, on a fresh, bounded context;
+//  4. return, once steps 1 to 3 are done.
 //
 // Closing Redis and PostgreSQL clients is the caller's job, after Run.
 func (c *Consumer) Run(ctx context.Context) error {
@@ -327,20 +332,39 @@ func (c *Consumer) Run(ctx context.Context) error {
 		subDone = subscribe(ctx, c.rdb, map[string]chan int64{c.cfg.Keys.Wake: wake})
 	}
 
+	// The drain's time counts from the stop (step 2), not from the scan
+	// loop's end: a scan loop in a Redis call when ctx ends returns only
+	// when the call does (go-redis waits out its read timeout), and the
+	// batches in flight are not given that time on top.
+	drained, cutDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(cutDone)
+		select {
+		case <-ctx.Done():
+		case <-drained:
+			return
+		}
+		timer := time.NewTimer(c.cfg.DrainTimeout)
+		defer timer.Stop()
+		select {
+		case <-drained:
+		case <-timer.C:
+			if c.batches.Load() > 0 {
+				c.log.Warn("drain timeout passed; handing back unfinished claims", zap.Duration("drain_timeout", c.cfg.DrainTimeout))
+			} else {
+				// Only the scan loop's call is left: what it claimed
+				// is handed back when its reply comes (processClaim).
+				c.log.Info("drain timeout passed while the scan loop waits on Redis; what its claim took is handed back",
+					zap.Duration("drain_timeout", c.cfg.DrainTimeout))
+			}
+			c.bookEnd.Store(time.Now().Add(BookkeepingTimeout).UnixNano())
+			cancelWork()
+		}
+	}()
 	c.scan(ctx, workCtx, &wg, wake)
-
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	timer := time.NewTimer(c.cfg.DrainTimeout)
-	defer timer.Stop()
-	select {
-	case <-done:
-	case <-timer.C:
-		c.log.Warn("drain timeout passed; handing back unfinished claims", zap.Duration("drain_timeout", c.cfg.DrainTimeout))
-		c.bookEnd.Store(time.Now().Add(BookkeepingTimeout).UnixNano())
-		cancelWork()
-		<-done
-	}
+	wg.Wait()
+	close(drained)
+	<-cutDone
 	<-subDone
 	return nil
 }
@@ -450,8 +474,9 @@ func (c *Consumer) scan(ctx, workCtx context.Context, wg *sync.WaitGroup, wake <
 		}
 		if len(res.items) > 0 {
 			wg.Add(1)
+			c.batches.Add(1)
 			go func() {
-				defer func() { <-sem; wg.Done() }()
+				defer func() { c.batches.Add(-1); <-sem; wg.Done() }()
 				c.processClaim(workCtx, res.items, sent)
 			}()
 		} else {

@@ -32,6 +32,15 @@ func (c *Consumer) process(workCtx context.Context, items []item) {
 // over, or a producer rewrote, stays theirs).
 func (c *Consumer) processClaim(workCtx context.Context, items []item, sent time.Time) {
 	defer c.m.Inflight.Sub(float64(len(items)))
+	if workCtx.Err() != nil {
+		// The drain's cut came first (a claim whose reply came after it,
+		// or a batch that had not started): hand back on a deadline of
+		// its own (handBackWith), before any bookkeeping call, whose
+		// deadline ends soon after the cut, could fail and leave the
+		// claim to its lease.
+		c.handBack(items)
+		return
+	}
 	batch, stmt := c.batchBudget()
 	if late := time.Since(sent); late >= batch {
 		c.log.Warn("a claim's reply came after its batch's time, too near the end of its lease (or past it) to act on; "+
