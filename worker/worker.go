@@ -113,7 +113,8 @@ type Config struct {
 	// Zero: no bound beyond each Queue.Concurrency.
 	MaxConcurrency int
 	// ShutdownTimeout is how long Run waits for running handlers after its
-	// context ends. Zero: 30s.
+	// context ends (counted from then, however long a claim in progress
+	// takes to return). Zero: 30s.
 	ShutdownTimeout time.Duration
 	// PollInterval is the wait between claims while a queue has nothing
 	// due, drawn from [0.8, 1.2] times it. Zero: 1s.
@@ -259,16 +260,33 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Shutdown order: claim loops stop (handing back what they claimed
 	// but did not start), then running handlers finish under heartbeats,
-	// then heartbeats stop.
-	claimers.Wait()
-	done := make(chan struct{})
-	go func() { handlers.Wait(); close(done) }()
+	// then heartbeats stop. ShutdownTimeout counts from the end of ctx,
+	// not from the claim loops' return: a claim loop in a poll whose
+	// reply Redis holds returns only when go-redis gives up on it, and
+	// the handlers are not given that time on top.
+	claimed, done := make(chan struct{}), make(chan struct{})
+	go func() { claimers.Wait(); close(claimed) }()
+	go func() { <-claimed; handlers.Wait(); close(done) }() // no Add after the claim loops end
+	select {
+	case <-ctx.Done():
+	case <-done:
+	}
 	timer := time.NewTimer(w.cfg.ShutdownTimeout)
 	defer timer.Stop()
 	var err error
 	select {
 	case <-done:
 	case <-timer.C:
+		if w.running() == 0 {
+			// No handler to cut short: only a claim loop's Redis call is
+			// left, and what it hears of it hands back. Once the claim
+			// loops end no handler starts, and those that ran are done.
+			<-claimed
+		}
+		if w.running() == 0 {
+			<-done
+			break
+		}
 		// Cancel the handlers; those that return within the grace hand
 		// their tasks back, the rest are abandoned.
 		hcancel(ErrShutdown)
@@ -278,14 +296,39 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-done:
 			w.log.Warn("worker: shutdown timed out; cancelled handlers' tasks handed back")
 		case <-grace.C:
+			if w.running() == 0 {
+				// Only a claim loop's Redis call is left (below).
+				w.log.Warn("worker: shutdown timed out; cancelled handlers' tasks handed back")
+				break
+			}
 			w.abandoned.Store(true)
 			w.log.Warn("worker: shutdown timed out; handlers still running abandoned, their tasks return after the lease")
 		}
 		grace.Stop()
 	}
+	// The claim loops end before Run returns, handing back what a poll
+	// answered after ctx ended; so do the handlers, unless abandoned.
+	<-claimed
+	if !w.abandoned.Load() {
+		<-done
+	}
 	close(beatStop)
 	beats.Wait()
 	return err
+}
+
+// running is how many handlers hold a task, across every queue.
+func (w *Worker) running() int {
+	w.mu.Lock()
+	runners := w.runners
+	w.mu.Unlock()
+	n := 0
+	for _, r := range runners {
+		r.mu.Lock()
+		n += len(r.held)
+		r.mu.Unlock()
+	}
+	return n
 }
 
 // runner serves one queue.
