@@ -91,7 +91,7 @@ func Defaults(mode string) Options {
 	switch mode {
 	case "quick":
 		o.N, o.Rounds, o.SlowCap, o.TimeBox = 2000, 1, 2000, 5*time.Second
-		o.SteadyFor, o.ShortTimeout, o.LongTimeout, o.SteadyBaseline = 3*time.Second, time.Second, 2*time.Second, false
+		o.SteadyFor, o.ShortTimeout, o.LongTimeout, o.SteadyBaseline = 1500*time.Millisecond, 500*time.Millisecond, time.Second, false
 		o.EnqueueN, o.HTTPCap, o.IdleFor, o.IdleOrders = 2000, 500, time.Second, 2000
 		o.BigN, o.Profile = 2000, false
 		o.Sweep = []Settings{{Workers: 4, BatchSize: 500}, {Workers: 2, BatchSize: 500}}

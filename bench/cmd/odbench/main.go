@@ -29,7 +29,7 @@ func main() {
 }
 
 func run() int {
-	quick := flag.Bool("quick", false, "CI size: 2,000 orders, 1 round, 3 s of steady arrival")
+	quick := flag.Bool("quick", false, "CI size: 2,000 orders, 1 round, 1.5 s of steady arrival")
 	full := flag.Bool("full", false, "1,000,000 orders per drain and enqueue")
 	mode := "default"
 	for _, a := range os.Args[1:] {
