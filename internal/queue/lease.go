@@ -862,11 +862,28 @@ type RetryResult struct {
 	At    int64 // when they are due again, Unix ms on Redis's clock
 }
 
+// backoffMillis is the delay a retry script adds to Redis's clock, in
+// whole milliseconds: rounded up, plus one for the clock itself, which the
+// scripts read to the millisecond rounded down (now_ms). A backoff of d
+// therefore ends no sooner than d after the script ran, never up to a
+// millisecond before (worker.RetryAfter promises "no sooner than d"). No
+// delay stays none: due at once, to any claim after the retry.
+func backoffMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	ms := int64(d / time.Millisecond) // divided first: d near its maximum does not wrap
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms + 1
+}
+
 // Retry turns the leases of a.Serials still held under a.Token into
-// backoffs due after a.Delay.
+// backoffs due no sooner than a.Delay from now (backoffMillis).
 func (s *Store) Retry(ctx context.Context, a RetryArgs) (RetryResult, error) {
 	k := s.keys
-	args := scriptArgs(distinct(a.Serials), a.Token, a.Delay.Milliseconds(), boolArg(a.Spend), a.LastError)
+	args := scriptArgs(distinct(a.Serials), a.Token, backoffMillis(a.Delay), boolArg(a.Spend), a.LastError)
 	res, err := retryScript.Run(ctx, s.rdb, []string{k.Inflight, k.Lease, k.Deadlines, k.Leases, k.LeaseBatch}, args...).Int64Slice()
 	if err != nil {
 		return RetryResult{}, fmt.Errorf("retry: %w", err)
