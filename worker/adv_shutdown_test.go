@@ -3,8 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,34 +10,6 @@ import (
 
 	"github.com/orderdelay/orderdelay/internal/testenv"
 )
-
-// sentAfter is a go-redis hook that reports the first command sent once
-// it is armed.
-type sentAfter struct {
-	armed atomic.Bool
-	once  sync.Once
-	sent  chan struct{}
-}
-
-func (h *sentAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *sentAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.armed.Load() {
-			h.once.Do(func() { close(h.sent) })
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (h *sentAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.armed.Load() {
-			h.once.Do(func() { close(h.sent) })
-		}
-		return next(ctx, cmds)
-	}
-}
 
 // ShutdownTimeout is "how long Run waits for running handlers after its
 // context ends": counted from the end of the context, not from the claim
@@ -58,7 +28,7 @@ func TestAdvShutdownTimeoutCountsFromTheContextsEnd(t *testing.T) {
 	o.Addr, o.ReadTimeout = proxy.Addr(), time.Minute // a stalled call holds its caller a minute
 	rdb := redis.NewClient(o)
 	t.Cleanup(func() { rdb.Close() })
-	hook := &sentAfter{sent: make(chan struct{})}
+	hook := testenv.NewSentAfter()
 	rdb.AddHook(hook)
 
 	// A long lease: no heartbeat extends it (nor cancels it as expired)
@@ -82,9 +52,9 @@ func TestAdvShutdownTimeoutCountsFromTheContextsEnd(t *testing.T) {
 	t.Cleanup(func() { proxy.Stall(0) })
 	<-began
 	proxy.Stall(5 * time.Minute) // ended below, or at cleanup
-	hook.armed.Store(true)
+	hook.Arm()
 	select {
-	case <-hook.sent:
+	case <-hook.Sent():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the claim loop sent nothing to Redis within 30 s of the stall")
 	}

@@ -152,18 +152,7 @@ func TestAdvDrainLateTaskClaimAfterTheCutIsHandedBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	put("inflight")
-	runCtx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); c.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-hook.release:
-		default:
-			close(hook.release)
-		}
-		<-ran
-	})
+	cancel, release, ran := runReleasing(t, c, hook.release)
 	select {
 	case <-began:
 	case <-time.After(30 * time.Second):
@@ -182,7 +171,7 @@ func TestAdvDrainLateTaskClaimAfterTheCutIsHandedBack(t *testing.T) {
 	// The drain's cut comes while the claim's reply is still held; the
 	// reply comes once the cut's bookkeeping deadline has passed.
 	awaitBookEndPassed(t, c)
-	close(hook.release)
+	release()
 	select {
 	case <-ran:
 	case <-time.After(time.Minute):
@@ -226,18 +215,7 @@ func TestAdvDrainLateOrderClaimAfterTheCutIsHandedBackNotClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Enqueue(first, past)
-	runCtx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); c.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-hook.release:
-		default:
-			close(hook.release)
-		}
-		<-ran
-	})
+	cancel, release, ran := runReleasing(t, c, hook.release)
 	select {
 	case <-store.began:
 	case <-time.After(30 * time.Second):
@@ -253,7 +231,7 @@ func TestAdvDrainLateOrderClaimAfterTheCutIsHandedBackNotClosed(t *testing.T) {
 	closesBefore := testutil.ToFloat64(m.Closed)
 	cancel()
 	awaitBookEndPassed(t, c)
-	close(hook.release)
+	release()
 	select {
 	case <-ran:
 	case <-time.After(time.Minute):
@@ -343,18 +321,7 @@ func TestAdvDrainNoWarningWhenNothingWasInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); c.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-hook.release:
-		default:
-			close(hook.release)
-		}
-		<-ran
-	})
+	cancel, release, ran := runReleasing(t, c, hook.release)
 	hook.armed.Store(true) // the queue is empty: the scanner's next call is a claim or a head check
 	select {
 	case <-hook.held:
@@ -368,7 +335,7 @@ func TestAdvDrainNoWarningWhenNothingWasInFlight(t *testing.T) {
 	for end := time.Now().Add(10 * drain); time.Now().Before(end) && !warned; time.Sleep(10 * time.Millisecond) {
 		warned = logs.FilterMessageSnippet("drain timeout passed").Len() > 0
 	}
-	close(hook.release)
+	release()
 	select {
 	case <-ran:
 	case <-time.After(time.Minute):
@@ -378,4 +345,20 @@ func TestAdvDrainNoWarningWhenNothingWasInFlight(t *testing.T) {
 		t.Errorf("Run warned that the drain timed out and handed back unfinished claims, with no batch in flight: %s",
 			lastMessages(logs, 5))
 	}
+}
+
+// runReleasing runs c in the background: cancel ends Run's context,
+// release closes hold (once), ran is closed when Run has returned. The
+// test's cleanup does all three.
+func runReleasing(t *testing.T, c *Consumer, hold chan struct{}) (cancel context.CancelFunc, release func(), ran <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	release = sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(func() {
+		cancel()
+		release()
+		<-done
+	})
+	return cancel, release, done
 }

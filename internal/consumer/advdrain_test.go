@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,34 +44,6 @@ func (s *heldStore) Settle(ctx context.Context, serials []string, fence orders.F
 	return orders.Outcome{}, ctx.Err()
 }
 
-// sentAfter is a go-redis hook that reports the first command sent once it
-// is armed.
-type sentAfter struct {
-	armed atomic.Bool
-	once  sync.Once
-	sent  chan struct{}
-}
-
-func (h *sentAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *sentAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.armed.Load() {
-			h.once.Do(func() { close(h.sent) })
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (h *sentAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.armed.Load() {
-			h.once.Do(func() { close(h.sent) })
-		}
-		return next(ctx, cmds)
-	}
-}
-
 func TestAdvDrainTimeoutCountsFromTheStopNotTheScannersLastCall(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	px := testenv.NewProxy(t, e.RDB.Options().Addr)
@@ -85,7 +56,7 @@ func TestAdvDrainTimeoutCountsFromTheStopNotTheScannersLastCall(t *testing.T) {
 	o.Addr, o.ReadTimeout = px.Addr(), time.Minute
 	rdb := redis.NewClient(o)
 	t.Cleanup(func() { rdb.Close() })
-	hook := &sentAfter{sent: make(chan struct{})}
+	hook := testenv.NewSentAfter()
 	rdb.AddHook(hook)
 	store := &heldStore{Store: e.Store, began: make(chan struct{}), cut: make(chan struct{})}
 	const drain = 300 * time.Millisecond
@@ -113,9 +84,9 @@ func TestAdvDrainTimeoutCountsFromTheStopNotTheScannersLastCall(t *testing.T) {
 	// the other worker free, keeps checking the queue's head. Redis holds
 	// every reply from now on, and the scanner's next call waits.
 	px.Stall(5 * time.Minute) // ended at cleanup
-	hook.armed.Store(true)
+	hook.Arm()
 	select {
-	case <-hook.sent:
+	case <-hook.Sent():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the scanner sent nothing to Redis within 30 s of the stall")
 	}
