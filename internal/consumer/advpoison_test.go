@@ -27,8 +27,13 @@ import (
 func (e *env) poisonBatch(nPoison, nGood int) (poison, good []string) {
 	e.T.Helper()
 	past := e.RedisNow().Add(-time.Second)
-	poison = e.Orders("a-poison", nPoison, past)
-	good = e.Orders("b-good", nGood, past)
+	e.batches++
+	sfx := "" // the first batch's serials as they always were; a rebuilt one's apart (roundReaching)
+	if e.batches > 1 {
+		sfx = fmt.Sprintf("-r%d", e.batches)
+	}
+	poison = e.Orders("a-poison"+sfx, nPoison, past)
+	good = e.Orders("b-good"+sfx, nGood, past)
 	e.Enqueue(poison, past.Add(-time.Second))
 	for i, s := range good {
 		e.Enqueue([]string{s}, past.Add(-time.Duration(i)*time.Millisecond))
@@ -162,17 +167,25 @@ func TestAdvPoisonRetryInOrderRedisFailsMidway(t *testing.T) {
 // waiting them out.
 const roundLease = 30 * time.Second
 
-// roundReaching runs rounds of c — a claim of want orders, then run on
-// them in the background — until one has sent its n-th statement to a slow
-// row while it still runs, and returns that round's end and the slow
-// statements the rounds before it sent. On a loaded machine a round's
-// BEGIN can miss its deadline (an outage: the batch goes back, retried
-// after the dependency backoff) before it reaches the slow rows; that
-// round proves nothing either way, so another follows, at most five.
-func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]item)) (done <-chan struct{}, before int) {
+// roundReaching runs rounds of c — build's batch of want orders claimed,
+// then run on them in the background — until one has sent its n-th
+// statement to a slow row while it still runs, and returns that round's
+// end and the slow statements the rounds before it sent. On a loaded
+// machine a round can end before it reaches the slow rows: its BEGIN
+// misses its deadline (an outage: the batch goes back, retried after the
+// dependency backoff), or the batch's statement reaches its timeout
+// before the first slow row (then the rows alone close the good orders
+// and pass the poison by). That round proves nothing either way, and may
+// have closed orders, so another follows on a batch built anew (build
+// again, the queue's keys emptied first), at most five.
+func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, build func(), run func([]item)) (done <-chan struct{}, before int) {
 	t.Helper()
 	ctx := context.Background()
 	for round := 1; ; round++ {
+		if round > 1 {
+			testenv.DeleteQueue(e.RDB, e.Keys)
+		}
+		build()
 		before = e.SlowCloses()
 		start := time.Now()
 		res, err := c.claimBatch(ctx)
@@ -195,8 +208,8 @@ func (e *env) roundReaching(t *testing.T, c *Consumer, want, n int, run func([]i
 		if round == 5 {
 			t.Fatalf("no round of 5 reached its %d-th slow statement while it ran", n)
 		}
-		t.Logf("round %d ended after %v, before its %d-th slow statement (%d): another", round, time.Since(start).Round(time.Millisecond), n, e.SlowCloses()-before)
-		e.dueAll()
+		t.Logf("round %d ended after %v, before its %d-th slow statement (%d): another, on a batch built anew",
+			round, time.Since(start).Round(time.Millisecond), n, e.SlowCloses()-before)
 	}
 }
 
@@ -218,8 +231,7 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 			e := newEnv(t, orderStatements())
 			const st = time.Second // the producer acts while a slow row runs: a window wide enough for a loaded machine
 			e.Store.SetTimeouts(st, st/2)
-			_, good := e.poisonBatch(tc.nPoison, 8-tc.nPoison)
-			moved := good[2]
+			var moved string
 			later := e.RedisNow().Add(time.Hour)
 			c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 			stop := make(chan struct{})
@@ -227,7 +239,10 @@ func TestAdvPoisonRescheduleOfAnUntriedOrderWins(t *testing.T) {
 			c.stopping = stop
 			ctx := context.Background()
 			// 1: the batch's statement, 2: the first slow row alone, 3: the second.
-			done, before := e.roundReaching(t, c, 8, 1+tc.nPoison, func(items []item) { c.process(ctx, items) })
+			done, before := e.roundReaching(t, c, 8, 1+tc.nPoison, func() {
+				_, good := e.poisonBatch(tc.nPoison, 8-tc.nPoison)
+				moved = good[2]
+			}, func(items []item) { c.process(ctx, items) })
 			switch how {
 			case "zadd":
 				e.Enqueue([]string{moved}, later)
@@ -276,15 +291,17 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 	e.closeAudit()
 	const st = time.Second // B takes over while a slow row runs: a window wide enough for a loaded machine
 	e.Store.SetTimeouts(st, st/2)
-	poison, good := e.poisonBatch(2, 6)
-	all := append(append([]string{}, poison...), good...)
+	var poison, good, all []string
 	a := e.consumer(Config{Owner: "A", BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 	b := e.consumer(Config{Owner: "B", BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 	stop := make(chan struct{})
 	close(stop)
 	a.stopping, b.stopping = stop, stop
 	ctx := context.Background()
-	done, _ := e.roundReaching(t, a, 8, 3, func(items []item) { a.process(ctx, items) })
+	done, _ := e.roundReaching(t, a, 8, 3, func() {
+		poison, good = e.poisonBatch(2, 6)
+		all = append(append([]string{}, poison...), good...)
+	}, func(items []item) { a.process(ctx, items) })
 	e.expire(good[0])
 	taken, err := b.claimBatch(ctx)
 	if err != nil {
@@ -306,7 +323,7 @@ func TestAdvPoisonLeaseTakenOverMidOneByOne(t *testing.T) {
 	if r := e.poisonRounds(t, b, good, 4); r > 4 {
 		t.Fatal("good orders not all closed")
 	}
-	if n := e.audited(); n != len(good) {
+	if n := e.auditedOf(all); n != len(good) {
 		t.Errorf("%d closes audited, want %d (each good order once)", n, len(good))
 	}
 }
@@ -320,13 +337,15 @@ func TestAdvPoisonShutdownMidOneByOneHandsBack(t *testing.T) {
 	e := newEnv(t, orderStatements())
 	const st = time.Second // shutdown comes while a slow row runs: a window wide enough for a loaded machine
 	e.Store.SetTimeouts(st, st/2)
-	poison, good := e.poisonBatch(2, 6)
-	all := append(append([]string{}, poison...), good...)
+	var poison, good, all []string
 	c := e.consumer(Config{BatchSize: 8, StatementTimeout: st, Lease: roundLease, BackoffMax: 200 * time.Millisecond})
 	c.stopping = make(chan struct{})
 	ctx := context.Background()
 	work, cancel := context.WithCancel(ctx)
-	done, _ := e.roundReaching(t, c, 8, 3, func(items []item) {
+	done, _ := e.roundReaching(t, c, 8, 3, func() {
+		poison, good = e.poisonBatch(2, 6)
+		all = append(append([]string{}, poison...), good...)
+	}, func(items []item) {
 		e.m.SetUp(metrics.DepPostgres, true) // a round cut before it reached the rows marked it down
 		c.process(work, items)
 	})

@@ -57,6 +57,16 @@ func (e *env) audited() int {
 	return n
 }
 
+// auditedOf is how many closes of serials close_audit recorded.
+func (e *env) auditedOf(serials []string) int {
+	e.T.Helper()
+	var n int
+	if err := e.DB.Get(&n, "SELECT count(*) FROM close_audit WHERE serial_no = ANY($1)", pq.Array(serials)); err != nil {
+		e.T.Fatal(err)
+	}
+	return n
+}
+
 // soakFor is how long the soak's faults last: ORDERDELAY_SOAK (a duration), else 6 s.
 func soakFor() time.Duration {
 	if d, err := time.ParseDuration(os.Getenv("ORDERDELAY_SOAK")); err == nil && d > 0 {

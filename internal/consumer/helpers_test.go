@@ -33,6 +33,8 @@ type env struct {
 	m  *metrics.Metrics
 	cl *client.Client
 	st *queue.Store // the store of keys
+	// batches counts poisonBatch's calls: each builds orders of its own.
+	batches int
 }
 
 func newEnv(t *testing.T, stmts orders.Statements) *env {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
@@ -25,11 +26,22 @@ import (
 // one of them in the sequence slow_closes.
 func (e *env) slowClosesOf(serials []string) {
 	e.T.Helper()
-	if _, err := e.DB.Exec(`CREATE SEQUENCE slow_closes`); err != nil {
+	// A later call adds its serials to the first's (roundReaching's
+	// batches built anew).
+	var made bool
+	if err := e.DB.Get(&made, `SELECT to_regclass('slow_serials') IS NOT NULL`); err != nil {
 		e.T.Fatal(err)
 	}
-	e.CloseTrigger("slow_close", "NEW.serial_no IN ('"+strings.Join(serials, "','")+"')",
-		"PERFORM nextval('slow_closes'); PERFORM pg_sleep(5)")
+	if !made {
+		if _, err := e.DB.Exec(`CREATE SEQUENCE slow_closes; CREATE TABLE slow_serials (serial_no text PRIMARY KEY)`); err != nil {
+			e.T.Fatal(err)
+		}
+		e.CloseTrigger("slow_close", "NEW.serial_no IN (SELECT serial_no FROM slow_serials)",
+			"PERFORM nextval('slow_closes'); PERFORM pg_sleep(5)")
+	}
+	if _, err := e.DB.Exec(`INSERT INTO slow_serials SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`, pq.Array(serials)); err != nil {
+		e.T.Fatal(err)
+	}
 }
 
 // dueAll makes every backoff and lease of the queue due now, as if the
