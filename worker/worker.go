@@ -292,19 +292,19 @@ func (w *Worker) Run(ctx context.Context) error {
 		hcancel(ErrShutdown)
 		err = ErrShutdownTimeout
 		grace := time.NewTimer(ShutdownGrace)
+		abandon := false
 		select {
 		case <-done:
-			w.log.Warn("worker: shutdown timed out; cancelled handlers' tasks handed back")
 		case <-grace.C:
-			if w.running() == 0 {
-				// Only a claim loop's Redis call is left (below).
-				w.log.Warn("worker: shutdown timed out; cancelled handlers' tasks handed back")
-				break
-			}
-			w.abandoned.Store(true)
-			w.log.Warn("worker: shutdown timed out; handlers still running abandoned, their tasks return after the lease")
+			abandon = w.running() > 0 // none: only a claim loop's Redis call is left (below)
 		}
 		grace.Stop()
+		if abandon {
+			w.abandoned.Store(true)
+			w.log.Warn("worker: shutdown timed out; handlers still running abandoned, their tasks return after the lease")
+		} else {
+			w.log.Warn("worker: shutdown timed out; cancelled handlers' tasks handed back")
+		}
 	}
 	// The claim loops end before Run returns, handing back what a poll
 	// answered after ctx ended; so do the handlers, unless abandoned.
