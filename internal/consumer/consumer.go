@@ -289,6 +289,7 @@ type item struct {
 	serial   string
 	deadline int64 // Unix ms
 	attempts int
+	claimed  int // entries that claim leased as one batch (the order queue); 0: per member
 }
 
 type claimResult struct {
@@ -640,6 +641,13 @@ func (c *Consumer) claimAs(ctx context.Context, limit int, tok string, batch boo
 	}
 	CountClaim(c.m, c.log, raw)
 	res := fromStore(raw, tok)
+	if batch {
+		// The fence and the finish of a batch no script has changed
+		// since need not read its records back (queue.Store.FenceBatch).
+		for i := range res.items {
+			res.items[i].claimed = len(res.items)
+		}
+	}
 	c.m.Inflight.Add(float64(len(res.items)))
 	return res, nil
 }

@@ -202,35 +202,40 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) { ret
 func (h orderHandler) fence(items []item) (orders.Fence, map[string]struct{}) {
 	c := h.c
 	dropped := map[string]struct{}{}
-	// A batch is one claim's, under one token (splits keep it); only
-	// items from several claims need the map of serial to token.
-	var tokens map[string]string
-	if _, one := oneToken(items); !one {
-		tokens = make(map[string]string, len(items))
-		for _, it := range items {
-			tokens[it.serial] = it.token
-		}
+	// Each serial's claim: its token and how many entries it leased, for
+	// queue.Store.FenceBatch, which trusts the records of a batch no
+	// script has changed. A serial the close names that is not among the
+	// items (a custom statement returning rows it was not asked about)
+	// gets the full check, under the token of none of them.
+	claims := make(map[string]item, len(items))
+	for _, it := range items {
+		claims[it.serial] = it
 	}
 	return func(ctx context.Context, closed []string) ([]string, error) {
+		type claim struct {
+			token   string
+			claimed int
+		}
+		var order []claim
+		byClaim := map[claim][]string{}
+		for _, s := range closed {
+			it, ok := claims[s]
+			cl := claim{token: it.token, claimed: it.claimed}
+			if !ok {
+				cl = claim{token: items[0].token}
+			}
+			if _, seen := byClaim[cl]; !seen {
+				order = append(order, cl)
+			}
+			byClaim[cl] = append(byClaim[cl], s)
+		}
 		var drop []string
-		if tokens == nil {
-			got, err := c.q.Fence(ctx, items[0].token, c.cfg.CloseDelay, closed)
+		for _, cl := range order {
+			got, err := c.q.FenceBatch(ctx, cl.token, cl.claimed, c.cfg.CloseDelay, byClaim[cl])
 			if err != nil {
 				return nil, err
 			}
-			drop = got
-		} else {
-			byTok := map[string][]string{}
-			for _, s := range closed {
-				byTok[tokens[s]] = append(byTok[tokens[s]], s)
-			}
-			for tok, serials := range byTok {
-				got, err := c.q.Fence(ctx, tok, c.cfg.CloseDelay, serials)
-				if err != nil {
-					return nil, err
-				}
-				drop = append(drop, got...)
-			}
+			drop = append(drop, got...)
 		}
 		more, err := c.fenceFamily(ctx, closed, drop)
 		if err != nil {
@@ -807,8 +812,20 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 	}
 	ctx, cancel := c.bookkeeping()
 	defer cancel()
+	claimed := map[string]int{} // by token: entries its claim leased as one batch
+	for _, it := range items {
+		claimed[it.token] = it.claimed
+	}
 	for tok, serials := range byToken(items) {
-		n, err := c.q.Finish(ctx, tok, serials, payloads)
+		var n int
+		var err error
+		if payloads {
+			n, err = c.q.Finish(ctx, tok, serials, true)
+		} else {
+			// A batch no script has changed is finished without its
+			// records read back (queue.Store.FinishBatch).
+			n, err = c.q.FinishBatch(ctx, tok, claimed[tok], serials)
+		}
 		if err != nil {
 			c.m.Errors.WithLabelValues(metrics.StageRemove).Inc()
 			if !c.refused(err, metrics.StageRemove) {

@@ -450,6 +450,10 @@ func (s advState) check(m *advModel) []string {
 	}
 	// Batches: a list, a count and an oldest for each lease entry, no
 	// member twice, and the count is the members still carrying the token.
+	// A batch no script has marked as changed (its oldest deadline,
+	// "<"+token, negated: touch) still has every member it lists carrying
+	// its token: what its holder's fence and finish trust without reading
+	// the records.
 	lists := map[string]map[string]bool{}
 	for tok := range s.leases {
 		list, ok := s.batch[tok]
@@ -470,6 +474,9 @@ func (s advState) check(m *advModel) []string {
 		}
 		if c := s.batch["#"+tok]; c != fmt.Sprint(carrying) {
 			badf("batch %q counts %s members, %d carry its token", tok, c, carrying)
+		}
+		if marked := strings.HasPrefix(s.batch["<"+tok], "-"); !marked && carrying != len(lists[tok]) {
+			badf("batch %q is not marked as changed, but only %d of the %d members it lists carry its token", tok, carrying, len(lists[tok]))
 		}
 	}
 	for f := range s.batch {
@@ -677,13 +684,41 @@ func advHistory(t *testing.T, r *rand.Rand, steps int) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			drop, err := st.Fence(ctx, tok, 0, held)
+			// As the order handler does: the claim's size, so a batch no
+			// script changed is trusted (FenceBatch, FinishBatch); or, at
+			// random, none (the full compare-and-set).
+			claimed := len(held)
+			if r.IntN(4) == 0 {
+				claimed = 0
+			}
+			pre := readAdvState(t, rdb, k)
+			drop, err := st.FenceBatch(ctx, tok, claimed, 0, held)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nowG, err := st.Now(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			dropped := map[string]bool{}
 			for _, s := range drop {
 				dropped[s] = true
+			}
+			// The answer the records give, whether the fence read them
+			// or trusted an unmarked batch: a serial whose record no
+			// longer carries the token is dropped, and one the queue key
+			// holds with a deadline not yet due; a serial still carrying
+			// it and not queued later stays (between the two clock
+			// reads, either answer is right).
+			for _, s := range held {
+				carries := pre.recs[s].Token == tok
+				q, queued := pre.queue[s]
+				switch {
+				case (!carries || queued && q > float64(nowG.UnixMilli())) && !dropped[s]:
+					fail("step %d: fence %s keeps %q: record %+v, queued %v at %v", step, tok, s, pre.recs[s], queued, q)
+				case carries && (!queued || q <= float64(nowF.UnixMilli())) && dropped[s]:
+					fail("step %d: fence %s drops %q, which still carries its token (queued %v at %v)", step, tok, s, queued, q)
+				}
 			}
 			var closed []string
 			for _, s := range held {
@@ -696,11 +731,20 @@ func advHistory(t *testing.T, r *rand.Rand, steps int) {
 				closed = append(closed, s)
 			}
 			before := readAdvState(t, rdb, k)
-			n, err := st.Finish(ctx, tok, closed, false)
+			n, err := st.FinishBatch(ctx, tok, claimed, closed)
 			if err != nil {
 				t.Fatal(err)
 			}
 			nClosed += n
+			carrying := 0
+			for _, s := range closed {
+				if before.recs[s].Token == tok {
+					carrying++
+				}
+			}
+			if n != carrying {
+				fail("step %d: finish %s removed %d of %q, %d of which carried its token", step, tok, n, closed, carrying)
+			}
 			for _, s := range closed {
 				if r, ok := before.recs[s]; ok && r.Token == tok {
 					if _, q := before.queue[s]; !q {

@@ -444,6 +444,7 @@ func TestAdvClaimRefusedAtEveryCallOnRandomStates(t *testing.T) {
 		before := map[string]bool{}
 		recBefore := map[string]string{}
 		ksBefore := readKeyState(t, rdb, ka)
+		trustBefore := batchesOf(t, rdb, ka)
 		for _, s := range serials {
 			if queue.ValidateSerial(s) == nil && ksBefore.findable(s) != "" {
 				before[s] = true
@@ -493,6 +494,7 @@ func TestAdvClaimRefusedAtEveryCallOnRandomStates(t *testing.T) {
 				t.Fatalf("round %d: the run refused at call %d (%v) did not fail", round, i+1, calls[i])
 			}
 			var bad []string
+			bad = append(bad, trustBroken(trustBefore, batchesOf(t, rdb, kb))...)
 			ksB := readKeyState(t, rdb, kb)
 			for s := range before {
 				if _, dead := ksB.dead[s]; keptA[s] && ksB.findable(s) == "" && !dead {

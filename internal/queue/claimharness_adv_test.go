@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -147,6 +148,99 @@ func callLog(t *testing.T, rdb *redis.Client, key string) [][2]string {
 		out[i] = [2]string{f[0], f[1]}
 	}
 	return out
+}
+
+// marking reports whether a call (command, key or role, first argument)
+// is one a script makes to mark a batch lease as changed (touch in
+// luaHelpers: HGET and HSET of its oldest deadline, "<"+token), which the
+// scripts from before marks did not make (they write that field only
+// with the rest of a new batch, in an HSET whose first field is the
+// token): the differential tests set them aside when they compare
+// command counts. leasebatch is that key's name in the caller's log (its
+// role, or the key itself).
+func marking(cmd, key, arg, leasebatch string) bool {
+	return key == leasebatch && (cmd == "hget" || cmd == "hset") && strings.HasPrefix(arg, "<")
+}
+
+// trustedBatch is what a batch's holder's fence and finish trust
+// (FenceBatch, FinishBatch): its count, and whether it is marked as
+// changed (a negated oldest deadline, or none); with the records that
+// carry its token.
+type trustedBatch struct {
+	count    string
+	marked   bool
+	carriers map[string]bool
+}
+
+// batchesOf reads every batch lease of k.
+func batchesOf(t testing.TB, rdb *redis.Client, k queue.Keys) map[string]trustedBatch {
+	t.Helper()
+	ctx := context.Background()
+	toks, err := rdb.ZRange(ctx, k.Leases, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := rdb.HGetAll(ctx, k.LeaseBatch).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := rdb.HGetAll(ctx, k.Lease).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]trustedBatch{}
+	for _, tok := range toks {
+		o, ok := info["<"+tok]
+		b := trustedBatch{count: info["#"+tok], marked: !ok || strings.HasPrefix(o, "-"), carriers: map[string]bool{}}
+		for s, r := range recs {
+			if strings.Contains(r, "|"+tok+"|") {
+				b.carriers[s] = true
+			}
+		}
+		out[tok] = b
+	}
+	return out
+}
+
+// trustBroken lists the batches of before that a holder trusted (unmarked,
+// counting exactly the records carrying its token) and that after still
+// trusts (unmarked, the same count) although a record that carried its
+// token no longer does: what a script's mark, written before the record
+// changes, rules out whatever command is refused.
+func trustBroken(before, after map[string]trustedBatch) []string {
+	var out []string
+	for tok, b := range before {
+		a, ok := after[tok]
+		if b.marked || b.count != fmt.Sprint(len(b.carriers)) || !ok || a.marked || a.count != b.count {
+			continue
+		}
+		for s := range b.carriers {
+			if !a.carriers[s] {
+				out = append(out, fmt.Sprintf("batch %s is trusted (unmarked, counts %s) but %q no longer carries its token", tok, a.count, s))
+			}
+		}
+	}
+	return out
+}
+
+// unmark undoes the batch leases' marks (a negated "<"+token field of
+// {Q}:leasebatch) in k, so a state the shipped scripts left compares with
+// one the scripts from before marks left; the marks themselves are held
+// to their invariant by TestAdvClaimHistoryKeepsTheLeaseInvariants.
+func unmark(t testing.TB, rdb *redis.Client, k queue.Keys) {
+	t.Helper()
+	ctx := context.Background()
+	fields, err := rdb.HGetAll(ctx, k.LeaseBatch).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f, v := range fields {
+		if strings.HasPrefix(f, "<") && strings.HasPrefix(v, "-") {
+			if err := rdb.HSet(ctx, k.LeaseBatch, f, v[1:]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
 
 // roleOf names a key of k by its role ("lease", "queue", ...).

@@ -71,7 +71,7 @@ const maxPerCall = 1000
 // batch counting fewer members than carry its token. The wake-up
 // (PUBLISH) comes last, for the reason given at putTaskScript: refused,
 // only the wake-up is lost.
-var enqueueScript = redis.NewScript(luaUnbatch + `
+var enqueueScript = redis.NewScript(luaTouch + luaUnbatch + `
 local mode = ARGV[1]
 local n = (#ARGV - 1) / 2
 local members = {}
@@ -129,6 +129,7 @@ end
 -- record before its batch counts it out (see the doc comment).
 for _, i in ipairs(drops) do
   local s = members[i]
+  touch(KEYS[7], string.match(recs[i], '^[^|]*|[^|]*|([^|]*)'))
   redis.call('HDEL', KEYS[2], s)
   unbatch(KEYS[6], KEYS[7], recs[i])
   redis.call('ZREM', KEYS[3], s)
@@ -350,13 +351,14 @@ func parseMillis(s string) (time.Time, error) {
 // and a batch counting fewer members than carry its token is dropped by
 // the holder's settle of the others while one still carries it, in no
 // place a claim reads.
-var cancelScript = redis.NewScript(luaUnbatch + `
+var cancelScript = redis.NewScript(luaTouch + luaUnbatch + `
 -- The lease goes first and the queue entry last: a cancel stopped by a
 -- refused command leaves the producer's latest write in the queue key
 -- with no lease from before it (whose holder's fence would then accept
 -- the serial, and close it at the older deadline), and takes the batch's
 -- count down only once the record no longer carries its token.
 local rec = redis.call('HGET', KEYS[2], ARGV[1])
+if rec then touch(KEYS[6], string.match(rec, '^[^|]*|[^|]*|([^|]*)')) end
 local n = redis.call('HDEL', KEYS[2], ARGV[1])
 unbatch(KEYS[5], KEYS[6], rec)
 redis.call('ZREM', KEYS[3], ARGV[1])

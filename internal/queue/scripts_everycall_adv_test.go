@@ -45,7 +45,12 @@ import (
 //     it had one);
 //   - I7 orphan: no {q}:taken record without its {q}:unacked entry that
 //     was neither there before nor after the full run: no recovery
-//     reaches it, and every take passes its id over for good.
+//     reaches it, and every take passes its id over for good;
+//   - I8 trusted: a batch its holder's fence and finish would trust (not
+//     marked, its count what it was: FenceBatch, FinishBatch) that
+//     counted every record carrying its token before still has each of
+//     them carrying it: a script marks a batch before it changes a
+//     member's record, so a refusal after the change leaves it marked.
 
 // advFacts is what the invariants read of one queue.
 type advFacts struct {
@@ -54,6 +59,7 @@ type advFacts struct {
 	queued     map[string]float64
 	payload    map[string]bool
 	batches    map[string][2]int // token in {q}:leases -> count, records carrying it
+	marked     map[string]bool   // token in {q}:leases -> marked as changed (a negated oldest deadline, or none)
 	processing map[string]bool   // item -> recoverable
 	orphan     map[string]bool   // id in {q}:taken, not in {q}:unacked
 	pending    map[string]bool   // entry ID pending in group g
@@ -65,7 +71,7 @@ func readFacts(t testing.TB, rdb *redis.Client, k queue.Keys, serials []string) 
 	t.Helper()
 	ctx := context.Background()
 	f := advFacts{where: map[string][]string{}, rec: map[string]string{}, queued: map[string]float64{}, payload: map[string]bool{},
-		batches: map[string][2]int{}, processing: map[string]bool{}, orphan: map[string]bool{}, pending: map[string]bool{}, entry: map[string][2]string{}, dead: map[string]bool{}}
+		batches: map[string][2]int{}, marked: map[string]bool{}, processing: map[string]bool{}, orphan: map[string]bool{}, pending: map[string]bool{}, entry: map[string][2]string{}, dead: map[string]bool{}}
 	a := readAdv(t, rdb, k)
 	for _, s := range serials {
 		f.where[s] = a.where(s)
@@ -85,6 +91,9 @@ func readFacts(t testing.TB, rdb *redis.Client, k queue.Keys, serials []string) 
 			}
 		}
 		f.batches[tok] = [2]int{n, carry}
+		// Not trusted either: a batch with no oldest deadline (clean).
+		o, ok := a.leaseBatch["<"+tok]
+		f.marked[tok] = !ok || strings.HasPrefix(o, "-")
 	}
 	for _, it := range a.processing {
 		id := advItemID(it)
@@ -186,6 +195,24 @@ func violations(pre, full, got advFacts, serials, tokens []string, eids []string
 		fc, inFull := full.batches[tok]
 		if c[0] < c[1] && (!inPre || p[0] >= p[1]) && (!inFull || fc[0] >= fc[1]) {
 			out = append(out, fmt.Sprintf("I2 count: batch %s counts %d, %d records carry it (before: %v)", tok, c[0], c[1], p))
+		}
+	}
+	// (A script that knows no batches — a task queue's, on a world that
+	// mixes both — breaks it unrefused too: only a refusal's own breach
+	// counts.)
+	trustedLoses := func(f advFacts, tok, s string) bool {
+		c, ok := f.batches[tok]
+		return ok && !f.marked[tok] && c[0] == pre.batches[tok][0] && !strings.Contains(f.rec[s], "|"+tok+"|")
+	}
+	for tok, c := range got.batches {
+		p, inPre := pre.batches[tok]
+		if !inPre || pre.marked[tok] || p[0] != p[1] || got.marked[tok] || c[0] != p[0] {
+			continue
+		}
+		for s, r := range pre.rec {
+			if strings.Contains(r, "|"+tok+"|") && trustedLoses(got, tok, s) && !trustedLoses(full, tok, s) {
+				out = append(out, fmt.Sprintf("I8 trusted: batch %s is not marked and still counts %d, but %q's record is %q (was %q)", tok, c[0], s, got.rec[s], r))
+			}
 		}
 	}
 	for it, ok := range got.processing {

@@ -56,7 +56,7 @@ const unbatchMembersPerCall = 2000
 // Returns {batches converted, members converted, members that had left,
 // batches left in place, batches seen, problems} where problems is a flat
 // array of token, serial ("" for the whole batch), reason.
-var unbatchScript = redis.NewScript(`
+var unbatchScript = redis.NewScript(luaTouch + `
 local maxBatches, maxRead = tonumber(ARGV[1]), tonumber(ARGV[2])
 local toks = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[3], 'BYSCORE', 'LIMIT', tonumber(ARGV[4]), maxBatches, 'WITHSCORES')
 local batches, members, departed, left, read = 0, 0, 0, 0, 0
@@ -116,6 +116,7 @@ for i = 1, #toks, 2 do
       redis.call('HDEL', KEYS[2], tok, '#' .. tok, '<' .. tok)
       batches = batches + 1
     else
+      touch(KEYS[2], tok)
       redis.call('HSET', KEYS[2], tok, table.concat(bad, '\n'), '#' .. tok, #bad)
       left = left + 1
     end
