@@ -5,16 +5,24 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/orderdelay/orderdelay/internal/orders"
 )
 
 // A custom close statement may return rows it was not asked about (one
-// that also closes child orders, or trims char(n) serials). The fence of
-// a batch trusts only the serials its claim leased (queue.Store.FenceBatch):
-// any other serial the close names is checked against its lease record,
-// and dropped when that record is another claim's.
+// that also closes child orders, or trims char(n) serials); the reference
+// schema's one statement refuses them. The fence of a batch closed by a
+// custom statement checks every serial against its lease record
+// (queue.Store.FenceBatch trusts a batch only for serials its claim
+// leased), and drops one whose record is another claim's.
 func TestFenceChecksASerialTheBatchDidNotClaim(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, orderStatements())
+	custom := orders.DefaultStatements()
+	custom.Close = "/* custom */ " + custom.Close
+	e := newEnv(t, custom)
+	if e.Store.OneStatement() {
+		t.Fatal("the statements are the reference schema's: the test needs a custom close")
+	}
 	ctx := context.Background()
 	past := e.RedisNow().Add(-time.Second)
 	mine := e.Orders("fbm", 2, past)

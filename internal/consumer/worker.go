@@ -202,40 +202,52 @@ func (c *Consumer) fence(items []item) (orders.Fence, map[string]struct{}) { ret
 func (h orderHandler) fence(items []item) (orders.Fence, map[string]struct{}) {
 	c := h.c
 	dropped := map[string]struct{}{}
-	// Each serial's claim: its token and how many entries it leased, for
-	// queue.Store.FenceBatch, which trusts the records of a batch no
-	// script has changed. A serial the close names that is not among the
-	// items (a custom statement returning rows it was not asked about)
-	// gets the full check, under the token of none of them.
-	claims := make(map[string]item, len(items))
-	for _, it := range items {
-		claims[it.serial] = it
+	// A batch no script has changed since its claim is fenced without its
+	// records read back (queue.Store.FenceBatch), for serials its claim
+	// leased: what the reference schema's one statement returns (it
+	// refuses a row it was not asked about). A custom close statement
+	// might return others, so its serials get the full check.
+	trusted := false
+	if o, ok := c.store.(interface{ OneStatement() bool }); ok {
+		trusted = o.OneStatement()
+	}
+	claimedOf := func(it item) int {
+		if trusted {
+			return it.claimed
+		}
+		return 0
+	}
+	// A batch is one claim's, under one token (splits keep it); only
+	// items from several claims need the map of serial to claim.
+	var claims map[string]item
+	if _, one := oneToken(items); !one {
+		claims = make(map[string]item, len(items))
+		for _, it := range items {
+			claims[it.serial] = it
+		}
 	}
 	return func(ctx context.Context, closed []string) ([]string, error) {
-		type claim struct {
-			token   string
-			claimed int
-		}
-		var order []claim
-		byClaim := map[claim][]string{}
-		for _, s := range closed {
-			it, ok := claims[s]
-			cl := claim{token: it.token, claimed: it.claimed}
-			if !ok {
-				cl = claim{token: items[0].token}
-			}
-			if _, seen := byClaim[cl]; !seen {
-				order = append(order, cl)
-			}
-			byClaim[cl] = append(byClaim[cl], s)
-		}
 		var drop []string
-		for _, cl := range order {
-			got, err := c.q.FenceBatch(ctx, cl.token, cl.claimed, c.cfg.CloseDelay, byClaim[cl])
+		if claims == nil {
+			got, err := c.q.FenceBatch(ctx, items[0].token, claimedOf(items[0]), c.cfg.CloseDelay, closed)
 			if err != nil {
 				return nil, err
 			}
-			drop = append(drop, got...)
+			drop = got
+		} else {
+			byClaim := map[item][]string{} // by token and claim size
+			for _, s := range closed {
+				it := claims[s]
+				key := item{token: it.token, claimed: claimedOf(it)}
+				byClaim[key] = append(byClaim[key], s)
+			}
+			for key, serials := range byClaim {
+				got, err := c.q.FenceBatch(ctx, key.token, key.claimed, c.cfg.CloseDelay, serials)
+				if err != nil {
+					return nil, err
+				}
+				drop = append(drop, got...)
+			}
 		}
 		more, err := c.fenceFamily(ctx, closed, drop)
 		if err != nil {
@@ -812,9 +824,12 @@ func (h orderHandler) finishLeases(items []item, payloads bool) {
 	}
 	ctx, cancel := c.bookkeeping()
 	defer cancel()
-	claimed := map[string]int{} // by token: entries its claim leased as one batch
-	for _, it := range items {
-		claimed[it.token] = it.claimed
+	// By token: the entries its claim leased as one batch.
+	claimed := map[string]int{items[0].token: items[0].claimed}
+	if _, one := oneToken(items); !one {
+		for _, it := range items {
+			claimed[it.token] = it.claimed
+		}
 	}
 	for tok, serials := range byToken(items) {
 		var n int
