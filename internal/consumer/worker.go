@@ -127,7 +127,10 @@ func (c *Consumer) closeItemsHeld(workCtx, batchCtx context.Context, stmt time.D
 	for _, s := range out.Settled {
 		answer[s] = false
 	}
-	var done, settled, rest, gone []item
+	// done ends with the settled appended: sized for the batch once, not
+	// grown by doubling per batch (most of a batch closes).
+	done := make([]item, 0, len(items))
+	var settled, rest, gone []item
 	for _, it := range items {
 		closed, known := answer[it.serial]
 		if _, ok := dropped[it.serial]; ok && !known {
