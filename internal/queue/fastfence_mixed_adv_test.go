@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -55,7 +56,7 @@ func mixedSetup(t *testing.T, rdb *redis.Client, k queue.Keys, tok string, lease
 	if _, err := queue.Enqueue(ctx, rdb, queue.ModeCreate, []queue.EnqueueBatch{{Keys: k, Items: items}}); err != nil {
 		t.Fatal(err)
 	}
-	res := claimAll(t, st, queue.ClaimArgs{Limit: 100, Lease: lease, Token: tok, Batch: true})
+	res := claimAll(t, st, queue.ClaimArgs{Limit: max(100, len(serials)), Lease: lease, Token: tok, Batch: true})
 	if len(res.Items) != len(serials) {
 		t.Fatalf("claimed %d, want %d", len(res.Items), len(serials))
 	}
@@ -186,4 +187,31 @@ func TestAdvFastFenceAcceptsMembersAnOlderDaemonTookOver(t *testing.T) {
 			t.Errorf("fence of %v (re-claimed by another replica) dropped %v: both replicas close them", taken, got)
 		}
 	})
+}
+
+// A batch marked as changed keeps its oldest deadline for the gauges: the
+// mark negates the field the overdue gauge reads once the batches hold
+// more than 2,000 members (below, it reads their records).
+func TestStatsReadTheOldestDeadlineOfAMarkedBatch(t *testing.T) {
+	t.Parallel()
+	rdb, k := testenv.Redis(t)
+	ctx := context.Background()
+	serials := make([]string, 2100)
+	for i := range serials {
+		serials[i] = fmt.Sprintf("S%04d", i)
+	}
+	st, _ := mixedSetup(t, rdb, k, "new:A.1", time.Minute, serials...)
+	if n, err := st.FinishBatch(ctx, "new:A.1", len(serials), serials[:1]); err != nil || n != 1 {
+		t.Fatalf("finish of %s: %d, %v", serials[0], n, err)
+	}
+	if o := rdb.HGet(ctx, k.LeaseBatch, "<new:A.1").Val(); !strings.HasPrefix(o, "-") {
+		t.Fatalf("after a partial finish the batch's oldest deadline is %q: not marked", o)
+	}
+	s, err := st.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(serials) - 1); s.Held != want || s.Overdue != want || s.OldestDue < 10*time.Second {
+		t.Errorf("stats %+v: want %d held and overdue, the oldest 10 s or more overdue", s, want)
+	}
 }

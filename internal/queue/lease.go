@@ -798,9 +798,9 @@ func boolArg(b bool) string {
 // and finishBatchScript.
 const luaFinishRecords = `
 -- finish_records removes, of the serials ARGV[first..], the entries whose
--- lease record still carries token, and returns how many. A batch it
--- leaves members in is marked first (touch): their records stay, the
--- others' go. With KEYS[6..8] (task queues) payloads go with the entries.
+-- lease record still carries token, and returns how many. Their batch is
+-- marked first (touch: it may keep members whose records stay). With
+-- KEYS[6..8] (task queues) payloads go with the entries.
 local function finish_records(token, first)
   local needle = '|' .. token .. '|'
   local find = string.find
