@@ -485,7 +485,18 @@ func TestAdvPoisonSlowBeginIsNotTakenForAnOutage(t *testing.T) {
 		select {
 		case <-begun:
 		default:
-			t.Fatalf("round %d: no BEGIN passed the proxy: the test proved nothing", round)
+			// The round's BEGIN never reached the proxy: the client's
+			// deadline passed before it was sent (a new connection's dial
+			// and start-up on a machine too busy to finish them within a
+			// statement's time). Not the case under test; bounded as the
+			// rounds below whose statement never ran.
+			t.Logf("round %d: no BEGIN passed the proxy (%d orders): void", round, len(res.items))
+			if void++; void > maxVoid {
+				t.Fatalf("%d rounds that proved nothing (no BEGIN passed the proxy, or no statement reached the server)", void)
+			}
+			e.m.SetUp(metrics.DepPostgres, true)
+			e.dueAll()
+			continue
 		}
 		ran = e.SlowCloses() - ran
 		down := testutil.ToFloat64(e.m.DependencyUp.WithLabelValues(metrics.DepPostgres)) == 0
