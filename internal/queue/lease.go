@@ -97,6 +97,10 @@ const luaTouch = `
 -- it behind. (Its HGET and HSET of "<"..tok are what the adversarial
 -- tests set aside when they compare command counts with the scripts
 -- before marks.)
+-- record_token is the token of lease record rec, nil for no record.
+local function record_token(rec)
+  return rec and string.match(rec, '^[^|]*|[^|]*|([^|]*)')
+end
 local function touch(info, tok)
   if not tok or tok == '-' then return end
   local o = redis.call('HGET', info, '<' .. tok)
@@ -136,6 +140,21 @@ local function bulk(cmd, key, args)
   for i = 1, #args, 500 do
     redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
   end
+end
+-- later returns, of the serials ARGV[first..], those queue key key holds
+-- with a deadline after cutoff (a producer wrote them there): the fence's
+-- question to the queue key, whatever else it asks.
+local function later(key, cutoff, first)
+  local out, n = {}, 0
+  for i = first, #ARGV, 500 do
+    local last = math.min(i + 499, #ARGV)
+    local qs = redis.call('ZMSCORE', key, unpack(ARGV, i, last))
+    for j = 1, #qs do
+      local q = qs[j] and tonumber(qs[j])
+      if q and q > cutoff then n = n + 1; out[n] = ARGV[i + j - 1] end
+    end
+  end
+  return out
 end
 -- records reads the lease records (from lease) and the queue scores (from
 -- queue) of list, 500 at a time: the i-th of each is list[i]'s,
@@ -1059,16 +1078,7 @@ return fence_records(ARGV[1], now_ms() - tonumber(ARGV[2]), 3)
 var fenceBatchScript = redis.NewScript(luaHelpers + luaFenceRecords + `
 local cutoff = now_ms() - tonumber(ARGV[2])
 if not clean(KEYS[3], ARGV[1], tonumber(ARGV[3]), #ARGV - 3) then return fence_records(ARGV[1], cutoff, 4) end
-local drop, nd = {}, 0
-for i = 4, #ARGV, 500 do
-  local last = math.min(i + 499, #ARGV)
-  local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
-  for j = 1, #qs do
-    local q = qs[j]
-    if q and tonumber(q) > cutoff then nd = nd + 1; drop[nd] = ARGV[i + j - 1] end
-  end
-end
-return drop
+return later(KEYS[1], cutoff, 4)
 `)
 
 // Fence returns the serials, among those a close under token is about to
@@ -1109,17 +1119,7 @@ func (s *Store) FenceBatch(ctx context.Context, token string, claimed int, close
 //
 // Returns those serials.
 var laterScript = redis.NewScript(luaHelpers + `
-local cutoff = now_ms() - tonumber(ARGV[1])
-local out = {}
-for i = 2, #ARGV, 500 do
-  local last = math.min(i + 499, #ARGV)
-  local qs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
-  for j = 1, #qs do
-    local q = qs[j] and tonumber(qs[j])
-    if q and q > cutoff then out[#out+1] = ARGV[i + j - 1] end
-  end
-end
-return out
+return later(KEYS[1], now_ms() - tonumber(ARGV[1]), 2)
 `)
 
 // Later returns the serials the store's queue key holds with a deadline
