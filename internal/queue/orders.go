@@ -25,11 +25,11 @@ const ModeAdopt = "adopt"
 // claim script writes it), and drops the batch with its last
 // member, so the gauges count no member twice. Refused at the HDEL, the
 // batch's fields stay with no {queue}:leases entry, read by nothing (see
-// unlease in luaHelpers).
+// unlease in luaHelpers). It needs luaTouch (record_token) before it.
 const luaUnbatch = `
 local function unbatch(leases, info, rec)
   if not rec then return end
-  local tok = string.match(rec, '^[^|]*|[^|]*|([^|]*)')
+  local tok = record_token(rec)
   if not tok or redis.call('HEXISTS', info, '#' .. tok) == 0 then return end
   if redis.call('HINCRBY', info, '#' .. tok, -1) <= 0 then
     redis.call('ZREM', leases, tok)
@@ -129,7 +129,7 @@ end
 -- record before its batch counts it out (see the doc comment).
 for _, i in ipairs(drops) do
   local s = members[i]
-  touch(KEYS[7], string.match(recs[i], '^[^|]*|[^|]*|([^|]*)'))
+  touch(KEYS[7], record_token(recs[i]))
   redis.call('HDEL', KEYS[2], s)
   unbatch(KEYS[6], KEYS[7], recs[i])
   redis.call('ZREM', KEYS[3], s)
@@ -358,7 +358,7 @@ var cancelScript = redis.NewScript(luaTouch + luaUnbatch + `
 -- the serial, and close it at the older deadline), and takes the batch's
 -- count down only once the record no longer carries its token.
 local rec = redis.call('HGET', KEYS[2], ARGV[1])
-if rec then touch(KEYS[6], string.match(rec, '^[^|]*|[^|]*|([^|]*)')) end
+touch(KEYS[6], record_token(rec))
 local n = redis.call('HDEL', KEYS[2], ARGV[1])
 unbatch(KEYS[5], KEYS[6], rec)
 redis.call('ZREM', KEYS[3], ARGV[1])
