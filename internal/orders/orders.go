@@ -46,6 +46,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -85,17 +86,20 @@ const DefaultLookupSQL = `SELECT serial_no, status = 'pending' FROM orders WHERE
 // One snapshot answers for every serial among $1: closed updates the rows
 // that are pending, re-checking the status on the newest row version (a row
 // paid or closed by another transaction while this one waited for its lock
-// is left alone), and returns each with the transaction id (a COMMIT whose
-// answer is lost is settled by asking the server about it: committed); the
-// second branch reads the rows of the serials it did not close — about one
-// in ten in a shop where one order in ten is paid — as the snapshot has
-// them. So each row comes back once: (serial, closed, pending in the
-// snapshot, and on closed rows the transaction id and the server's start
-// time, else NULL). Not closed and not pending is settled; not closed but
+// is left alone); the second branch reads the rows of the serials it did
+// not close — about one in ten in a shop where one order in ten is paid —
+// as the snapshot has them. The answer is one row per kind of outcome, not
+// per serial (a batch's 500 rows cost the daemon more to read than
+// anything else it does with PostgreSQL's answer): (closed, pending in the
+// snapshot, the kind's serials as an array — of the serial column's type, so
+// that a prepared plan made stale by a change of that type fails as it
+// always did (0A000) and is cured — and on the closed row the
+// transaction id and the server's start time, else NULL). Closed: the transaction id settles a COMMIT whose answer is lost
+// (committed). Not closed and not pending is settled; not closed but
 // pending was changed by another transaction while the statement ran. A
-// serial with no row in the snapshot does not come back: its producer may
-// have committed after the snapshot. The caller asks the lookup about those
-// two (a second statement, only for them).
+// serial with no row in the snapshot is in no row: its producer may have
+// committed after the snapshot. The caller asks the lookup about those two
+// (a second statement, only for them). A kind without serials has no row.
 //
 // No FOR UPDATE pass: the update takes its serials from an array built by
 // a subquery, which the planner cannot size, so it scans the primary key
@@ -111,11 +115,13 @@ const DefaultSettleSQL = `WITH closed AS (
       closed_by = current_setting('application_name')
   WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[])))
     AND status = 'pending'
-  RETURNING serial_no, txid_current() AS xid)
-SELECT serial_no, true, true, xid, (SELECT ` + serverSQL + `) FROM closed
+  RETURNING serial_no)
+SELECT true, true, array_agg(serial_no), txid_current(), (SELECT ` + serverSQL + `)
+FROM closed HAVING count(*) > 0
 UNION ALL
-SELECT serial_no, false, status = 'pending', NULL, NULL FROM orders
-WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[]) EXCEPT SELECT serial_no FROM closed))`
+SELECT false, status = 'pending', array_agg(serial_no), NULL, NULL FROM orders
+WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[]) EXCEPT SELECT serial_no FROM closed))
+GROUP BY status = 'pending'`
 
 // DefaultOverdueSQL returns up to $2 pending orders whose deadline passed
 // more than $1 milliseconds ago, in (deadline, serial) order, starting after
@@ -482,9 +488,10 @@ func (s *Store) closeOnce(ctx context.Context, serials []string, fence Fence, ou
 }
 
 // settleOn runs DefaultSettleSQL (or what a test put in its place) on q and
-// reads its answer: one row per serial that has a row (serial, closed,
-// pending, and on closed rows the transaction id and the server's start
-// time). Anything else is ErrBadResult, found before the fence and COMMIT.
+// reads its answer: a row per kind of outcome (closed, pending, the kind's
+// serials as a text[], and on the closed row the transaction id and the
+// server's start time). Anything else is ErrBadResult, found before the
+// fence and COMMIT.
 func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (_ Outcome, xid txRef, err error) {
 	defer decodePanic(q, &err)
 	rows, err := q.QueryContext(ctx, s.settleSQL, textArray(serials))
@@ -495,47 +502,58 @@ func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (_ Ou
 	if cols, err := rows.Columns(); err == nil && len(cols) != 5 {
 		return Outcome{}, xid, fmt.Errorf("%w: %w: %d columns, want 5", ErrBadResult, ErrBadShape, len(cols))
 	}
-	trim := blankPadded(rows)
-	seen := make(map[string]bool, len(serials))
+	trim := blankPaddedAt(rows, 2)
+	seen := seenPool.Get().(map[string]bool)
+	defer func() {
+		clear(seen)
+		seenPool.Put(seen)
+	}()
 	for _, sn := range serials {
 		seen[sn] = false
 	}
 	out := Outcome{Closed: make([]string, 0, len(serials))}
 	for rows.Next() {
-		var sn, server sql.NullString
 		var closed, pending sql.NullBool
+		var list textList
 		var id sql.NullInt64
-		if err := rows.Scan(&sn, &closed, &pending, &id, &server); err != nil {
+		var server sql.NullString
+		if err := rows.Scan(&closed, &pending, &list, &id, &server); err != nil {
 			return Outcome{}, xid, fmt.Errorf("%w: %w", ErrBadResult, err)
 		}
-		if !sn.Valid || !closed.Valid || !pending.Valid {
-			return Outcome{}, xid, fmt.Errorf("%w: NULL serial, closed or pending flag", ErrBadResult)
+		if !closed.Valid || !pending.Valid {
+			return Outcome{}, xid, fmt.Errorf("%w: NULL closed or pending flag", ErrBadResult)
 		}
-		serial := trim(sn.String)
-		switch already, asked := seen[serial]; {
-		case !asked:
-			return Outcome{}, xid, fmt.Errorf("%w: serial %q was not asked about", ErrBadResult, serial)
-		case already:
-			return Outcome{}, xid, fmt.Errorf("%w: serial %q returned twice", ErrBadResult, serial)
-		}
-		seen[serial] = true
-		switch {
-		case closed.Bool:
-			if !pending.Bool {
-				return Outcome{}, xid, fmt.Errorf("%w: %q closed but not pending", ErrBadResult, serial)
-			}
-			if !id.Valid || !server.Valid {
-				return Outcome{}, xid, fmt.Errorf("%w: %q closed without a transaction id and server", ErrBadResult, serial)
-			}
-			if xid.id != 0 && (xid.id != id.Int64 || xid.server != server.String) {
+		if closed.Bool {
+			switch {
+			case !pending.Bool:
+				return Outcome{}, xid, fmt.Errorf("%w: closed but not pending", ErrBadResult)
+			case !id.Valid || !server.Valid:
+				return Outcome{}, xid, fmt.Errorf("%w: closed without a transaction id and server", ErrBadResult)
+			case xid.id != 0 && (xid.id != id.Int64 || xid.server != server.String):
 				return Outcome{}, xid, fmt.Errorf("%w: two transaction ids in one statement", ErrBadResult)
 			}
 			xid = txRef{id: id.Int64, server: server.String}
-			out.Closed = append(out.Closed, serial)
-		case pending.Bool:
-			out.Unknown = append(out.Unknown, serial) // changed while the statement ran
-		default:
-			out.Settled = append(out.Settled, serial)
+		}
+		if len(list) == 0 {
+			return Outcome{}, xid, fmt.Errorf("%w: a kind of outcome without serials", ErrBadResult)
+		}
+		for _, serial := range list {
+			serial = trim(serial)
+			switch already, asked := seen[serial]; {
+			case !asked:
+				return Outcome{}, xid, fmt.Errorf("%w: serial %q was not asked about", ErrBadResult, serial)
+			case already:
+				return Outcome{}, xid, fmt.Errorf("%w: serial %q returned twice", ErrBadResult, serial)
+			}
+			seen[serial] = true
+			switch {
+			case closed.Bool:
+				out.Closed = append(out.Closed, serial)
+			case pending.Bool:
+				out.Unknown = append(out.Unknown, serial) // changed while the statement ran
+			default:
+				out.Settled = append(out.Settled, serial)
+			}
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -549,6 +567,11 @@ func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (_ Ou
 	}
 	return out, xid, nil
 }
+
+// seenPool keeps settleOn's maps of the serials asked about: cleared and
+// reused, a batch's map costs no allocation once the pool has one of its
+// size.
+var seenPool = sync.Pool{New: func() any { return map[string]bool{} }}
 
 // without returns the serials not in drop, in order.
 func without(serials, drop []string) []string {
@@ -803,8 +826,12 @@ func (s *Store) overdue(ctx context.Context, tx Querier, graceMillis, limit int6
 // n, and PostgreSQL ignores those trailing blanks when it compares, so they
 // are trimmed; any other column is read as it is (a text serial may end in
 // a blank that matters).
-func blankPadded(rows *sql.Rows) func(string) string {
-	if cols, err := rows.ColumnTypes(); err == nil && len(cols) > 0 && cols[0].DatabaseTypeName() == "BPCHAR" {
+func blankPadded(rows *sql.Rows) func(string) string { return blankPaddedAt(rows, 0) }
+
+// blankPaddedAt is blankPadded for the serials of column i, a column of
+// serials or an array of them.
+func blankPaddedAt(rows *sql.Rows, i int) func(string) string {
+	if cols, err := rows.ColumnTypes(); err == nil && len(cols) > i && strings.TrimPrefix(cols[i].DatabaseTypeName(), "_") == "BPCHAR" {
 		return func(s string) string { return strings.TrimRight(s, " ") }
 	}
 	return func(s string) string { return s }
@@ -904,12 +931,13 @@ type column struct {
 
 var (
 	textTypes      = []string{"TEXT", "VARCHAR", "BPCHAR"}
+	textArrays     = []string{"_TEXT", "_VARCHAR", "_BPCHAR"}
 	serialColumn   = []column{{"the serial", textTypes}}
 	lookupColumns  = []column{{"the serial", textTypes}, {"whether the order is still pending", []string{"BOOL"}}}
 	overdueColumns = []column{{"the serial", textTypes}, {"the deadline", []string{"TIMESTAMPTZ"}}}
-	settleColumns  = []column{{"the serial", textTypes}, {"whether it closed the order", []string{"BOOL"}},
-		{"whether the order was pending", []string{"BOOL"}}, {"the transaction id", []string{"INT8"}},
-		{"the server", []string{"TEXT"}}}
+	settleColumns  = []column{{"whether it closed the orders", []string{"BOOL"}},
+		{"whether the orders were pending", []string{"BOOL"}}, {"the serials", textArrays},
+		{"the transaction id", []string{"INT8"}}, {"the server", []string{"TEXT"}}}
 )
 
 // StatementError says which configured statement failed verification.

@@ -73,6 +73,39 @@ func TestSettleAnswersForEverySerial(t *testing.T) {
 	}
 }
 
+// The one statement answers with arrays of serials: a serial that the
+// array syntax quotes (white space, quotes, backslashes, braces, commas, a
+// serial spelled NULL in any case) comes back as it is, beside plain ones,
+// closed or settled as its row says — all valid serials (queue.ValidateSerial).
+func TestSettleSerialsTheArraySyntaxQuotes(t *testing.T) {
+	t.Parallel()
+	db, _ := testenv.Postgres(t)
+	odd := []string{"a b", `a"b`, `c\d`, `\"`, "{x}", "a,b", "NULL", "null", "Null", " lead", "trail ", "订单-🛒", "'; --", "ORD-1"}
+	var rows []order
+	var wantClosed, wantSettled []string
+	for i, sn := range odd {
+		if i%3 == 2 {
+			rows = append(rows, order{sn, "paid", -time.Minute})
+			wantSettled = append(wantSettled, sn)
+		} else {
+			rows = append(rows, order{sn, "pending", -time.Minute})
+			wantClosed = append(wantClosed, sn)
+		}
+	}
+	insert(t, db, rows...)
+	s := orders.NewStore(db, orders.Statements{})
+	out, err := s.Settle(ctxT(t), append(slices.Clone(odd), "missing one"), nil)
+	want := orders.Outcome{Closed: sorted(wantClosed), Settled: sorted(wantSettled), Unknown: []string{"missing one"}}
+	if got := sortedOutcome(out); err != nil || !equalOutcome(got, want) {
+		t.Errorf("Settle = %+v, %v; want %+v", got, err, want)
+	}
+	for _, sn := range wantClosed {
+		if st := status(t, db, sn); st != "closed" {
+			t.Errorf("%q is %s, want closed", sn, st)
+		}
+	}
+}
+
 // A custom close or lookup statement keeps the close statement alone:
 // Settle then knows only what it closed, and everything else is Unknown
 // (the caller asks the lookup).
@@ -171,26 +204,34 @@ func TestSettleBlankPaddedSerials(t *testing.T) {
 	}
 }
 
-// The one statement's result is checked row by row before the fence and
-// COMMIT: anything it must not return is ErrBadResult, and nothing
-// commits.
+// The one statement's result is checked before the fence and COMMIT:
+// anything it must not return is ErrBadResult, and nothing commits.
 func TestSettleMalformedResults(t *testing.T) {
 	t.Parallel()
+	// Rows are (closed, pending, serials, transaction id, server).
 	tests := []struct{ name, sql string }{
-		{"NULL serial", `SELECT NULL::text, false, false, NULL::bigint, NULL::text FROM unnest($1::text[])`},
-		{"NULL closed flag", `SELECT s, NULL::bool, true, NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
-		{"NULL pending flag", `SELECT s, false, NULL::bool, NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
-		{"flag not a boolean", `SELECT s, 'maybe'::text, true, NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
-		{"four columns", `SELECT s, false, true, NULL::bigint FROM unnest($1::text[]) s`},
-		{"closed but not pending", `SELECT s, true, false, txid_current(), 'srv' FROM unnest($1::text[]) s`},
+		{"NULL closed flag", `SELECT NULL::bool, true, array_agg(s), NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
+		{"NULL pending flag", `SELECT false, NULL::bool, array_agg(s), NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
+		{"flag not a boolean", `SELECT 'maybe'::text, true, array_agg(s), NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
+		{"four columns", `SELECT false, true, array_agg(s), NULL::bigint FROM unnest($1::text[]) s`},
+		{"one row per serial", `SELECT s, false, true, NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
+		{"NULL list", `SELECT false, false, NULL::text[], NULL::bigint, NULL::text WHERE cardinality($1::text[]) > 0`},
+		{"empty list", `SELECT false, false, '{}'::text[], NULL::bigint, NULL::text WHERE cardinality($1::text[]) > 0`},
+		{"NULL element", `SELECT false, false, array_agg(s) || NULL::text, NULL::bigint, NULL::text FROM unnest($1::text[]) s`},
+		{"NULL element beside a quoted one", `SELECT false, false, ARRAY['a b', NULL, 'a'], NULL::bigint, NULL::text WHERE cardinality($1::text[]) > 0`},
+		{"list not an array", `SELECT false, false, array_to_string($1::text[], ','), NULL::bigint, NULL::text`},
+		{"two-dimensional list", `SELECT false, false, ARRAY[$1::text[]], NULL::bigint, NULL::text`},
+		{"closed but not pending", `SELECT true, false, array_agg(s), txid_current(), 'srv' FROM unnest($1::text[]) s`},
 		{"closed without a transaction id", `WITH c AS (UPDATE orders SET status = 'closed' WHERE serial_no = ANY($1) RETURNING serial_no)
-			SELECT serial_no, true, true, NULL::bigint, NULL::text FROM c`},
+			SELECT true, true, array_agg(serial_no), NULL::bigint, NULL::text FROM c`},
 		{"closed without a server", `WITH c AS (UPDATE orders SET status = 'closed' WHERE serial_no = ANY($1) RETURNING serial_no)
-			SELECT serial_no, true, true, txid_current(), NULL::text FROM c`},
+			SELECT true, true, array_agg(serial_no), txid_current(), NULL::text FROM c`},
 		{"two transaction ids", `WITH c AS (UPDATE orders SET status = 'closed' WHERE serial_no = ANY($1) RETURNING serial_no)
-			SELECT serial_no, true, true, txid_current() + row_number() OVER (), 'srv' FROM c`},
-		{"a serial not asked about", `SELECT 'other'::text, false, false, NULL::bigint, NULL::text WHERE cardinality($1::text[]) > 0`},
-		{"a serial twice", `SELECT s, false, false, NULL::bigint, NULL::text FROM unnest($1::text[] || $1::text[]) s`},
+			SELECT true, true, ARRAY[serial_no], txid_current() + row_number() OVER (), 'srv' FROM c`},
+		{"a serial not asked about", `SELECT false, false, ARRAY['other'], NULL::bigint, NULL::text WHERE cardinality($1::text[]) > 0`},
+		{"a quoted serial not asked about", `SELECT false, false, ARRAY['a', 'b c'], NULL::bigint, NULL::text WHERE cardinality($1::text[]) > 0`},
+		{"a serial twice in a list", `SELECT false, false, $1::text[] || $1::text[], NULL::bigint, NULL::text`},
+		{"a serial in two lists", `SELECT false, p, $1::text[], NULL::bigint, NULL::text FROM (VALUES (true), (false)) v(p)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -298,7 +339,7 @@ func TestVerifyChecksTheOneStatement(t *testing.T) {
 	if err := s.Verify(ctxT(t)); err != nil {
 		t.Fatalf("Verify of the defaults: %v", err)
 	}
-	orders.SetSettleSQL(s, `SELECT serial_no, true, true, 1::int4, 'x'::text FROM orders WHERE serial_no = ANY($1)`)
+	orders.SetSettleSQL(s, `SELECT true, true, array_agg(serial_no), 1::int4, 'x'::text FROM orders WHERE serial_no = ANY($1)`)
 	err := s.Verify(ctxT(t))
 	var se *orders.StatementError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), "one statement") || !strings.Contains(err.Error(), "transaction id") {

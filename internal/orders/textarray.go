@@ -2,7 +2,11 @@ package orders
 
 import (
 	"database/sql/driver"
+	"errors"
+	"fmt"
 	"strings"
+
+	"github.com/lib/pq"
 )
 
 // textArray is a text[] parameter ($1 of the close and lookup statements),
@@ -52,4 +56,59 @@ func (a textArray) Value() (driver.Value, error) {
 	}
 	b.WriteByte('}')
 	return b.String(), nil
+}
+
+// textList reads a text[] result column (the one statement's lists of
+// serials) without a string per element: the array's text becomes one
+// string and each element a part of it. PostgreSQL writes an element
+// unquoted when it has no character the array syntax gives a meaning to
+// (braces, quotes, backslash, the comma, white space) and is not NULL, as
+// every serial a claim reads is; an array with any of those is read by
+// pq.StringArray instead, which allocates per element. A NULL array or a
+// NULL element is an error: no statement of ours returns one.
+type textList []string
+
+func (l *textList) Scan(src any) error {
+	var s string
+	switch v := src.(type) {
+	case []byte:
+		s = string(v)
+	case string:
+		s = v
+	case nil:
+		return errors.New("NULL list of serials")
+	default:
+		return fmt.Errorf("list of serials of Go type %T, want text[]", src)
+	}
+	if inner, ok := plainArray(s); ok {
+		if inner == "" {
+			*l = textList{}
+			return nil
+		}
+		out := make(textList, 0, strings.Count(inner, ",")+1)
+		for part := range strings.SplitSeq(inner, ",") {
+			if part == "" || strings.EqualFold(part, "NULL") {
+				return errors.New("a NULL or empty unquoted serial in a list")
+			}
+			out = append(out, part)
+		}
+		*l = out
+		return nil
+	}
+	var a pq.StringArray
+	if err := a.Scan([]byte(s)); err != nil {
+		return err
+	}
+	*l = textList(a)
+	return nil
+}
+
+// plainArray returns the elements' part of s, a one-dimensional array's
+// text, when none of them is quoted, escaped or padded with white space.
+func plainArray(s string) (string, bool) {
+	if len(s) < 2 || s[0] != '{' || s[len(s)-1] != '}' {
+		return "", false
+	}
+	inner := s[1 : len(s)-1]
+	return inner, !strings.ContainsAny(inner, "{}\"\\ \t\n\r\v\f")
 }

@@ -80,3 +80,60 @@ func BenchmarkPqStringArray(b *testing.B) {
 		_, _ = pq.Array(ss).Value()
 	}
 }
+
+// textList reads what pq.StringArray reads, for any text: its own path
+// (an array of plain elements, split without a copy per element) gives the
+// same elements, and whatever pq refuses it refuses too. NULL elements,
+// which pq.StringArray refuses as well, are refused on both paths (its own
+// also refuses "null" unquoted, which PostgreSQL reads as NULL).
+func FuzzTextListReadsAsPqStringArray(f *testing.F) {
+	for _, s := range []string{
+		"{}", "{a}", "{a,b}", `{"a b",c}`, `{"a\"b"}`, `{a\,b}`, "{NULL}", "{null,a}", `{"NULL"}`,
+		"{a,,b}", "{,}", "{{a},{b}}", "[1:2]={a,b}", "{ a , b }", "a,b", "", "{", "}", "{a}}", "{é,订单}",
+		`{"",a}`, "{a\tb}", "{Null}", `{\N}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var got textList
+		gotErr := got.Scan([]byte(s))
+		var want pq.StringArray
+		wantErr := want.Scan([]byte(s))
+		switch {
+		case wantErr != nil && gotErr == nil:
+			t.Fatalf("textList read %q as %q; pq.StringArray refuses it: %v", s, got, wantErr)
+		case wantErr == nil && gotErr != nil:
+			if _, plain := plainArray(s); !plain {
+				t.Fatalf("textList refused %q (%v); pq.StringArray reads %q", s, gotErr, want)
+			}
+			// The plain path refuses an empty element, which pq reads as
+			// "", and an unquoted NULL in any case, which PostgreSQL reads
+			// as NULL (array_out quotes a serial spelled so) and pq, but
+			// for "NULL", as text.
+			for _, e := range want {
+				if e == "" || strings.EqualFold(e, "NULL") {
+					return
+				}
+			}
+			t.Fatalf("textList refused %q (%v); pq.StringArray reads %q", s, gotErr, want)
+		case wantErr == nil && fmt.Sprintf("%q", []string(got)) != fmt.Sprintf("%q", []string(want)):
+			t.Fatalf("textList read %q as %q, pq.StringArray as %q", s, got, want)
+		}
+	})
+}
+
+// A NULL list, a value of another Go type, and NULL elements on both paths
+// are refused with an error that says so.
+func TestTextListRefusesNull(t *testing.T) {
+	t.Parallel()
+	for _, src := range []any{nil, 42, []byte("{a,NULL}"), []byte("{NULL}"), []byte(`{"a b",NULL}`), []byte("{a,,b}")} {
+		var l textList
+		if err := l.Scan(src); err == nil {
+			t.Errorf("textList.Scan(%#v) = %q, want an error", src, l)
+		}
+	}
+	var l textList
+	if err := l.Scan("{a,b}"); err != nil || len(l) != 2 {
+		t.Errorf("textList.Scan of a string = %q, %v", l, err)
+	}
+}
