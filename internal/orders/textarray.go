@@ -25,14 +25,16 @@ func (a textArray) Value() (driver.Value, error) {
 		return "{}", nil
 	}
 	n := 1 + len(a)*3 // braces and commas, and each element's two quotes
+	escapes := 0
 	for _, s := range a {
 		n += len(s)
 		for i := 0; i < len(s); i++ {
 			if s[i] == '"' || s[i] == '\\' {
-				n++
+				escapes++
 			}
 		}
 	}
+	n += escapes
 	var b strings.Builder
 	b.Grow(n)
 	b.WriteByte('{')
@@ -41,7 +43,9 @@ func (a textArray) Value() (driver.Value, error) {
 			b.WriteByte(',')
 		}
 		b.WriteByte('"')
-		for {
+		// Without escapes in the whole array (every serial a claim reads
+		// is so), no element is searched again.
+		for escapes > 0 {
 			j := strings.IndexAny(s, `"\`)
 			if j < 0 {
 				break
