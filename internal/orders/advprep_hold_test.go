@@ -184,7 +184,7 @@ func TestAdvPrepStatementPreparedInARolledBackTransactionStays(t *testing.T) {
 	if err != nil || len(out.Closed) != 2 || drops != 2 {
 		t.Fatalf("Settle = %+v, %v after %d fence calls; want 2 closed, the fence asked twice", out, err, drops)
 	}
-	if got := preparedCounts(t, db, orders.DefaultSettleSQL); got[0] != "1/2" {
+	if got := preparedCounts(t, db, orders.ShapedSettleSQL); got[0] != "1/2" {
 		t.Errorf("settle statement prepared/ran in the session: %s, want 1/2", got[0])
 	}
 	if logs.Len() != 0 {

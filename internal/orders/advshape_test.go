@@ -213,8 +213,8 @@ func TestAdvShapeImpostorOfOtherColumnTypesFallsBack(t *testing.T) {
 	}{
 		{"the transaction id's query", orders.Statements{Lookup: orders.DefaultLookupSQL + " "}, orders.TxRefSQL,
 			`SELECT 'x'::text, 'y'::text`},
-		{"the one statement", orders.Statements{}, orders.DefaultSettleSQL,
-			`(text[]) AS SELECT 'x'::text, true, true, 'short'::text, 'y'::text FROM unnest($1) LIMIT 1`},
+		{"the one statement", orders.Statements{}, orders.ShapedSettleSQL,
+			`(text[], int, int, int) AS SELECT true, true, $1, 'short'::text, 'y'::text WHERE $2 + $3 + $4 > 0`},
 		{"the lookup", orders.Statements{}, orders.ShapeLookup(orders.DefaultLookupSQL),
 			`(text[], int) AS SELECT s, ''::text FROM unnest($1) s WHERE $2 IS NOT NULL`},
 	} {
@@ -375,7 +375,7 @@ func TestAdvShapeImpostorOfOtherParameterTypesFallsBack(t *testing.T) {
 		victim   string
 		impostor string
 	}{
-		{"the one statement", orders.Statements{}, orders.DefaultSettleSQL, `(int8) AS SELECT $1`},
+		{"the one statement", orders.Statements{}, orders.ShapedSettleSQL, `(int8, int8, int8, int8) AS SELECT $1 + $2 + $3 + $4`},
 		{"the close statement", orders.Statements{Lookup: orders.DefaultLookupSQL + " "}, orders.ShapeClose(orders.DefaultCloseSQL),
 			`(int8, int8, int8) AS SELECT $1 + $2 + $3`},
 		{"the lookup", orders.Statements{}, orders.ShapeLookup(orders.DefaultLookupSQL), `(int8, int8) AS SELECT $1 + $2`},

@@ -34,6 +34,11 @@ import (
 func TestLostCommitOfACuredRunIsSettledByTheServer(t *testing.T) {
 	t.Parallel()
 	for _, path := range closePaths {
+		if path.name == "one statement" {
+			// Never stale for the column type change this test makes
+			// (TestOneStatementIsNeverStaleForAColumnType): no cure.
+			continue
+		}
 		for _, reachable := range []bool{true, false} {
 			name := path.name + ", server out of reach"
 			if reachable {

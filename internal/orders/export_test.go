@@ -23,3 +23,6 @@ func ShapeLookup(q string) string { return shapeLookup(q) }
 
 // ShapeClose is the form the close statement q is prepared in.
 func ShapeClose(q string) string { return shapeClose(q) }
+
+// ShapedSettleSQL is the form DefaultSettleSQL is prepared in.
+const ShapedSettleSQL = shapedSettleSQL

@@ -91,9 +91,9 @@ const DefaultLookupSQL = `SELECT serial_no, status = 'pending' FROM orders WHERE
 // as the snapshot has them. The answer is one row per kind of outcome, not
 // per serial (a batch's 500 rows cost the daemon more to read than
 // anything else it does with PostgreSQL's answer): (closed, pending in the
-// snapshot, the kind's serials as an array — of the serial column's type, so
-// that a prepared plan made stale by a change of that type fails as it
-// always did (0A000) and is cured — and on the closed row the
+// snapshot, the kind's serials as a text[] — a char(n) column's trimmed, as the
+// cast to text trims them, and whatever the column's type, so no change of
+// it makes a prepared plan of the statement stale (0A000) — and on the closed row the
 // transaction id and the server's start time, else NULL). Closed: the transaction id settles a COMMIT whose answer is lost
 // (committed). Not closed and not pending is settled; not closed but
 // pending was changed by another transaction while the statement ran. A
@@ -109,19 +109,34 @@ const DefaultLookupSQL = `SELECT serial_no, status = 'pending' FROM orders WHERE
 // primary key — a table of a few pages read whole — locks in table order;
 // a deadlock with another closer is then possible and is answered like any
 // other 40P01: retried without an attempt, the batch closed order by order.)
-const DefaultSettleSQL = `WITH closed AS (
+const DefaultSettleSQL = settleClose + "\n" + settleRest
+
+// The one statement in two parts: its update and the closed row, and the
+// row or two of the rest. shapedSettleSQL puts its prepared form's extra
+// parameters between them.
+const (
+	settleClose = `WITH closed AS (
   UPDATE orders
   SET status = 'closed', closed_at = now(), close_reason = 'timeout',
       closed_by = current_setting('application_name')
   WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[])))
     AND status = 'pending'
   RETURNING serial_no)
-SELECT true, true, array_agg(serial_no), txid_current(), (SELECT ` + serverSQL + `)
-FROM closed HAVING count(*) > 0
-UNION ALL
-SELECT false, status = 'pending', array_agg(serial_no), NULL, NULL FROM orders
+SELECT true, true, array_agg(serial_no::text), txid_current(), (SELECT ` + serverSQL + `)
+FROM closed HAVING count(*) > 0`
+	settleRest = `UNION ALL
+SELECT false, status = 'pending', array_agg(serial_no::text), NULL, NULL FROM orders
 WHERE serial_no = ANY(ARRAY(SELECT unnest($1::text[]) EXCEPT SELECT serial_no FROM closed))
 GROUP BY status = 'pending'`
+)
+
+// shapedSettleSQL is DefaultSettleSQL in the form it is prepared in: with
+// three parameters more, bound to shapeArg, in a one-time filter of the
+// closed row (see shapeLookup: the release before this one prepared its
+// one statement, which answered per serial, with one parameter, as this
+// one takes).
+const shapedSettleSQL = settleClose +
+	" AND $2::int IS NOT NULL AND $3::int IS NOT NULL AND $4::int IS NOT NULL\n" + settleRest
 
 // DefaultOverdueSQL returns up to $2 pending orders whose deadline passed
 // more than $1 milliseconds ago, in (deadline, serial) order, starting after
@@ -244,6 +259,7 @@ func NewStore(db *sqlx.DB, s Statements) *Store {
 	st := &Store{db: db, stmts: s, prep: newPrepared(db, s.Lookup, s.Close)}
 	if s.Close == d.Close && s.Lookup == d.Lookup {
 		st.settleSQL = DefaultSettleSQL
+		st.prep.shapes[DefaultSettleSQL] = shape{form: shapedSettleSQL, extra: 3}
 	}
 	return st
 }
@@ -502,7 +518,6 @@ func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (_ Ou
 	if cols, err := rows.Columns(); err == nil && len(cols) != 5 {
 		return Outcome{}, xid, fmt.Errorf("%w: %w: %d columns, want 5", ErrBadResult, ErrBadShape, len(cols))
 	}
-	trim := blankPaddedAt(rows, 2)
 	seen := seenPool.Get().(map[string]bool)
 	defer func() {
 		clear(seen)
@@ -538,7 +553,6 @@ func (s *Store) settleOn(ctx context.Context, q Querier, serials []string) (_ Ou
 			return Outcome{}, xid, fmt.Errorf("%w: a kind of outcome without serials", ErrBadResult)
 		}
 		for _, serial := range list {
-			serial = trim(serial)
 			switch already, asked := seen[serial]; {
 			case !asked:
 				return Outcome{}, xid, fmt.Errorf("%w: serial %q was not asked about", ErrBadResult, serial)
@@ -826,12 +840,8 @@ func (s *Store) overdue(ctx context.Context, tx Querier, graceMillis, limit int6
 // n, and PostgreSQL ignores those trailing blanks when it compares, so they
 // are trimmed; any other column is read as it is (a text serial may end in
 // a blank that matters).
-func blankPadded(rows *sql.Rows) func(string) string { return blankPaddedAt(rows, 0) }
-
-// blankPaddedAt is blankPadded for the serials of column i, a column of
-// serials or an array of them.
-func blankPaddedAt(rows *sql.Rows, i int) func(string) string {
-	if cols, err := rows.ColumnTypes(); err == nil && len(cols) > i && strings.TrimPrefix(cols[i].DatabaseTypeName(), "_") == "BPCHAR" {
+func blankPadded(rows *sql.Rows) func(string) string {
+	if cols, err := rows.ColumnTypes(); err == nil && len(cols) > 0 && cols[0].DatabaseTypeName() == "BPCHAR" {
 		return func(s string) string { return strings.TrimRight(s, " ") }
 	}
 	return func(s string) string { return s }
@@ -931,12 +941,11 @@ type column struct {
 
 var (
 	textTypes      = []string{"TEXT", "VARCHAR", "BPCHAR"}
-	textArrays     = []string{"_TEXT", "_VARCHAR", "_BPCHAR"}
 	serialColumn   = []column{{"the serial", textTypes}}
 	lookupColumns  = []column{{"the serial", textTypes}, {"whether the order is still pending", []string{"BOOL"}}}
 	overdueColumns = []column{{"the serial", textTypes}, {"the deadline", []string{"TIMESTAMPTZ"}}}
 	settleColumns  = []column{{"whether it closed the orders", []string{"BOOL"}},
-		{"whether the orders were pending", []string{"BOOL"}}, {"the serials", textArrays},
+		{"whether the orders were pending", []string{"BOOL"}}, {"the serials", []string{"_TEXT"}},
 		{"the transaction id", []string{"INT8"}}, {"the server", []string{"TEXT"}}}
 )
 

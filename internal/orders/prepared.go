@@ -104,11 +104,11 @@ type shape struct {
 // So every statement a replica prepares takes a number of parameters no
 // other statement of the fleet takes — other configurations included (a
 // custom lookup or close set replica by replica), and the release before
-// this one, which prepared the lookup and the close as they are (one
-// text[]): the one statement one, the query for the transaction id none,
-// the lookup two (shapeLookup), the close three (shapeClose). The one
-// statement asks for its transaction id in binary, so bound to any other
-// statement of one parameter it is refused for its columns.
+// this one, which prepared the one statement — then answering per serial —
+// with one parameter, and the release before that, which prepared the
+// lookup and the close as they are (one text[]): the query for the
+// transaction id none, the lookup two (shapeLookup), the close three
+// (shapeClose), the one statement four (shapedSettleSQL).
 //
 // The wrapping changes neither the rows nor the plan (PostgreSQL pulls the
 // lookup's subquery up; a data-modifying WITH runs to completion whatever
@@ -153,7 +153,9 @@ func (p *prepared) ensure(ctx context.Context, queries ...string) {
 			form = sh.form
 		}
 		st, err := p.db.PrepareContext(ctx, form)
-		if err != nil && shaped && unwrappable(err) {
+		// A name another client's statement holds (42P05) is a pooler's
+		// doing, not the shaped form's: cured below, like any other.
+		if err != nil && shaped && unwrappable(err) && !pooledAway(err) {
 			p.log.Load().Info("this statement cannot be prepared in the shape that guards against a pooler's mix-ups; it runs unprepared",
 				zap.String("statement", q), zap.Error(err))
 			p.mu.Lock()

@@ -71,6 +71,11 @@ func TestFenceDropThenStalePlanRunsAgainWithoutTheDropped(t *testing.T) {
 		`ALTER TABLE orders ALTER COLUMN serial_no TYPE varchar(128)`,
 	}
 	for _, p := range prepPaths {
+		if p.name == "one statement" {
+			// Its columns are the same types whatever the serial column's
+			// (TestOneStatementIsNeverStaleForAColumnType): no 0A000.
+			continue
+		}
 		for _, rounds := range []int{2, 3} {
 			t.Run(fmt.Sprintf("%s, %d rounds", p.name, rounds), func(t *testing.T) {
 				db := oneConn(t)
