@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -186,7 +187,12 @@ func claimedItems(t *testing.T, raw any) map[string]int64 {
 	}
 	f, _ := r[6].([]any)
 	for i := 0; i+1 < len(f); i += 2 {
-		out[f[i].(string)] = f[i+1].(int64)
+		// A fresh entry's deadline is the score as Redis printed it.
+		d, err := strconv.ParseInt(f[i+1].(string), 10, 64)
+		if err != nil {
+			t.Fatalf("fresh deadline %q: %v", f[i+1], err)
+		}
+		out[f[i].(string)] = d
 	}
 	return out
 }

@@ -163,7 +163,15 @@ func parseClaimReply(raw []byte) (ClaimResult, error) {
 	rd.pos = fresh.at
 	for i := range fresh.n / 2 {
 		ks, _, s := rd.next()
-		kd, d, _ := rd.next()
+		kd, d, ds := rd.next()
+		if kd == respStr {
+			var ok bool
+			if d, ok = plainDeadline(ds); !ok {
+				kd = respOther
+			} else {
+				kd = respInt
+			}
+		}
 		if ks != respStr || kd != respInt {
 			return r, fmt.Errorf("%w: malformed fresh entry %d", ErrReply, i)
 		}
@@ -313,4 +321,22 @@ func (r *respReader) skipRest(k respKind, n int64) {
 			r.skip()
 		}
 	}
+}
+
+// plainDeadline reads a fresh entry's deadline as the claim answers it:
+// the score as Redis printed it, 1 to 18 decimal digits (an integer score
+// below 10^17 prints so; the claim leases none other fresh).
+func plainDeadline(s string) (int64, bool) {
+	if len(s) == 0 || len(s) > 18 {
+		return 0, false
+	}
+	var d int64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d = d*10 + int64(c-'0')
+	}
+	return d, true
 }

@@ -3,6 +3,7 @@ package queue
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -191,6 +192,19 @@ func (g respGen) reply(bad float64) string {
 		}
 		return bulk(s)
 	}
+	// deadlineOr is a fresh entry's deadline: the score as Redis printed
+	// it (today's claim), an integer (an older claim's), or not one.
+	deadlineOr := func(n int64) string {
+		switch {
+		case odd():
+			return g.value(2)
+		case odd():
+			return bulk([]string{"", "-5", "+5", "12a", "1e12", strings.Repeat("9", 19), " 17", "1.5"}[g.r.IntN(8)])
+		case g.r.IntN(2) == 0:
+			return integer(n)
+		}
+		return bulk(strconv.FormatInt(n, 10))
+	}
 	var claimed, dead, fresh []string
 	for i := range g.r.IntN(4) {
 		claimed = append(claimed, strOr(fmt.Sprintf("c%d", i)), intOr(1_700_000_000_000+int64(i)), intOr(int64(g.r.IntN(3))), intOr(int64(g.r.IntN(2))))
@@ -199,7 +213,7 @@ func (g respGen) reply(bad float64) string {
 		dead = append(dead, strOr(fmt.Sprintf("d%d", i)), strOr([]string{"malformed", "score_out_of_range"}[g.r.IntN(2)]))
 	}
 	for i := range g.r.IntN(5) {
-		fresh = append(fresh, strOr(fmt.Sprintf("f%d", i)), intOr(1_700_000_000_000+int64(i)))
+		fresh = append(fresh, strOr(fmt.Sprintf("f%d", i)), deadlineOr(1_700_000_000_000+int64(i)))
 	}
 	trim := func(l []string) []string {
 		if len(l) > 0 && odd() {
@@ -270,6 +284,40 @@ func TestParseClaimReplyAgreesWithGoRedis(t *testing.T) {
 	}
 }
 
+// A fresh entry's deadline is the score as Redis printed it: decimal
+// digits are read as the integer they spell, by both readers; anything
+// else in its place (a sign, a fraction, an exponent, blanks, nothing, more
+// digits than an int64 holds) is a malformed reply, never a deadline.
+func TestFreshDeadlineIsTheScoreAsRedisPrintedIt(t *testing.T) {
+	f, rdb := newFakeRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reply := func(d string) string {
+		return array(integer(1_700_000_100_000), integer(-1), integer(-1), "*0\r\n", "*0\r\n", integer(0),
+			array(bulk("ORD-1"), bulk(d)))
+	}
+	for _, d := range []string{"1700000000123", "0", "946684800000", "999999999999999999"} {
+		want, _ := strconv.ParseInt(d, 10, 64)
+		for name, parse := range map[string]func(string) (ClaimResult, error){
+			"raw":      func(r string) (ClaimResult, error) { return parseClaimReply([]byte(r)) },
+			"go-redis": func(r string) (ClaimResult, error) { return goRedisParse(ctx, rdb, f, r) },
+		} {
+			res, err := parse(reply(d))
+			if err != nil || len(res.Items) != 1 || res.Items[0].Deadline != want || res.Items[0].Serial != "ORD-1" {
+				t.Errorf("%s: deadline %q read as %+v, %v; want %d", name, d, res.Items, err, want)
+			}
+		}
+	}
+	for _, d := range []string{"", "-5", "+5", "12a", "1e12", "1.5", " 17", "17 ", "1000000000000000000", "0x10", "１２"} {
+		if res, err := parseClaimReply([]byte(reply(d))); !errors.Is(err, ErrReply) {
+			t.Errorf("raw: deadline %q read as %+v, %v; want ErrReply", d, res.Items, err)
+		}
+		if res, err := goRedisParse(ctx, rdb, f, reply(d)); !errors.Is(err, ErrReply) {
+			t.Errorf("go-redis: deadline %q read as %+v, %v; want ErrReply", d, res.Items, err)
+		}
+	}
+}
+
 // A reply cut anywhere, or followed by anything, is refused (go-redis
 // hands RawCmd one whole value; a reader that accepted less or more would
 // misread the fields).
@@ -336,7 +384,7 @@ func TestRunClaimReturnsTheScriptsError(t *testing.T) {
 func claimReplyOf500() string {
 	fresh := make([]string, 0, 1000)
 	for i := range 500 {
-		fresh = append(fresh, bulk(fmt.Sprintf("ORD-2026-%06d", i)), integer(1_700_000_000_000+int64(i)))
+		fresh = append(fresh, bulk(fmt.Sprintf("ORD-2026-%06d", i)), bulk(strconv.FormatInt(1_700_000_000_000+int64(i), 10)))
 	}
 	return array(integer(1_700_000_100_000), integer(1_700_000_000_500), integer(-1), "*0\r\n", "*0\r\n", integer(0), array(fresh...))
 }

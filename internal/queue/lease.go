@@ -276,8 +276,8 @@ end
 // where claimed is a flat array of serial, deadline, attempts, re-claimed
 // (1 if a lease of a replica expired, else 0), fresh a flat array of
 // serial, deadline of entries leased for the first time with no attempt
-// spent (most of a claim: half the reply), and dead a flat array of
-// serial, reason.
+// spent (most of a claim: half the reply; the deadline as Redis printed
+// the score, in decimal digits), and dead a flat array of serial, reason.
 var claimScript = redis.NewScript(luaValidSerial + luaHelpers + `
 local now = now_ms()
 -- head is the lowest score of key, nil when it is empty.
@@ -550,19 +550,35 @@ if room > 0 and not full and qHead and qHead <= cutoff then
   -- ASCII, only a serial's length can make it invalid; otherwise each is
   -- checked in full.
   local printable = string.find(table.concat(list), '^[\32-\126]*$') ~= nil
+  -- The same for the scores: Redis prints an integer score below 10^17
+  -- in plain digits and any other with a '.', an 'e' or a sign, so when
+  -- every score is digits and the lowest (the first) is not before
+  -- 2000-01-01, no entry's score makes it malformed or out of range, and
+  -- none is turned into a number (the score as printed is the lease
+  -- record's and the reply's deadline).
+  local plain = false
+  if #list > 0 then
+    local raws = {}
+    for i = 1, #list do raws[i] = due[2 * i] end
+    plain = string.find(table.concat(raws, ','), '^[%d,]*$') ~= nil and tonumber(raws[1]) >= 946684800000
+  end
   local floor = math.floor
   local zsfx = '|0' .. sfx
+  -- freshHead: the score of the first entry leased fresh in batch mode,
+  -- the oldest of them (the queue key is read in score order).
+  local freshHead = nil
   -- The entries handled (leased or buried) are the first nrem of the
   -- queue key by rank: ZRANGE from -inf starts at rank 0, and nothing
   -- changes the queue key before they are removed (among the writes at
   -- the end).
   for i = 1, #list do
     local s, raw = list[i], due[2 * i]
-    local d = tonumber(raw)
+    local d = nil
+    if not plain then d = tonumber(raw) end
     local len = #s
-    if len == 0 or len > 128 or not (printable or valid_serial(s)) or d ~= floor(d) then
+    if len == 0 or len > 128 or not (printable or valid_serial(s)) or (d and d ~= floor(d)) then
       bury(s, 'malformed', raw)
-    elseif d < 946684800000 then
+    elseif d and d < 946684800000 then
       bury(s, 'score_out_of_range', raw)
     elseif budget > 0 and not fits(s) then
       break
@@ -570,26 +586,32 @@ if room > 0 and not full and qHead and qHead <= cutoff then
       local rec = recs[i]
       if rec then
         local _, a = parse(rec)
+        d = d or tonumber(raw)
         over[#over+1] = s; overRecs[#over] = rec
         lease(s, d, a or 0)
         claimed[#claimed+1] = s; claimed[#claimed+1] = d
         claimed[#claimed+1] = a or 0; claimed[#claimed+1] = 0
       elseif batch then
-        -- lease(s, d, 0, raw .. zsfx), inline
+        -- lease(s, d, 0, raw .. zsfx), inline, the oldest deadline taken
+        -- from freshHead below
         n = n + 1
         nla = nla + 1; leaseArgs[nla] = s
         nla = nla + 1; leaseArgs[nla] = raw .. zsfx
         nmem = nmem + 1; members[nmem] = s
-        if not oldest or d < oldest then oldest = d end
+        if not freshHead then freshHead = raw end
         nf = nf + 1; fresh[nf] = s
-        nf = nf + 1; fresh[nf] = d
+        nf = nf + 1; fresh[nf] = raw
       else
-        lease(s, d, 0, raw .. zsfx)
+        lease(s, d or tonumber(raw), 0, raw .. zsfx)
         nf = nf + 1; fresh[nf] = s
-        nf = nf + 1; fresh[nf] = d
+        nf = nf + 1; fresh[nf] = raw
       end
     end
     nrem = i
+  end
+  if freshHead then
+    local o = tonumber(freshHead)
+    if not oldest or o < oldest then oldest = o end
   end
 end
 
@@ -790,7 +812,14 @@ func parseClaim(raw []any) (ClaimResult, error) {
 	}
 	for i := 0; i < len(fresh); i += 2 {
 		s, ok := fresh[i].(string)
-		d, ok2 := fresh[i+1].(int64)
+		var d int64
+		ok2 := false
+		switch v := fresh[i+1].(type) {
+		case string:
+			d, ok2 = plainDeadline(v)
+		case int64:
+			d, ok2 = v, true
+		}
 		if !ok || !ok2 {
 			return r, fmt.Errorf("%w: malformed fresh entry %d", ErrReply, i/2)
 		}
