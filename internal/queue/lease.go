@@ -550,12 +550,14 @@ if room > 0 and not full and qHead and qHead <= cutoff then
   -- ASCII, only a serial's length can make it invalid; otherwise each is
   -- checked in full.
   local printable = string.find(table.concat(list), '^[\32-\126]*$') ~= nil
-  -- The same for the scores: Redis prints an integer score below 10^17
-  -- in plain digits and any other with a '.', an 'e' or a sign, so when
-  -- every score is digits and the lowest (the first) is not before
-  -- 2000-01-01, no entry's score makes it malformed or out of range, and
-  -- none is turned into a number (the score as printed is the lease
-  -- record's and the reply's deadline).
+  -- The same for the scores: Redis prints a whole score in plain digits
+  -- (below 10^17 in 6.2 and 7.0, further in 7.2) and any other with a
+  -- '.', an 'e' or a sign (-0 prints as "0", which the lowest score's
+  -- check below refuses), so when every score is digits and the lowest
+  -- (the first) is not before 2000-01-01, no entry's score makes it
+  -- malformed or out of range, and none is turned into a number (the
+  -- score as printed is the lease record's and the reply's deadline; a
+  -- due one is at most now: 13 digits).
   local plain = false
   if #list > 0 then
     local raws = {}
