@@ -91,12 +91,14 @@ const DefaultLookupSQL = `SELECT serial_no, status = 'pending' FROM orders WHERE
 // as the snapshot has them. The answer is one row per kind of outcome, not
 // per serial (a batch's 500 rows cost the daemon more to read than
 // anything else it does with PostgreSQL's answer): (closed, pending in the
-// snapshot, the kind's serials as a text[] — a char(n) column's trimmed, as the
-// cast to text trims them, and whatever the column's type, so no change of
-// it makes a prepared plan of the statement stale (0A000) — and on the closed row the
-// transaction id and the server's start time, else NULL). Closed: the transaction id settles a COMMIT whose answer is lost
-// (committed). Not closed and not pending is settled; not closed but
-// pending was changed by another transaction while the statement ran. A
+// snapshot, the kind's serials as a text[], and on the closed row the
+// transaction id and the server's start time, else NULL). The serials are
+// cast to text whatever the column's type: a char(n) column's come back
+// trimmed, as the cast trims them, and no change of the column's type
+// makes a prepared plan of the statement stale (0A000). Closed: the
+// transaction id settles a COMMIT whose answer is lost (committed). Not
+// closed and not pending is settled; not closed but pending was changed by
+// another transaction while the statement ran. A
 // serial with no row in the snapshot is in no row: its producer may have
 // committed after the snapshot. The caller asks the lookup about those two
 // (a second statement, only for them). A kind without serials has no row.
