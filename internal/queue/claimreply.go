@@ -324,8 +324,8 @@ func (r *respReader) skipRest(k respKind, n int64) {
 }
 
 // plainDeadline reads a fresh entry's deadline as the claim answers it:
-// the score as Redis printed it, 1 to 18 decimal digits (an integer score
-// below 10^17 prints so; the claim leases none other fresh).
+// the score as Redis printed it, 1 to 18 decimal digits (a whole score
+// prints so, and a due one, at most now, has 13).
 func plainDeadline(s string) (int64, bool) {
 	if len(s) == 0 || len(s) > 18 {
 		return 0, false
